@@ -1,0 +1,45 @@
+# make test  — set up everything from nothing (venv, packages, system packages when root) and run every tier.
+# make demo  — build a local sandbox host with a real vLLM and run mla-doctor against it.
+PYTHON ?= python3
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+PYTEST  = $(VENV)/bin/pytest
+ARGS   ?=
+
+.PHONY: test setup system-packages unit corpus integration lint clean
+
+setup: $(VENV)/.installed system-packages
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+# sshd and iproute2 for the test fleet, sudo for the non-root host. Installed only when missing and root.
+system-packages:
+	@missing=""; \
+	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
+	command -v ip >/dev/null 2>&1 || missing="$$missing iproute2"; \
+	command -v sudo >/dev/null 2>&1 || missing="$$missing sudo"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing system packages:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else \
+	    echo "WARNING: missing system packages:$$missing (need root to install; the fleet tier will fail)" >&2; \
+	  fi; \
+	fi
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check mla_doctor tests
+	$(VENV)/bin/vermin --no-tips --violations -t=3.8- mla_doctor/agent/remote_agent.py
+
+unit: setup
+	$(PYTEST) -q tests/unit
+
+test: setup lint
+	$(PYTEST) -q tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache

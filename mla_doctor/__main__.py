@@ -1,0 +1,3 @@
+from mla_doctor.cli import main
+
+main()

@@ -1,0 +1,78 @@
+"""Ship the remote agent over an existing transport and run one phase: one remote execution.
+
+The agent's source and the JSON plan travel on stdin to `python3 -B -c BOOTSTRAP`; nothing is
+written on the host. The interpreter is found on the host by a fixed POSIX sh script whose
+only variable parts are shlex-quoted.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+from importlib import resources
+
+from mla_doctor.errors import NoPythonError, RemoteError, SudoError
+from mla_doctor.transport import Transport
+
+PLAN_SEPARATOR = b"\n#--mla-doctor-plan--\n"
+NO_PYTHON_RC = 127
+OLD_PYTHON_RC = 97
+
+BOOTSTRAP = (
+    "import sys\n"
+    "if sys.version_info < (3, 8):\n"
+    "    sys.stderr.write('mla-doctor: the agent needs Python 3.8+, %s is %d.%d\\n' % "
+    "((sys.executable,) + tuple(sys.version_info[:2])))\n"
+    f"    sys.exit({OLD_PYTHON_RC})\n"
+    "d = sys.stdin.buffer.read()\n"
+    f"s, _, p = d.partition({PLAN_SEPARATOR!r})\n"
+    "g = {'__name__': 'mla_doctor_agent'}\n"
+    "exec(compile(s, 'mla_doctor_agent.py', 'exec'), g)\n"
+    "sys.exit(g['main'](p))\n"
+)
+
+
+def agent_source() -> bytes:
+    return resources.files("mla_doctor.agent").joinpath("remote_agent.py").read_bytes()
+
+
+def agent_command(python: str | None = None, sudo: bool = False) -> str:
+    """The single shell command that finds an interpreter and runs the agent from stdin."""
+    candidates = ([python] if python else []) + ["python3", "python", "/usr/bin/python3", "/usr/local/bin/python3"]
+    prefix = "sudo -n " if sudo else ""
+    script = (
+        "for p in " + " ".join(shlex.quote(c) for c in candidates) + "; do "
+        'if command -v "$p" >/dev/null 2>&1; then '
+        f'exec {prefix}"$(command -v "$p")" -B -c {shlex.quote(BOOTSTRAP)}; '
+        "fi; done; "
+        "echo 'mla-doctor: no Python interpreter found on this host (tried: "
+        + " ".join(candidates).replace("'", "") + ")' >&2; "
+        f"exit {NO_PYTHON_RC}"
+    )
+    # Run under sh whatever the login shell is (bash, zsh, fish, csh...).
+    return "exec /bin/sh -c " + shlex.quote(script)
+
+
+def run_agent(transport: Transport, plan: dict, *, python: str | None = None, sudo: bool = False,
+              timeout: float | None = None) -> dict:
+    payload = agent_source() + PLAN_SEPARATOR + json.dumps(plan).encode()
+    res = transport.run(agent_command(python, sudo), stdin=payload, timeout=timeout)
+    err = res.stderr.decode("utf-8", "replace").strip()
+    if res.rc == NO_PYTHON_RC and "no Python interpreter" in err:
+        raise NoPythonError(err.replace("mla-doctor: ", ""), host=transport.name)
+    if res.rc == OLD_PYTHON_RC:
+        raise NoPythonError(err.replace("mla-doctor: ", "") + " (point --python at a newer interpreter)",
+                            host=transport.name)
+    if sudo and res.rc != 0 and "sudo:" in err:
+        raise SudoError(f"sudo -n failed (passwordless sudo is required with --sudo): {err.splitlines()[-1]}",
+                        host=transport.name)
+    try:
+        out = json.loads(res.stdout.decode("utf-8", "replace") or "null")
+    except ValueError as e:
+        raise RemoteError(f"agent answered no JSON (exit {res.rc}): {err[-400:] or res.stdout[:200]!r}",
+                          host=transport.name) from e
+    if not isinstance(out, dict):
+        raise RemoteError(f"agent answered nothing (exit {res.rc}): {err[-400:]}", host=transport.name)
+    if out.get("fatal"):
+        raise RemoteError(f"agent failed: {out['fatal']}", host=transport.name)
+    out["_elapsed_s"] = round(res.elapsed, 4)
+    return out

@@ -1,0 +1,125 @@
+"""Typed results. Writers (text, JSON, ...) render these; the core never prints."""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from mla_doctor import __version__
+from mla_doctor.exit_codes import ExitStatus, worst
+
+
+class Severity(str, enum.Enum):
+    INFO = "info"
+    WARN = "warn"
+    FAIL = "fail"
+
+
+class HostStatus(str, enum.Enum):
+    OK = "ok"
+    UNREACHABLE = "unreachable"
+    ERROR = "error"
+
+
+@dataclass
+class Finding:
+    code: str  # stable identifier, e.g. VLLM_FILES_MODIFIED
+    severity: Severity
+    summary: str
+    evidence: list[str] = field(default_factory=list)
+    action: str = ""
+
+
+@dataclass
+class HostReport:
+    host: str
+    status: HostStatus = HostStatus.OK
+    error: str | None = None
+    error_kind: str | None = None
+    vllm: dict[str, Any] | None = None
+    static: dict[str, Any] | None = None
+    server: dict[str, Any] | None = None
+    model: dict[str, Any] | None = None
+    log: dict[str, Any] | None = None
+    gpu: dict[str, Any] | None = None
+    findings: list[Finding] = field(default_factory=list)
+    transport: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    exit_override: ExitStatus | None = None
+
+    def worst_severity(self) -> Severity | None:
+        order = [Severity.INFO, Severity.WARN, Severity.FAIL]
+        sev = [f.severity for f in self.findings]
+        return max(sev, key=order.index) if sev else None
+
+    def exit_status(self) -> ExitStatus:
+        if self.exit_override is not None:
+            return self.exit_override
+        if self.status == HostStatus.UNREACHABLE:
+            return ExitStatus.UNREACHABLE
+        if self.status == HostStatus.ERROR:
+            return ExitStatus.HOST_ERROR
+        return ExitStatus.FAULT if self.worst_severity() == Severity.FAIL else ExitStatus.OK
+
+    def verdict(self) -> str:
+        """One word for the host: ok | warn | fail | unreachable | error."""
+        if self.status != HostStatus.OK:
+            return self.status.value
+        sev = self.worst_severity()
+        return sev.value if sev in (Severity.WARN, Severity.FAIL) else "ok"
+
+
+@dataclass
+class RunReport:
+    command: str
+    hosts: list[HostReport] = field(default_factory=list)
+    started: float = field(default_factory=time.time)
+    duration_s: float = 0.0
+
+    def exit_status(self) -> ExitStatus:
+        return worst(h.exit_status() for h in self.hosts)
+
+    def overall(self) -> str:
+        verdicts = [h.verdict() for h in self.hosts]
+        for v in ("unreachable", "error", "fail", "warn"):
+            if v in verdicts:
+                return v
+        return "ok"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tool": "mla-doctor",
+            "version": __version__,
+            "command": self.command,
+            "overall": self.overall(),
+            "exit_status": int(self.exit_status()),
+            "exit_name": self.exit_status().name,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started)),
+            "duration_s": round(self.duration_s, 3),
+            "hosts": [host_to_dict(h) for h in self.hosts],
+        }
+
+
+def _plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+def host_to_dict(h: HostReport) -> dict[str, Any]:
+    d = _plain(h)
+    d.pop("exit_override", None)
+    d["verdict"] = h.verdict()
+    d["exit_status"] = int(h.exit_status())
+    return d
+
+
+plain = _plain

@@ -1,0 +1,135 @@
+"""Read ssh_config as OpenSSH does, including `Include` (which paramiko ignores).
+
+Includes are expanded textually before paramiko parses the result: relative paths are taken
+from ~/.ssh (user config), `~` is expanded, globs are sorted, and cycles or depth beyond 16 are
+an error naming the file and line. What we need of a host is returned as a `HostParams`.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+
+import paramiko
+
+from mla_doctor.errors import ConfigFileError
+
+MAX_INCLUDE_DEPTH = 16
+_INCLUDE_RE = re.compile(r"^\s*include(\s+|\s*=\s*)(?P<rest>.+?)\s*$", re.IGNORECASE)
+_LINE_RE = re.compile(r"^\s*(?P<key>\w+)(?:\s*=\s*|\s+)(?P<value>.+?)\s*$")
+
+
+@dataclass(frozen=True)
+class HostParams:
+    alias: str
+    hostname: str
+    port: int = 22
+    user: str | None = None
+    identity_files: tuple[str, ...] = ()
+    identities_only: bool = False
+    known_hosts_files: tuple[str, ...] = ()
+    strict_host_key_checking: str | None = None
+    host_key_alias: str | None = None
+    proxy_jump: str | None = None
+    proxy_command: str | None = None
+    connect_timeout: float | None = None
+    sources: tuple[str, ...] = field(default=())
+
+
+def expand_includes(path: str, *, _depth: int = 0, _stack: tuple[str, ...] = ()) -> str:
+    """Return the config text with every Include replaced by the included files' text."""
+    real = os.path.realpath(path)
+    if real in _stack:
+        raise ConfigFileError(path, None, "Include cycle: " + " -> ".join(_stack + (real,)))
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise ConfigFileError(path, None, f"cannot read ssh config: {e.strerror or e}") from e
+    out: list[str] = []
+    for n, line in enumerate(lines, 1):
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#"):
+            if not _LINE_RE.match(line):
+                raise ConfigFileError(path, n, f"not a 'Keyword value' line: {stripped!r}")
+        m = _INCLUDE_RE.match(line)
+        if not m:
+            out.append(line)
+            continue
+        if _depth >= MAX_INCLUDE_DEPTH:
+            raise ConfigFileError(path, n, f"Include nested deeper than {MAX_INCLUDE_DEPTH}")
+        try:
+            patterns = shlex.split(m.group("rest"))
+        except ValueError as e:
+            raise ConfigFileError(path, n, f"bad Include line: {e}") from e
+        out.append(f"# mla-doctor: Include {m.group('rest')} ({path}:{n})")
+        for pat in patterns:
+            pat = os.path.expanduser(pat)
+            if not os.path.isabs(pat):
+                pat = os.path.join(os.path.expanduser("~/.ssh"), pat)
+            for inc in sorted(glob.glob(pat)):  # OpenSSH ignores patterns that match nothing
+                if os.path.isfile(inc):
+                    out.append(expand_includes(inc, _depth=_depth + 1, _stack=_stack + (real,)))
+    return "\n".join(out) + "\n"
+
+
+class SSHConfigFile:
+    """An ssh_config (with includes expanded) that answers host look-ups."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+        self._config = paramiko.SSHConfig()
+        if path and os.path.exists(path):
+            text = expand_includes(path)
+            try:
+                self._config = paramiko.SSHConfig.from_text(text)
+            except Exception as e:  # paramiko's ConfigParseError and friends
+                raise ConfigFileError(path, None, f"cannot parse ssh config: {e}") from e
+        elif path and path != default_config_path():
+            raise ConfigFileError(path, None, "ssh config file does not exist")
+
+    def lookup(self, alias: str) -> HostParams:
+        c = self._config.lookup(alias)
+        idents = tuple(os.path.expanduser(p) for p in c.get("identityfile", []))
+        known = tuple(os.path.expanduser(p) for p in (c.get("userknownhostsfile") or "").split() if p)
+        timeout = c.get("connecttimeout")
+        return HostParams(
+            alias=alias,
+            hostname=c.get("hostname", alias),
+            port=int(c.get("port", 22)),
+            user=c.get("user"),
+            identity_files=idents,
+            identities_only=str(c.get("identitiesonly", "no")).lower() == "yes",
+            known_hosts_files=known,
+            strict_host_key_checking=(c.get("stricthostkeychecking") or None),
+            host_key_alias=c.get("hostkeyalias"),
+            proxy_jump=None if str(c.get("proxyjump", "none")).lower() == "none" else c.get("proxyjump"),
+            proxy_command=None if str(c.get("proxycommand", "none")).lower() == "none" else c.get("proxycommand"),
+            connect_timeout=float(timeout) if timeout else None,
+            sources=(self.path,) if self.path else (),
+        )
+
+
+def default_config_path() -> str:
+    return os.path.expanduser("~/.ssh/config")
+
+
+def parse_jump(spec: str) -> list[tuple[str | None, str, int | None]]:
+    """`[user@]host[:port][,...]` → [(user, host, port)], in hop order."""
+    hops = []
+    for part in spec.split(","):
+        part = part.strip()
+        if part.startswith("ssh://"):
+            part = part[len("ssh://"):]
+        user, _, hostport = part.rpartition("@")
+        host, port = hostport, None
+        if hostport.startswith("["):
+            host, _, rest = hostport[1:].partition("]")
+            port = int(rest[1:]) if rest.startswith(":") else None
+        elif hostport.count(":") == 1:
+            host, p = hostport.split(":")
+            port = int(p)
+        hops.append((user or None, host, port))
+    return hops

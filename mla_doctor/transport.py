@@ -1,0 +1,362 @@
+"""How commands reach a host: one SSH connection per host (paramiko), or this machine (--local).
+
+Every command is a shell string assembled with shlex.quote from argv-like pieces; nothing a
+user typed is pasted into a shell unquoted. Host keys are verified: a changed key is always
+refused (unless the policy is explicitly `off`), an unknown key is refused under `strict` and
+recorded under `accept-new`.
+"""
+from __future__ import annotations
+
+import os
+import select
+import shlex
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+
+import paramiko
+
+from mla_doctor.errors import AuthError, HostKeyError, RemoteError, UnreachableError, UsageError
+from mla_doctor.sshconfig import HostParams, SSHConfigFile, default_config_path, parse_jump
+
+HOST_KEY_POLICIES = ("strict", "accept-new", "off")
+
+
+@dataclass
+class CommandResult:
+    rc: int
+    stdout: bytes
+    stderr: bytes
+    elapsed: float
+
+
+@dataclass
+class ConnectOptions:
+    """Connection options shared by every command that touches a host."""
+
+    port: int | None = None
+    user: str | None = None
+    identity: tuple[str, ...] = ()
+    ssh_config: str | None = None
+    known_hosts: str | None = None
+    host_key_policy: str | None = None  # None: ssh_config's StrictHostKeyChecking, else accept-new
+    connect_timeout: float = 10.0
+    command_timeout: float = 120.0
+    sudo: bool = False
+    local: bool = False
+
+
+@dataclass
+class TransportStats:
+    connections: int = 0
+    executions: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    connect_s: float = 0.0
+    hops: list[str] = field(default_factory=list)
+
+
+class Transport:
+    """Runs shell command strings on one host."""
+
+    name: str = ""
+
+    def __init__(self) -> None:
+        self.stats = TransportStats()
+
+    def run(self, command: str, stdin: bytes | None = None, timeout: float | None = None) -> CommandResult:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class LocalTransport(Transport):
+    """This machine, no SSH: the on-call engineer is already logged in."""
+
+    def __init__(self, command_timeout: float = 120.0):
+        super().__init__()
+        self.name = "local"
+        self.command_timeout = command_timeout
+
+    def run(self, command, stdin=None, timeout=None):
+        t0 = time.monotonic()
+        self.stats.executions += 1
+        try:
+            p = subprocess.run(["/bin/sh", "-c", command], input=stdin or b"", capture_output=True,
+                               timeout=timeout or self.command_timeout)
+        except subprocess.TimeoutExpired as e:
+            raise RemoteError(f"command timed out after {e.timeout:.0f}s", host=self.name) from e
+        self.stats.bytes_sent += len(stdin or b"")
+        self.stats.bytes_received += len(p.stdout) + len(p.stderr)
+        return CommandResult(p.returncode, p.stdout, p.stderr, time.monotonic() - t0)
+
+
+class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
+    """Like OpenSSH's accept-new: record an unknown key by appending one line; never rewrite the file."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+
+    def missing_host_key(self, client, hostname, key):
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        if self.path:
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)) or ".", exist_ok=True)
+            with open(self.path, "a", encoding="ascii") as f:
+                f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+
+
+class _AcceptAnyPolicy(paramiko.MissingHostKeyPolicy):
+    def missing_host_key(self, client, hostname, key):
+        return None
+
+
+def _fingerprint(key) -> str:
+    import base64
+    import hashlib
+
+    return "SHA256:" + base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
+
+
+class SSHTransport(Transport):
+    """One paramiko connection per host (plus one per bastion hop), reused for every command."""
+
+    def __init__(self, target: str, options: ConnectOptions, config: SSHConfigFile | None = None):
+        super().__init__()
+        self.options = options
+        self.config = config or SSHConfigFile(options.ssh_config or default_config_path())
+        user, host, port = _split_target(target)
+        self.params = self.config.lookup(host)
+        self.user = user or options.user or self.params.user or os.environ.get("USER") or "root"
+        self.port = port or options.port or self.params.port
+        self.name = target
+        self._clients: list[paramiko.SSHClient] = []
+        self.client = self._connect_chain()
+
+    # -- connecting -------------------------------------------------------------------------
+
+    def _policy(self, params: HostParams) -> str:
+        if self.options.host_key_policy:
+            return self.options.host_key_policy
+        shk = (params.strict_host_key_checking or "").lower()
+        return {"yes": "strict", "accept-new": "accept-new"}.get(shk, "accept-new")
+
+    def _known_hosts(self, params: HostParams) -> list[str]:
+        if self.options.known_hosts:
+            return [os.path.expanduser(self.options.known_hosts)]
+        return list(params.known_hosts_files) or [os.path.expanduser("~/.ssh/known_hosts")]
+
+    def _connect_chain(self) -> paramiko.SSHClient:
+        sock = None
+        jumps = parse_jump(self.params.proxy_jump) if self.params.proxy_jump else []
+        hops: list[tuple[HostParams, str, int]] = []
+        for juser, jhost, jport in jumps:
+            jp = self.config.lookup(jhost)
+            hops.append((jp, juser or jp.user or self.options.user or "root", jport or jp.port))
+        hops.append((self.params, self.user, self.port))
+        for i, (params, user, port) in enumerate(hops):
+            label = params.alias if i < len(hops) - 1 else self.name
+            if sock is None and i == 0 and params.proxy_command:
+                sock = paramiko.ProxyCommand(params.proxy_command.replace("%h", shlex.quote(params.hostname))
+                                             .replace("%p", str(port)))
+            elif sock is None:
+                sock = self._tcp(params.hostname, port, label)
+            else:
+                prev = self._clients[-1]
+                try:
+                    sock = prev.get_transport().open_channel(
+                        "direct-tcpip", (params.hostname, port), ("127.0.0.1", 0),
+                        timeout=self.options.connect_timeout)
+                except Exception as e:
+                    raise UnreachableError(f"bastion {hops[i - 1][0].alias} could not open a tunnel to "
+                                           f"{params.hostname}:{port}: {e}", host=self.name) from e
+            client = self._handshake(params, user, port, sock, label)
+            self._clients.append(client)
+            self.stats.hops.append(f"{user}@{params.hostname}:{port}")
+            sock = None
+        return self._clients[-1]
+
+    def _tcp(self, hostname: str, port: int, label: str):
+        t0 = time.monotonic()
+        try:
+            s = socket.create_connection((hostname, port), timeout=self.options.connect_timeout)
+        except socket.gaierror as e:
+            raise UnreachableError(f"cannot resolve {hostname}: {e.strerror}", host=label) from e
+        except (socket.timeout, TimeoutError) as e:
+            raise UnreachableError(f"connect to {hostname}:{port} timed out after "
+                                   f"{self.options.connect_timeout:g}s", host=label) from e
+        except OSError as e:
+            raise UnreachableError(f"cannot connect to {hostname}:{port}: {e.strerror or e}", host=label) from e
+        finally:
+            self.stats.connect_s += time.monotonic() - t0
+        self.stats.connections += 1
+        return s
+
+    def _handshake(self, params: HostParams, user: str, port: int, sock, label: str) -> paramiko.SSHClient:
+        client = paramiko.SSHClient()
+        policy = self._policy(params)
+        known = self._known_hosts(params)
+        if policy != "off":
+            for path in known:
+                if os.path.exists(path):
+                    try:
+                        client.load_host_keys(path)
+                    except (OSError, paramiko.SSHException) as e:
+                        raise UsageError(f"{path}: cannot read known_hosts: {e}") from e
+            if os.path.exists("/etc/ssh/ssh_known_hosts"):
+                try:
+                    client.load_system_host_keys("/etc/ssh/ssh_known_hosts")
+                except (OSError, paramiko.SSHException):
+                    pass
+        client.set_missing_host_key_policy(
+            paramiko.RejectPolicy() if policy == "strict"
+            else _AcceptNewPolicy(known[0]) if policy == "accept-new" else _AcceptAnyPolicy())
+        # paramiko saves *all* keys on AutoAdd; we append one line ourselves instead.
+        client._host_keys_filename = None
+        # The name keys are looked up under: HostKeyAlias, else host (and [host]:port off 22).
+        key_name = params.host_key_alias or params.hostname
+        idents = list(self.options.identity) + list(params.identity_files)
+        idents = [p for p in idents if os.path.exists(p)]
+        only = params.identities_only or bool(self.options.identity)
+        t0 = time.monotonic()
+        try:
+            client.connect(
+                key_name, port=port, username=user, sock=sock, key_filename=idents or None,
+                look_for_keys=not only, allow_agent=not only, timeout=self.options.connect_timeout,
+                banner_timeout=self.options.connect_timeout, auth_timeout=self.options.connect_timeout,
+                compress=False,
+            )
+        except paramiko.BadHostKeyException as e:
+            client.close()
+            raise HostKeyError(
+                f"HOST KEY CHANGED for {key_name} (port {port}): known_hosts has {_fingerprint(e.expected_key)}, "
+                f"host offered {e.key.get_name()} {_fingerprint(e.key)}; refusing to connect. If the change is "
+                f"expected, remove the old key: ssh-keygen -R {shlex.quote(_kh_name(key_name, port))}",
+                host=label) from e
+        except paramiko.AuthenticationException as e:
+            client.close()
+            tried = ", ".join(idents) if idents else "agent and default keys"
+            raise AuthError(f"authentication refused for user {user!r} ({tried}): {e}", host=label) from e
+        except paramiko.SSHException as e:
+            client.close()
+            msg = str(e)
+            if "not found in known_hosts" in msg:
+                raise HostKeyError(f"unknown host key for {_kh_name(key_name, port)} and --host-key-policy "
+                                   f"strict: add it to {known[0]} first (ssh-keyscan), or use accept-new",
+                                   host=label) from e
+            raise UnreachableError(f"SSH handshake failed: {msg}", host=label) from e
+        except (socket.timeout, TimeoutError, EOFError, OSError) as e:
+            client.close()
+            raise UnreachableError(f"SSH handshake failed: {e or type(e).__name__}", host=label) from e
+        finally:
+            self.stats.connect_s += time.monotonic() - t0
+        tr = client.get_transport()
+        if tr is not None:
+            tr.set_keepalive(15)
+        return client
+
+    # -- running ----------------------------------------------------------------------------
+
+    def run(self, command, stdin=None, timeout=None):
+        timeout = timeout or self.options.command_timeout
+        t0 = time.monotonic()
+        tr = self.client.get_transport()
+        if tr is None or not tr.is_active():
+            raise UnreachableError("SSH connection lost", host=self.name)
+        try:
+            chan = tr.open_session(timeout=self.options.connect_timeout)
+            chan.exec_command(command)
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise UnreachableError(f"cannot open a session: {e}", host=self.name) from e
+        self.stats.executions += 1
+        out, err = bytearray(), bytearray()
+        writer = None
+        if stdin:
+            # Write stdin in a thread so a large payload cannot deadlock against unread output.
+            def _write():
+                try:
+                    chan.sendall(stdin)
+                    chan.shutdown_write()
+                except (OSError, EOFError, paramiko.SSHException):
+                    pass
+
+            writer = threading.Thread(target=_write, daemon=True)
+            writer.start()
+            self.stats.bytes_sent += len(stdin)
+        else:
+            chan.shutdown_write()
+        deadline = t0 + timeout
+        while True:
+            got = False
+            while chan.recv_ready():
+                out += chan.recv(1 << 16)
+                got = True
+            while chan.recv_stderr_ready():
+                err += chan.recv_stderr(1 << 16)
+                got = True
+            if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                break
+            if chan.closed and not got:
+                break
+            if time.monotonic() > deadline:
+                chan.close()
+                raise RemoteError(f"command timed out after {timeout:g}s", host=self.name)
+            if not got:
+                select.select([chan], [], [], 0.02)
+        rc = chan.recv_exit_status()
+        # drain anything that raced the exit status
+        while chan.recv_ready():
+            out += chan.recv(1 << 16)
+        while chan.recv_stderr_ready():
+            err += chan.recv_stderr(1 << 16)
+        chan.close()
+        if writer:
+            writer.join(timeout=1)
+        self.stats.bytes_received += len(out) + len(err)
+        return CommandResult(rc, bytes(out), bytes(err), time.monotonic() - t0)
+
+    def close(self):
+        for c in reversed(self._clients):
+            try:
+                c.close()
+            except Exception:
+                pass
+        self._clients = []
+
+
+def _kh_name(host: str, port: int) -> str:
+    return host if port == 22 else f"[{host}]:{port}"
+
+
+def _split_target(target: str) -> tuple[str | None, str, int | None]:
+    """`[user@]host[:port]` (host may be an ssh_config alias or [IPv6])."""
+    user, _, hostport = target.rpartition("@")
+    host, port = hostport, None
+    if hostport.startswith("["):
+        host, _, rest = hostport[1:].partition("]")
+        if rest.startswith(":"):
+            port = int(rest[1:])
+    elif hostport.count(":") == 1:
+        host, p = hostport.split(":")
+        if not p.isdigit():
+            raise UsageError(f"bad port in host {target!r}")
+        port = int(p)
+    if not host:
+        raise UsageError(f"empty host name in {target!r}")
+    return user or None, host, port
+
+
+def open_transport(target: str | None, options: ConnectOptions, config: SSHConfigFile | None = None) -> Transport:
+    if options.local:
+        return LocalTransport(options.command_timeout)
+    if not target:
+        raise UsageError("no host: give --host HOST (or --local to audit this machine)")
+    return SSHTransport(target, options, config)

