@@ -45,6 +45,8 @@ class HostReport:
     log: dict[str, Any] | None = None
     gpu: dict[str, Any] | None = None
     findings: list[Finding] = field(default_factory=list)
+    patch: dict[str, Any] | None = None
+    revert: dict[str, Any] | None = None
     transport: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     exit_override: ExitStatus | None = None

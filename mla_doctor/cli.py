@@ -1,0 +1,266 @@
+"""Thin click front end: parse options, call the library, render, exit with the documented status."""
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+
+import click
+
+from mla_doctor import __version__
+from mla_doctor.errors import MlaDoctorError, UsageError
+from mla_doctor.exit_codes import ExitStatus
+from mla_doctor.results import RunReport
+from mla_doctor.transport import HOST_KEY_POLICIES, ConnectOptions
+
+
+def connection_options(f):
+    """Options shared by every command that touches a host."""
+    opts = [
+        click.option("--host", "host", metavar="[USER@]HOST[:PORT]", help="Host or ssh_config alias."),
+        click.option("--port", type=int, help="SSH port (default: ssh_config, else 22)."),
+        click.option("--user", help="SSH user (default: ssh_config, else $USER)."),
+        click.option("-i", "--identity", multiple=True, type=click.Path(dir_okay=False),
+                     help="Private key file (repeatable)."),
+        click.option("--ssh-config", type=click.Path(dir_okay=False), default=None,
+                     help="ssh_config to read (default ~/.ssh/config; Include and ProxyJump honoured)."),
+        click.option("--known-hosts", type=click.Path(dir_okay=False), help="known_hosts file to verify against."),
+        click.option("--host-key-policy", type=click.Choice(HOST_KEY_POLICIES), default=None,
+                     help="strict: only known keys; accept-new (default): record new keys; off: no checks. "
+                          "A changed key is refused unless off."),
+        click.option("--connect-timeout", type=float, default=10.0, show_default=True, help="Seconds."),
+        click.option("--command-timeout", type=float, default=120.0, show_default=True, help="Seconds."),
+        click.option("--sudo", is_flag=True, help="Run the agent with passwordless `sudo -n` (non-root login)."),
+        click.option("--python", "python", metavar="PATH", help="Interpreter whose site-packages hold vLLM."),
+        click.option("--local", is_flag=True, help="Audit this machine without SSH."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def output_options(f):
+    f = click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True),
+                     help="Write the report to FILE instead of stdout.")(f)
+    f = click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)(f)
+    return f
+
+
+def _conn(kw) -> ConnectOptions:
+    if kw.get("local") and kw.get("host"):
+        raise UsageError("--local and --host exclude each other")
+    if not kw.get("local") and not kw.get("host"):
+        raise UsageError("give --host HOST, or --local to audit this machine")
+    return ConnectOptions(
+        port=kw.get("port"), user=kw.get("user"), identity=tuple(kw.get("identity") or ()),
+        ssh_config=kw.get("ssh_config"), known_hosts=kw.get("known_hosts"),
+        host_key_policy=kw.get("host_key_policy"), connect_timeout=kw["connect_timeout"],
+        command_timeout=kw["command_timeout"], sudo=kw.get("sudo", False), local=kw.get("local", False))
+
+
+def _emit(report: RunReport, fmt: str, output: str | None) -> None:
+    if fmt == "json":
+        text = json.dumps(report.to_dict(), indent=2, sort_keys=False) + "\n"
+    else:
+        from mla_doctor.report_text import render
+
+        text = render(report)
+    if output:
+        try:
+            with open(output, "w", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as e:
+            raise UsageError(f"{output}: cannot write report: {e.strerror or e}") from e
+        if fmt == "text":
+            click.echo(text, nl=False)
+        else:
+            click.echo(f"report written to {output}: overall {report.overall()}", err=True)
+    else:
+        click.echo(text, nl=False)
+
+
+def _error_doc(command: str, message: str, status: ExitStatus) -> dict:
+    return {"tool": "mla-doctor", "version": __version__, "command": command, "overall": "error",
+            "exit_status": int(status), "exit_name": status.name, "error": message, "hosts": []}
+
+
+def handle_errors(command: str):
+    """Turn library errors into one clear message, the documented exit code, and parseable JSON."""
+
+    def deco(f):
+        @functools.wraps(f)
+        def wrapper(*args, **kw):
+            try:
+                return f(*args, **kw)
+            except MlaDoctorError as e:
+                if kw.get("fmt") == "json":
+                    click.echo(json.dumps(_error_doc(command, str(e), e.exit_status), indent=2))
+                click.echo(f"mla-doctor: error: {e}", err=True)
+                sys.exit(int(e.exit_status))
+
+        return wrapper
+
+    return deco
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(__version__, prog_name="mla-doctor")
+def cli():
+    """Tell which MLA attention path a vLLM server really runs (forward_mha / forward_mqa / sparse), and why.
+
+    \b
+    Exit status: 0 ok, 1 fault found, 2 usage/config error, 3 host unreachable or authentication
+    refused (incl. a changed host key), 4 host reached but not auditable, 5 not restored.
+    """
+
+
+@cli.command()
+@connection_options
+@click.option("--model", "model", metavar="PATH", help="Model directory or config.json (default: the server's).")
+@click.option("--log", "log", metavar="PATH", help="Server log file (default: journal, container or stdout file).")
+@output_options
+@handle_errors("static")
+def static(fmt, output, model, log, **kw):
+    """Read-only audit of one host: vLLM version, MLA code paths, integrity, server, model, log."""
+    conn = _conn(kw)
+    from mla_doctor.audit import AuditOptions, audit_host
+
+    t0 = time.monotonic()
+    report = RunReport(command="static")
+    report.hosts.append(audit_host(kw.get("host"), conn, AuditOptions(python=kw.get("python"), model=model,
+                                                                         log=log)))
+    report.duration_s = time.monotonic() - t0
+    _emit(report, fmt, output)
+    sys.exit(int(report.exit_status()))
+
+
+def _host_name(conn: ConnectOptions, host: str | None) -> str:
+    return "localhost" if conn.local else (host or "?")
+
+
+def _on_host(host: str | None, conn: ConnectOptions, fn):
+    """Open the one connection, run fn(transport, name), close; host failures become a report."""
+    from mla_doctor.errors import UnreachableError
+    from mla_doctor.results import HostReport, HostStatus
+    from mla_doctor.transport import open_transport
+
+    name = _host_name(conn, host)
+    t0 = time.monotonic()
+    try:
+        transport = open_transport(host, conn)
+    except UsageError:
+        raise
+    except MlaDoctorError as e:
+        status = HostStatus.UNREACHABLE if isinstance(e, UnreachableError) else HostStatus.ERROR
+        return HostReport(host=name, status=status, error=e.message, error_kind=type(e).__name__), None
+    report = fn(transport, name)
+    report.transport = {"kind": "local" if conn.local else "ssh", "connections": transport.stats.connections,
+                        "executions": transport.stats.executions, "hops": transport.stats.hops}
+    report.timings["total_s"] = round(time.monotonic() - t0, 4)
+    return report, transport
+
+
+def instrument_options(f):
+    f = click.option("--run-root", default="/var/tmp/mla-doctor", show_default=True,
+                     help="Where runs keep backups, manifests, leases and probe records on the host.")(f)
+    f = click.option("--dry-run", is_flag=True, help="Print what would change (unified diffs); change nothing.")(f)
+    return f
+
+
+@cli.command()
+@connection_options
+@instrument_options
+@click.option("--ttl", type=float, default=900.0, show_default=True,
+              help="Lease seconds: a watchdog on the host reverts everything if not renewed. 0: no watchdog.")
+@click.option("--method", type=click.Choice(["patch", "plugin"]), default="patch", show_default=True,
+              help="patch: edit vLLM's files (works everywhere); plugin: a vLLM general plugin, no file edited.")
+@click.option("--hold", is_flag=True, help="Keep renewing the lease until Ctrl-C, then revert.")
+@click.option("--targets", "targets", default="instrument-mla", show_default=True, metavar="NAME|FILE",
+              help="Patch-target playbook (playbooks/NAME.yaml or a file).")
+@click.option("--templates", "templates", metavar="DIR", help="Jinja2 templates directory (default: templates/).")
+@click.option("--run-id", "run_id", help="Use this run id (default: a new one).")
+@output_options
+@handle_errors("patch")
+def patch(fmt, output, run_root, dry_run, ttl, method, hold, targets, templates, run_id, **kw):
+    """Instrument the installed vLLM (backups, atomic writes, lease + watchdog) and leave it in place."""
+    conn = _conn(kw)
+    from mla_doctor.audit import AuditOptions
+    from mla_doctor.instrument import PatchOptions, load_targets
+    from mla_doctor.patching import hold as hold_lease
+    from mla_doctor.patching import patch_host, revert_host
+
+    if ttl < 0:
+        raise UsageError("--ttl must be >= 0")
+    if hold and ttl == 0:
+        raise UsageError("--hold needs a lease: give --ttl > 0")
+    load_targets(targets)  # a bad playbook is a usage error before any connection
+    popts = PatchOptions(ttl=ttl, method=method, dry_run=dry_run, run_root=run_root, targets=targets,
+                         templates=templates, run_id=run_id)
+    t0 = time.monotonic()
+    report = RunReport(command="patch")
+    aopts = AuditOptions(python=kw.get("python"))
+    host, transport = _on_host(kw.get("host"), conn, lambda tr, name: patch_host(tr, name, conn, aopts, popts))
+    report.hosts.append(host)
+    try:
+        if hold and transport is not None and (host.patch or {}).get("outcome") == "patched":
+            rid = host.patch["run_id"]
+            click.echo(f"holding run {rid} (lease {ttl:g}s); Ctrl-C to revert", err=True)
+            why = hold_lease(transport, rid, ttl, run_root, conn.sudo)
+            click.echo(f"{why}; reverting run {rid}", err=True)
+            rev = revert_host(transport, host.host, conn, rid, False, run_root)
+            host.revert = rev.revert
+            if rev.status.value != "ok":
+                host.status, host.error, host.exit_override = rev.status, rev.error, rev.exit_override
+    finally:
+        if transport is not None:
+            transport.close()
+    report.duration_s = time.monotonic() - t0
+    _emit(report, fmt, output)
+    sys.exit(int(report.exit_status()))
+
+
+@cli.command()
+@connection_options
+@instrument_options
+@click.option("--run", "run_id", metavar="ID", help="Only this run (default: every run that left changes).")
+@output_options
+@handle_errors("revert")
+def revert(fmt, output, run_root, dry_run, run_id, **kw):
+    """Undo what mla-doctor runs left on a host: restore files byte-for-byte, never clobber later edits."""
+    conn = _conn(kw)
+    from mla_doctor.patching import revert_host
+
+    t0 = time.monotonic()
+    report = RunReport(command="revert")
+    host, transport = _on_host(kw.get("host"), conn,
+                               lambda tr, name: revert_host(tr, name, conn, run_id, dry_run, run_root))
+    if transport is not None:
+        transport.close()
+    report.hosts.append(host)
+    report.duration_s = time.monotonic() - t0
+    _emit(report, fmt, output)
+    sys.exit(int(report.exit_status()))
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        cli.main(args=argv, prog_name="mla-doctor", standalone_mode=False)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.Abort:
+        click.echo("mla-doctor: interrupted", err=True)
+        sys.exit(int(ExitStatus.INTERRUPTED))
+    except click.ClickException as e:
+        # Usage errors: one clear message, exit 2, and JSON that parses when JSON was asked for.
+        if "json" in argv and any(a in ("--format", "--format=json") for a in argv):
+            click.echo(json.dumps(_error_doc(argv[0] if argv else "", e.format_message(), ExitStatus.USAGE),
+                                  indent=2))
+        e.show()
+        sys.exit(int(ExitStatus.USAGE))
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

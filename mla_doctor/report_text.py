@@ -1,0 +1,130 @@
+"""Human-readable rendering of a RunReport (the only place, with the CLI, that formats for people)."""
+from __future__ import annotations
+
+from mla_doctor.results import HostReport, HostStatus, RunReport
+
+_MARK = {"info": "  ", "warn": "! ", "fail": "X "}
+
+
+def _sym(ref: dict | None) -> str:
+    if not ref or not ref.get("symbol"):
+        return "-"
+    loc = ref.get("file") or "?"
+    if ref.get("line"):
+        loc += f":{ref['line']}"
+    flag = "" if ref.get("confirmed", True) else "  (NOT confirmed)"
+    return f"{ref['symbol']}  {loc}{flag}"
+
+
+def render_host(h: HostReport) -> list[str]:
+    out = [f"== {h.host}: {h.verdict().upper()}"]
+    if h.status != HostStatus.OK:
+        out.append(f"   {h.error}")
+        return out
+    v = h.vllm or {}
+    out.append(f"   vLLM {v.get('version')} ({v.get('distribution')}, {v.get('install_kind')}) at {v.get('path')}")
+    out.append(f"   python {v.get('python')} [{v.get('python_version')}], located by {v.get('located_by')}")
+    s = h.static or {}
+    out.append(f"   engine: {s.get('engine')}   knowledge: {v.get('knowledge_range')}"
+               + ("" if v.get("known_version") else "  (UNKNOWN VERSION: best effort)"))
+    out.append(f"   dispatch:  {_sym(s.get('dispatch'))}")
+    out.append(f"   prefill:   {_sym(s.get('prefill_entry'))}")
+    out.append(f"   decode:    {_sym(s.get('decode_entry'))}")
+    for d in s.get("decode_entries") or []:
+        out.append(f"     - {d.get('backend', ''):<22} {_sym(d)}")
+    gate = s.get("sparse_gate") or {}
+    out.append(f"   sparse:    {'gate present' if gate.get('present') else 'no sparse (DSA) support'}"
+               + (f" — {gate.get('routing')}" if gate.get("routing") else ""))
+    th = s.get("decode_thresholds") or {}
+    if th:
+        out.append("   decode thresholds: " + ", ".join(f"{k}={v}" for k, v in sorted(th.items())))
+    out.append(f"   integrity: {s.get('integrity')}; modified {len(s.get('modified_files') or [])}, "
+               f"missing {len(s.get('missing_files') or [])}, unrecorded {len(s.get('unrecorded_files') or [])}")
+    srv = h.server or {}
+    if srv.get("running"):
+        sup = srv.get("supervisor") or {}
+        out.append(f"   server: pid {srv.get('pid')} user {srv.get('user')} port {srv.get('port')} "
+                   f"supervisor {sup.get('kind')} tp={srv.get('tensor_parallel_size') or 1}")
+    if h.model and h.model.get("classification"):
+        c = h.model["classification"]
+        out.append(f"   model: {h.model.get('argument')} type={c.get('model_type')} mla={c.get('is_mla')} "
+                   f"sparse={c.get('is_sparse')}")
+    if h.gpu and h.gpu.get("present"):
+        out.append("   gpu: " + ", ".join(f"{g['name']} (sm {g['compute_cap']})" for g in h.gpu.get("gpus", [])))
+    out.append("   findings:")
+    for f in h.findings:
+        out.append(f"   {_MARK[f.severity.value]}[{f.severity.value}] {f.code}: {f.summary}")
+        for e in f.evidence[:8]:
+            out.append(f"        {e}")
+        if len(f.evidence) > 8:
+            out.append(f"        ... {len(f.evidence) - 8} more")
+        if f.action and f.severity.value != "info":
+            out.append(f"        -> {f.action}")
+    return out
+
+
+def render_patch(h: HostReport) -> list[str]:
+    p = h.patch or {}
+    out = [f"   run id:   {p.get('run_id')}  (method {p.get('method')}{', DRY RUN' if p.get('dry_run') else ''})",
+           f"   outcome:  {p.get('outcome')}"]
+    if p.get("records_dir"):
+        out.append(f"   records:  {p['records_dir']}/probe-<pid>.jsonl")
+    lease = p.get("lease") or {}
+    if lease:
+        exp = lease.get("expires")
+        out.append("   lease:    " + ("no expiry (--ttl 0: no watchdog; revert by hand)" if not exp else
+                                      f"{lease.get('ttl'):g}s, watchdog pid {p.get('watchdog_pid')} reverts "
+                                      f"if not renewed"))
+    if p.get("plugin"):
+        env = p["plugin"]["env"]
+        out.append(f"   plugin:   start the server with PYTHONPATH={env['PYTHONPATH']} "
+                   f"(and add {env['VLLM_PLUGINS_ADD']} to VLLM_PLUGINS if that is set)")
+    for f in p.get("files") or []:
+        out.append(f"   {f.get('outcome', '?'):<16} vllm/{f['rel']}  {str(f.get('original_sha256'))[:12]} -> "
+                   f"{str(f.get('patched_sha256'))[:12]}")
+        if f.get("diff"):
+            out += ["      " + ln for ln in f["diff"].rstrip("\n").splitlines()]
+    for m in p.get("missing_symbols") or []:
+        out.append(f"   missing:  {m}")
+    for r in p.get("refused") or []:
+        out.append(f"   refused:  {r}")
+    if p.get("run_id") and p.get("outcome") == "patched":
+        out.append(f"   undo:     mla-doctor revert --host {h.host} --run {p['run_id']}")
+    return out
+
+
+def render_revert(h: HostReport) -> list[str]:
+    r = h.revert or {}
+    out = []
+    if not r.get("runs"):
+        out.append("   nothing to revert: no run left patches on this host")
+    for run in r.get("runs") or []:
+        out.append(f"   run {run.get('run_id')}: {run.get('state')}{' (dry run)' if r.get('dry_run') else ''}")
+        for f in run.get("files") or []:
+            if isinstance(f, str):
+                out.append(f"      would restore vllm/{f}")
+            else:
+                out.append(f"      {f.get('outcome'):<16} {f.get('path')}")
+                if f.get("kept"):
+                    out.append(f"         kept both: {f['kept']['original']} and {f['kept']['current']}")
+    return out
+
+
+def render(report: RunReport) -> str:
+    lines: list[str] = []
+    for h in report.hosts:
+        if report.command == "revert":
+            lines.append(f"== {h.host}: {h.verdict().upper()}")
+            lines += ([f"   {h.error}"] if h.error else []) + render_revert(h)
+        else:
+            lines += render_host(h)
+            if h.patch:
+                lines += render_patch(h)
+        lines.append("")
+    counts: dict[str, int] = {}
+    for h in report.hosts:
+        counts[h.verdict()] = counts.get(h.verdict(), 0) + 1
+    summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+    lines.append(f"overall: {report.overall().upper()} ({summary}) in {report.duration_s:.2f}s "
+                 f"— exit {int(report.exit_status())} ({report.exit_status().name})")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,199 @@
+"""Verdict rules: pure functions from evidence to findings with stable codes.
+
+No SSH, no files, no printing: every rule is tested from a small fixture. Codes are part of the
+JSON contract; add new ones, never rename.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from mla_doctor.results import Finding, Severity
+
+INFO, WARN, FAIL = Severity.INFO, Severity.WARN, Severity.FAIL
+
+# .pth files that every venv has; anything else that imports code is worth a look.
+BENIGN_PTH = ("distutils-precedence.pth", "_virtualenv.pth")
+
+
+def _ref(r: Any) -> str:
+    if r is None:
+        return "?"
+    line = f":{r.line}" if getattr(r, "line", None) else ""
+    return f"vllm/{r.file}{line} {r.symbol}" if r.file and not r.file.startswith("vllm/") else \
+        f"{r.file}{line} {r.symbol}"
+
+
+def static_findings(*, facts, audit, scan, ident, side, server, model, model_class, log, log_raw,
+                    agent_errors) -> list[Finding]:
+    out: list[Finding] = []
+    version = ident.get("version") or "unknown"
+    out += version_rules(facts, version, ident)
+    out += integrity_rules(scan, ident, version)
+    out += side_code_rules(side)
+    out += knowledge_rules(audit)
+    out += server_rules(server, facts)
+    out += model_rules(model, model_class, facts)
+    out += log_rules(log, log_raw, model_class)
+    for e in agent_errors:
+        out.append(Finding("AGENT_STEP_FAILED", WARN, f"the agent could not complete step {e.get('step')!r}",
+                           [str(e.get("error"))], "re-run with --sudo if this is a permission problem"))
+    return out
+
+
+def version_rules(facts, version: str, ident: dict) -> list[Finding]:
+    out = []
+    if not getattr(facts, "known", False):
+        nearest = getattr(facts, "range", None) or getattr(facts, "nearest", None)
+        out.append(Finding(
+            "VLLM_VERSION_UNKNOWN", WARN,
+            f"vLLM {version} is outside mla-doctor's version knowledge; audited best-effort"
+            + (f" with the facts of {nearest}" if nearest else ""),
+            [f"version from {ident.get('version_source')}"],
+            "treat unconfirmed facts below with care; update mla-doctor's knowledge for this release"))
+    return out
+
+
+def integrity_rules(scan: dict, ident: dict, version: str) -> list[Finding]:
+    out = []
+    dist = ident.get("distribution") or "vllm"
+    reinstall = f"pip install --force-reinstall --no-deps {dist}=={version}"
+    if ident.get("install_kind") != "wheel":
+        out.append(Finding(
+            "VLLM_INTEGRITY_UNKNOWN", WARN,
+            f"integrity of the vLLM files cannot be judged: {ident.get('install_kind')} install without a RECORD "
+            "to compare against",
+            [f"dist-info: {ident.get('dist_info') or 'none'}"],
+            "compare the tree with the matching git tag by hand, or install from a wheel"))
+        return out
+    if scan.get("modified"):
+        out.append(Finding(
+            "VLLM_FILES_MODIFIED", FAIL,
+            f"{len(scan['modified'])} installed vLLM file(s) differ from the wheel's RECORD (local edits: a "
+            "leftover debug print, a disabled code path...)",
+            [f"vllm file modified: {p}" for p in scan["modified"][:50]],
+            f"inspect with `pip download --no-deps {dist}=={version}` and diff, then restore: {reinstall}"))
+    if scan.get("missing"):
+        out.append(Finding(
+            "VLLM_FILES_MISSING", FAIL, f"{len(scan['missing'])} vLLM source file(s) listed in RECORD are missing",
+            scan["missing"][:50], f"restore: {reinstall}"))
+    if scan.get("unrecorded"):
+        out.append(Finding(
+            "VLLM_FILES_UNRECORDED", WARN,
+            f"{len(scan['unrecorded'])} .py file(s) inside vllm/ are not in the wheel's RECORD",
+            scan["unrecorded"][:50], "find out who added them; they are importable by the server"))
+    if scan.get("unreadable"):
+        out.append(Finding(
+            "VLLM_FILES_UNREADABLE", WARN, f"{len(scan['unreadable'])} vLLM file(s) could not be read",
+            [f"{u['path']}: {u['error']}" for u in scan["unreadable"][:20]], "re-run with --sudo"))
+    return out
+
+
+def side_code_rules(side: dict) -> list[Finding]:
+    out = []
+    pth = [p for p in side.get("pth_files", []) if p.get("imports")]
+    unusual = [p for p in pth if p["file"] not in BENIGN_PTH and not p["file"].startswith("__editable__")]
+    if unusual:
+        out.append(Finding(
+            "PTH_IMPORTS", WARN, f"{len(unusual)} .pth file(s) beside vLLM run code at every interpreter start",
+            [f"{p['file']}: {'; '.join(p['imports'])}" for p in unusual], "check that this code is expected"))
+    plugins = side.get("plugins", [])
+    if plugins:
+        out.append(Finding(
+            "VLLM_PLUGINS_INSTALLED", WARN,
+            f"{len(plugins)} vLLM plugin(s) are installed: they run inside the server without touching vLLM's files",
+            [f"{p['group']}: {p['name']} = {p['target']} ({p['distribution']})" for p in plugins],
+            "VLLM_PLUGINS selects which general plugins load; make sure these are expected"))
+    return out
+
+
+def knowledge_rules(audit) -> list[Finding]:
+    out = []
+    for item in getattr(audit, "unconfirmed", None) or []:
+        out.append(Finding("FACT_UNCONFIRMED", WARN, f"could not confirm in the installed files: {item}",
+                           [], "the release may have moved this code; check the evidence by hand"))
+    refs = [("dispatch", audit.dispatch), ("prefill (MHA)", audit.prefill_entry),
+            ("decode (MQA)", audit.decode_entry)]
+    ev = [f"{label}: {_ref(r)}" for label, r in refs if r is not None and getattr(r, "confirmed", False)]
+    if ev:
+        out.append(Finding("MLA_ENTRIES", INFO, "MLA dispatch and entry points found in the installed sources", ev))
+    thresholds = getattr(audit, "decode_thresholds", None) or {}
+    big = {b: t for b, t in thresholds.items() if isinstance(t, int) and t > 1}
+    if big:
+        out.append(Finding(
+            "DECODE_THRESHOLDS", INFO,
+            "backends with a decode threshold above 1: a prompt this short, alone in a batch, runs entirely "
+            "through the decode (MQA) path and never reaches the prefill (MHA) entry",
+            [f"{b}: <= {t} new tokens -> decode" for b, t in sorted(big.items())],
+            "send prompts longer than the threshold when you want to see forward_mha"))
+    return out
+
+
+def server_rules(server: dict | None, facts) -> list[Finding]:
+    if not server:
+        return [Finding("SERVER_NOT_RUNNING", INFO, "no running vLLM server found (vllm serve / api_server)",
+                        [], "start the server, or pass --model and --log to audit a stopped one")]
+    out = []
+    sup = server.get("supervisor") or {}
+    argv = " ".join(server.get("argv") or [])
+    out.append(Finding("SERVER_FOUND", INFO,
+                       f"vLLM server pid {server['pid']} as {server.get('user')} under {sup.get('kind', 'process')}",
+                       [argv[:600]] + ([f"systemd unit {sup.get('unit')} Restart={sup.get('restart')}"]
+                                       if sup.get("kind") == "systemd" else [])))
+    env = server.get("env") or {}
+    if env.get("VLLM_MLA_DISABLE") not in (None, "", "0"):
+        out.append(Finding("MLA_DISABLED_BY_ENV", WARN,
+                           "VLLM_MLA_DISABLE is set in the server's environment: MLA models run dense MHA with "
+                           "decompressed K/V through a non-MLA backend (vLLM logs nothing about it)",
+                           [f"VLLM_MLA_DISABLE={env['VLLM_MLA_DISABLE']}"], "unset it to use MLA"))
+    if env.get("VLLM_ATTENTION_BACKEND"):
+        honoured = getattr(facts, "env_backend_honoured", None)
+        if honoured is False:
+            out.append(Finding("BACKEND_ENV_IGNORED", WARN,
+                               "VLLM_ATTENTION_BACKEND is set but this vLLM release ignores it",
+                               [f"VLLM_ATTENTION_BACKEND={env['VLLM_ATTENTION_BACKEND']}",
+                                f"forcing in this release: {getattr(facts, 'backend_forcing', '?')}"],
+                               "use --attention-backend NAME instead"))
+    return out
+
+
+def model_rules(model: dict | None, model_class, facts) -> list[Finding]:
+    if not model:
+        return []
+    if not model.get("config"):
+        return [Finding("MODEL_CONFIG_NOT_FOUND", WARN, f"could not read the served model's config.json: "
+                        f"{model.get('error')}", [f"tried: {t}" for t in model.get("tried", [])],
+                        "pass --model PATH (a directory with config.json)")]
+    mc = model_class
+    ev = [f"config: {model.get('config_path')}",
+          f"model_type={mc.model_type} architecture={mc.architecture}"]
+    if not mc.is_mla:
+        return [Finding("MODEL_NOT_MLA", INFO, f"the served model does not use MLA in this release: {mc.reason}", ev)]
+    out = [Finding("MODEL_MLA", INFO, f"the served model uses MLA: {mc.reason}", ev)]
+    if mc.is_sparse:
+        out.append(Finding("MODEL_SPARSE", INFO, f"the served model is sparse (DSA, index_topk): {mc.routing}", ev))
+    elif getattr(mc, "routing", None):
+        out.append(Finding("MODEL_ROUTING", INFO, mc.routing, ev))
+    return out
+
+
+def log_rules(log, log_raw: dict, model_class) -> list[Finding]:
+    if log is None:
+        return [Finding("LOG_NOT_FOUND", INFO, "no server log found: no zero-patch evidence",
+                        [log_raw.get("reason") or ""], "pass --log PATH")]
+    out = []
+    ev = []
+    for label, sel in (("decode", log.decode_backend), ("prefill", log.prefill_backend)):
+        if sel:
+            ev.append(f"{label} backend {sel.name}: {sel.line}")
+    if ev:
+        out.append(Finding("LOG_BACKENDS", INFO, "backends selected, from the server log", ev))
+    if getattr(log, "fatal", None):
+        out.append(Finding("LOG_FATAL", WARN, "the server log shows fatal errors",
+                           [f.line if hasattr(f, "line") else str(f) for f in log.fatal[:10]],
+                           "read the server log around these lines"))
+    if model_class is not None and model_class.is_mla and log.decode_backend and \
+            "MLA" not in log.decode_backend.name.upper():
+        out.append(Finding("MLA_NOT_IN_USE", WARN,
+                           f"the model is MLA but the server selected a non-MLA backend ({log.decode_backend.name})",
+                           [log.decode_backend.line], "check VLLM_MLA_DISABLE and the model config"))
+    return out
