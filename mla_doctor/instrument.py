@@ -1,0 +1,210 @@
+"""Instrumentation: patch targets (playbook data) + Jinja2 templates -> a plan the host's agent applies.
+
+The controller decides *what* (targets for this release, rendered code); the agent on the host
+enforces *safety* (hash check, backups, atomic writes, compile, lock, watchdog, revert).
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import Version
+
+from mla_doctor import yamlfile
+from mla_doctor.errors import ConfigFileError, UsageError
+from mla_doctor.knowledge import Knowledge, parse_version
+
+ROOT = Path(__file__).resolve().parent.parent
+TEMPLATES_DIR = Path(os.environ.get("MLA_DOCTOR_TEMPLATES", ROOT / "templates"))
+PLAYBOOKS_DIR = Path(os.environ.get("MLA_DOCTOR_PLAYBOOKS", ROOT / "playbooks"))
+ROLES = ("prefill", "decode", "sparse", "dispatch", "builder")
+DEFAULT_RUN_ROOT = "/var/tmp/mla-doctor"
+
+
+@dataclass(frozen=True)
+class Target:
+    key: str
+    role: str
+    versions: SpecifierSet
+    files: tuple[str, ...]
+    function: str
+    where: str = "entry"
+    optional: bool = False
+    line: int | None = None
+
+    def applies(self, version: Version | None) -> bool:
+        return version is None or self.versions.contains(version, prereleases=True)
+
+
+@dataclass(frozen=True)
+class TargetSet:
+    name: str
+    path: str
+    template: str
+    targets: tuple[Target, ...]
+
+    def agent_request(self) -> list[dict[str, Any]]:
+        return [{"key": t.key, "files": list(t.files), "function": t.function} for t in self.targets]
+
+
+def load_targets(name_or_path: str = "instrument-mla") -> TargetSet:
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = PLAYBOOKS_DIR / f"{name_or_path}.yaml"
+    doc = yamlfile.load(str(path))
+    p = str(path)
+    if not isinstance(doc, dict):
+        raise ConfigFileError(p, 1, "a targets playbook is a mapping with a 'targets' list")
+    items = yamlfile.require(doc, "targets", list, p, "playbook")
+    targets = []
+    for i, t in enumerate(items):
+        what = f"target #{i + 1}"
+        if not isinstance(t, dict):
+            raise ConfigFileError(p, yamlfile.line_of(doc), f"{what} must be a mapping")
+        line = yamlfile.line_of(t)
+        role = yamlfile.require(t, "role", str, p, what)
+        if role not in ROLES:
+            raise ConfigFileError(p, line, f"{what}: role {role!r} is not one of {', '.join(ROLES)}")
+        try:
+            spec = SpecifierSet(str(yamlfile.require(t, "versions", str, p, what)))
+        except InvalidSpecifier as e:
+            raise ConfigFileError(p, line, f"{what}: bad versions specifier: {e}") from e
+        files = yamlfile.require(t, "files", list, p, what)
+        func = yamlfile.require(t, "function", str, p, what)
+        if not (func.startswith("*.") or "." in func or func.isidentifier()):
+            raise ConfigFileError(p, line, f"{what}: function must be Class.method or *.method: {func!r}")
+        where = str(t.get("where", "entry"))
+        if where != "entry" and not (where.startswith("after_assign:") and where.split(":", 1)[1].isidentifier()):
+            raise ConfigFileError(p, line, f"{what}: where must be 'entry' or 'after_assign:NAME', not {where!r}")
+        targets.append(Target(key=f"{role}-{i + 1}", role=role, versions=spec, files=tuple(files), function=func,
+                              where=where, optional=bool(t.get("optional", False)), line=line))
+    return TargetSet(name=str(doc.get("name") or path.stem), path=p,
+                     template=str(doc.get("template") or "probe_call.py.j2"), targets=tuple(targets))
+
+
+def never_patch_check(facts, rel: str, function: str) -> str | None:
+    """The knowledge's torch.compile-traced list: refuse those (a graph break can stop the server)."""
+    for e in getattr(facts, "never_patch", ()) or ():
+        if e.def_path == rel and e.symbol == function:
+            return e.note or "traced by torch.compile"
+    return None
+
+
+class Templates:
+    """Jinja2 in strict mode: an undefined variable is an error, not an empty string."""
+
+    def __init__(self, directory: Path | str | None = None):
+        self.dir = Path(directory or TEMPLATES_DIR)
+        if not self.dir.is_dir():
+            raise UsageError(f"{self.dir}: templates directory not found")
+        self.env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(self.dir)),
+                                      undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                                      autoescape=False)
+
+    def render(self, name: str, **ctx: Any) -> str:
+        try:
+            return self.env.get_template(name).render(**ctx)
+        except jinja2.TemplateSyntaxError as e:
+            raise ConfigFileError(str(self.dir / name), e.lineno, f"template error: {e.message}") from e
+        except jinja2.TemplateError as e:
+            raise ConfigFileError(str(self.dir / name), None, f"template error: {e}") from e
+
+
+@dataclass
+class PatchOptions:
+    ttl: float = 900.0  # lease seconds; 0 = no watchdog, lease never expires
+    method: str = "patch"  # patch | plugin
+    dry_run: bool = False
+    run_root: str = DEFAULT_RUN_ROOT
+    targets: str = "instrument-mla"
+    templates: str | None = None
+    max_detail: int = 64
+    flush_s: float = 2.0
+    run_id: str | None = None
+
+
+@dataclass
+class PreparedPatch:
+    run_id: str
+    plan: dict[str, Any]
+    missing: list[str] = field(default_factory=list)
+    skipped_optional: list[str] = field(default_factory=list)
+    targets: list[dict[str, Any]] = field(default_factory=list)
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+def probe_module_name(run_id: str) -> str:
+    return "mla_doctor_probe_" + run_id.replace("-", "_").replace(".", "_")
+
+
+def prepare_patch(kb: Knowledge, tset: TargetSet, static_raw: dict[str, Any], opts: PatchOptions,
+                  templates: Templates | None = None) -> PreparedPatch:
+    """Pure: from the static audit's answer (with target resolution) to the agent's patch plan."""
+    templates = templates or Templates(opts.templates)
+    run_id = opts.run_id or new_run_id()
+    version_str = (static_raw.get("vllm") or {}).get("version")
+    version = parse_version(version_str)
+    facts = kb.for_version(version_str)
+    vdir = (static_raw.get("locate") or {}).get("dir")
+    resolved = {r["key"]: r for r in static_raw.get("targets") or []}
+    module = probe_module_name(run_id)
+    run_dir = f"{opts.run_root.rstrip('/')}/runs/{run_id}"
+    records_dir = f"{run_dir}/records"
+    prepared = PreparedPatch(run_id=run_id, plan={})
+    files: dict[str, dict[str, Any]] = {}
+    plugin_targets: dict[str, list] = {}
+    for t in tset.targets:
+        if not t.applies(version):
+            continue
+        matches = (resolved.get(t.key) or {}).get("matches") or []
+        if not matches:
+            label = f"{t.function} in {', '.join(t.files)} ({t.role}, {tset.path}:{t.line})"
+            (prepared.skipped_optional if t.optional else prepared.missing).append(label)
+            continue
+        for m in matches:
+            why = never_patch_check(facts, m["rel"], m["function"])
+            if why:
+                raise ConfigFileError(tset.path, t.line, f"{m['function']} in {m['rel']} is torch.compile-traced "
+                                                         f"({why}): refusing to instrument it")
+            code = templates.render(tset.template, module=module, target_id=t.key, role=t.role,
+                                    function=m["function"], run_id=run_id)
+            f = files.setdefault(m["rel"], {"rel": m["rel"], "expected_sha256": m["sha256"], "inserts": []})
+            f["inserts"].append({"function": m["function"], "where": t.where, "code": code, "target": t.key})
+            prepared.targets.append({"key": t.key, "role": t.role, "file": "vllm/" + m["rel"],
+                                     "function": m["function"], "line": m.get("line"), "where": t.where})
+            modname = "vllm." + m["rel"][:-3].replace("/", ".")
+            if t.where == "entry":  # the plugin can wrap entries; a mid-function split needs the patch
+                plugin_targets.setdefault(modname, []).append([m["function"], t.key, t.role])
+    import_code = templates.render("probe_import.py.j2", module=module, run_id=run_id)
+    for f in files.values():
+        f["inserts"].insert(0, {"function": None, "where": "module", "code": import_code, "target": "armed"})
+    probe_src = templates.render("probe_module.py.j2", run_id=run_id, records_dir=records_dir,
+                                 lease_path=f"{run_dir}/lease.json", max_detail=opts.max_detail,
+                                 flush_s=opts.flush_s)
+    plan: dict[str, Any] = {
+        "op": "patch", "run_id": run_id, "run_root": opts.run_root, "vllm_dir": vdir, "ttl": opts.ttl,
+        "dry_run": opts.dry_run, "method": opts.method, "controller": {"pid": os.getpid(), "started": time.time()},
+        "probe": {"module": module, "source": probe_src},
+    }
+    if opts.method == "plugin":
+        plugin_mod = module.replace("probe", "plugin")
+        plan["files"] = []
+        plan["plugin"] = {
+            "module": plugin_mod,
+            "source": templates.render("plugin.py.j2", run_id=run_id, module=module,
+                                       targets=plugin_targets),
+            "entry_point": f"mla_doctor_{run_id.replace('-', '_')} = {plugin_mod}:register",
+        }
+    else:
+        plan["files"] = list(files.values())
+    prepared.plan = plan
+    return prepared

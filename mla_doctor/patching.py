@@ -1,0 +1,126 @@
+"""`patch` and `revert` on one host: audit (resolving targets), then one agent execution that patches.
+
+Two remote executions for a patch (audit + patch), one for a revert; one connection.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from typing import Any
+
+from mla_doctor.agent_runner import run_agent
+from mla_doctor.audit import AuditOptions, build_static_report, static_plan
+from mla_doctor.errors import MlaDoctorError, UnreachableError
+from mla_doctor.instrument import PatchOptions, Templates, load_targets, prepare_patch
+from mla_doctor.knowledge import Knowledge, load_knowledge
+from mla_doctor.results import HostReport, HostStatus
+from mla_doctor.transport import ConnectOptions, Transport
+
+
+def _fail(report: HostReport, message: str, kind: str = "PatchRefused") -> HostReport:
+    report.status = HostStatus.ERROR
+    report.error = message
+    report.error_kind = kind
+    return report
+
+
+def audit_for_patch(transport: Transport, name: str, conn: ConnectOptions, aopts: AuditOptions,
+                    popts: PatchOptions, kb: Knowledge) -> tuple[HostReport, dict[str, Any]]:
+    plan = static_plan(kb, aopts)
+    plan["targets"] = load_targets(popts.targets).agent_request()
+    raw = run_agent(transport, plan, python=aopts.python, sudo=conn.sudo, timeout=conn.command_timeout)
+    return build_static_report(name, raw, kb), raw
+
+
+def patch_host(transport: Transport, name: str, conn: ConnectOptions, aopts: AuditOptions, popts: PatchOptions,
+               kb: Knowledge | None = None) -> HostReport:
+    kb = kb or load_knowledge()
+    tset = load_targets(popts.targets)
+    templates = Templates(popts.templates)
+    t0 = time.monotonic()
+    try:
+        report, raw = audit_for_patch(transport, name, conn, aopts, popts, kb)
+    except MlaDoctorError as e:
+        return _host_error(name, e)
+    if report.status != HostStatus.OK:
+        return report
+    prepared = prepare_patch(kb, tset, raw, popts, templates)
+    report.patch = {"run_id": prepared.run_id, "method": popts.method, "dry_run": popts.dry_run,
+                    "targets": prepared.targets, "skipped_optional": prepared.skipped_optional,
+                    "missing_symbols": prepared.missing}
+    if prepared.missing:
+        report.patch["outcome"] = "refused"
+        return _fail(report, "refusing to patch: symbols not found in this install: " + "; ".join(prepared.missing))
+    try:
+        res = run_agent(transport, prepared.plan, sudo=conn.sudo, timeout=conn.command_timeout)
+    except MlaDoctorError as e:
+        report.patch["outcome"] = "unknown"
+        return _fail(report, f"patch step failed: {e.message} — run `mla-doctor revert --run {prepared.run_id}`",
+                     type(e).__name__)
+    report.patch.update({k: res.get(k) for k in ("outcome", "run_dir", "records_dir", "lease", "watchdog_pid",
+                                                 "plugin", "refused", "error", "revert")})
+    report.patch["files"] = res.get("files") or []
+    report.timings["patch_s"] = round(time.monotonic() - t0, 4)
+    if res.get("outcome") == "refused":
+        return _fail(report, "refused: " + "; ".join(res.get("refused") or []))
+    if res.get("outcome") == "failed":
+        return _fail(report, f"patch failed and was rolled back: {res.get('error')}", "PatchFailed")
+    return report
+
+
+def revert_host(transport: Transport, name: str, conn: ConnectOptions, run_id: str | None, dry_run: bool,
+                run_root: str) -> HostReport:
+    report = HostReport(host=name)
+    try:
+        res = run_agent(transport, {"op": "revert", "run_id": run_id, "dry_run": dry_run, "run_root": run_root},
+                        sudo=conn.sudo, timeout=conn.command_timeout)
+    except MlaDoctorError as e:
+        return _host_error(name, e)
+    report.revert = {"runs": res.get("runs") or [], "dry_run": dry_run}
+    if res.get("outcome") == "refused":
+        return _fail(report, "; ".join(res.get("refused") or []))
+    if run_id and not report.revert["runs"]:
+        return _fail(report, f"no run {run_id} under {run_root} on this host", "RunNotFound")
+    bad = [r for r in report.revert["runs"] if not dry_run and r.get("state") != "reverted"]
+    if bad:
+        from mla_doctor.exit_codes import ExitStatus
+
+        report.exit_override = ExitStatus.NOT_RESTORED
+        return _fail(report, "not every file could be restored: " + "; ".join(
+            f"{f['path']}: {f.get('outcome')}" for r in bad for f in r.get("files", [])
+            if f.get("outcome") not in ("restored", "already-original")), "NotRestored")
+    return report
+
+
+def renew(transport: Transport, run_id: str, ttl: float, run_root: str, sudo: bool) -> dict[str, Any]:
+    return run_agent(transport, {"op": "renew", "run_id": run_id, "ttl": ttl, "run_root": run_root}, sudo=sudo)
+
+
+def hold(transport: Transport, run_id: str, ttl: float, run_root: str, sudo: bool, on_tick=None,
+         stop: threading.Event | None = None) -> str:
+    """Keep the lease alive until interrupted (SIGINT/SIGTERM) or the connection dies."""
+    stop = stop or threading.Event()
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        previous[sig] = signal.signal(sig, lambda *_: stop.set())
+    try:
+        interval = max(1.0, ttl / 3.0)
+        while not stop.wait(interval):
+            try:
+                r = renew(transport, run_id, ttl, run_root, sudo)
+            except UnreachableError:
+                return "connection lost: the host's watchdog reverts when the lease expires"
+            if not r.get("renewed"):
+                return f"run is {r.get('state')}: stopped holding"
+            if on_tick:
+                on_tick(r)
+        return "interrupted"
+    finally:
+        for sig, h in previous.items():
+            signal.signal(sig, h)
+
+
+def _host_error(name: str, e: MlaDoctorError) -> HostReport:
+    status = HostStatus.UNREACHABLE if isinstance(e, UnreachableError) else HostStatus.ERROR
+    return HostReport(host=name, status=status, error=e.message, error_kind=type(e).__name__)
