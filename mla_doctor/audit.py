@@ -100,8 +100,8 @@ def build_static_report(name: str, raw: dict[str, Any], kb: Knowledge) -> HostRe
         "located_by": loc.get("source"),
         "install_kind": ident.get("install_kind"),
         "version_source": ident.get("version_source"),
-        "knowledge_range": getattr(facts, "range", None),
-        "known_version": bool(getattr(facts, "known", False)),
+        "knowledge_nearest": facts.nearest,
+        "known_version": facts.known,
     }
     scan = raw.get("scan") or {}
     audit = verify_static(facts, raw)
@@ -122,7 +122,7 @@ def build_static_report(name: str, raw: dict[str, Any], kb: Knowledge) -> HostRe
     log_raw = raw.get("log") or {}
     log_ev = None
     if log_raw.get("found"):
-        log_ev = parse_log(facts, [entry["text"] for entry in log_raw.get("lines", [])])
+        log_ev = parse_log(facts, log_raw.get("lines", []))
         report.log = {"source": log_raw.get("source"), "total_lines": log_raw.get("total_lines"),
                       "evidence": plain(log_ev)}
     else:

@@ -25,8 +25,9 @@ def render_host(h: HostReport) -> list[str]:
     out.append(f"   vLLM {v.get('version')} ({v.get('distribution')}, {v.get('install_kind')}) at {v.get('path')}")
     out.append(f"   python {v.get('python')} [{v.get('python_version')}], located by {v.get('located_by')}")
     s = h.static or {}
-    out.append(f"   engine: {s.get('engine')}   knowledge: {v.get('knowledge_range')}"
-               + ("" if v.get("known_version") else "  (UNKNOWN VERSION: best effort)"))
+    eng = s.get("engine") or {}
+    out.append(f"   engine: {eng.get('default') if isinstance(eng, dict) else eng}   nearest known release: "
+               f"{v.get('knowledge_nearest')}" + ("" if v.get("known_version") else "  (UNKNOWN VERSION: best effort)"))
     out.append(f"   dispatch:  {_sym(s.get('dispatch'))}")
     out.append(f"   prefill:   {_sym(s.get('prefill_entry'))}")
     out.append(f"   decode:    {_sym(s.get('decode_entry'))}")

@@ -5,6 +5,7 @@ JSON contract; add new ones, never rename.
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from mla_doctor.results import Finding, Severity
@@ -16,11 +17,11 @@ BENIGN_PTH = ("distutils-precedence.pth", "_virtualenv.pth")
 
 
 def _ref(r: Any) -> str:
+    """`file:line symbol`, as grep -n would point at it."""
     if r is None:
         return "?"
     line = f":{r.line}" if getattr(r, "line", None) else ""
-    return f"vllm/{r.file}{line} {r.symbol}" if r.file and not r.file.startswith("vllm/") else \
-        f"{r.file}{line} {r.symbol}"
+    return f"{r.file}{line} {r.symbol}"
 
 
 def static_findings(*, facts, audit, scan, ident, side, server, model, model_class, log, log_raw,
@@ -29,7 +30,7 @@ def static_findings(*, facts, audit, scan, ident, side, server, model, model_cla
     version = ident.get("version") or "unknown"
     out += version_rules(facts, version, ident)
     out += integrity_rules(scan, ident, version)
-    out += side_code_rules(side)
+    out += side_code_rules(side, ident)
     out += knowledge_rules(audit)
     out += server_rules(server, facts)
     out += model_rules(model, model_class, facts)
@@ -42,8 +43,8 @@ def static_findings(*, facts, audit, scan, ident, side, server, model, model_cla
 
 def version_rules(facts, version: str, ident: dict) -> list[Finding]:
     out = []
-    if not getattr(facts, "known", False):
-        nearest = getattr(facts, "range", None) or getattr(facts, "nearest", None)
+    if not facts.known:
+        nearest = facts.nearest
         out.append(Finding(
             "VLLM_VERSION_UNKNOWN", WARN,
             f"vLLM {version} is outside mla-doctor's version knowledge; audited best-effort"
@@ -88,7 +89,7 @@ def integrity_rules(scan: dict, ident: dict, version: str) -> list[Finding]:
     return out
 
 
-def side_code_rules(side: dict) -> list[Finding]:
+def side_code_rules(side: dict, ident: dict) -> list[Finding]:
     out = []
     pth = [p for p in side.get("pth_files", []) if p.get("imports")]
     unusual = [p for p in pth if p["file"] not in BENIGN_PTH and not p["file"].startswith("__editable__")]
@@ -96,7 +97,8 @@ def side_code_rules(side: dict) -> list[Finding]:
         out.append(Finding(
             "PTH_IMPORTS", WARN, f"{len(unusual)} .pth file(s) beside vLLM run code at every interpreter start",
             [f"{p['file']}: {'; '.join(p['imports'])}" for p in unusual], "check that this code is expected"))
-    plugins = side.get("plugins", [])
+    own = os.path.basename(ident.get("dist_info") or "")
+    plugins = [p for p in side.get("plugins", []) if p.get("distribution") != own]  # vLLM ships some itself
     if plugins:
         out.append(Finding(
             "VLLM_PLUGINS_INSTALLED", WARN,
@@ -108,16 +110,21 @@ def side_code_rules(side: dict) -> list[Finding]:
 
 def knowledge_rules(audit) -> list[Finding]:
     out = []
-    for item in getattr(audit, "unconfirmed", None) or []:
+    for item in audit.unconfirmed:
         out.append(Finding("FACT_UNCONFIRMED", WARN, f"could not confirm in the installed files: {item}",
                            [], "the release may have moved this code; check the evidence by hand"))
     refs = [("dispatch", audit.dispatch), ("prefill (MHA)", audit.prefill_entry),
             ("decode (MQA)", audit.decode_entry)]
-    ev = [f"{label}: {_ref(r)}" for label, r in refs if r is not None and getattr(r, "confirmed", False)]
+    ev = [f"{label}: {_ref(r)}" for label, r in refs if r is not None and r.confirmed]
     if ev:
         out.append(Finding("MLA_ENTRIES", INFO, "MLA dispatch and entry points found in the installed sources", ev))
-    thresholds = getattr(audit, "decode_thresholds", None) or {}
-    big = {b: t for b, t in thresholds.items() if isinstance(t, int) and t > 1}
+    big = {}
+    for b, t in audit.decode_thresholds.items():
+        if isinstance(t, dict):  # depends on the head count: the largest value that can apply
+            vals = [v for plat in t.values() if isinstance(plat, dict) for v in plat.values() if isinstance(v, int)]
+            t = max(vals) if vals else None
+        if isinstance(t, int) and t > 1:
+            big[b] = t
     if big:
         out.append(Finding(
             "DECODE_THRESHOLDS", INFO,
@@ -145,14 +152,12 @@ def server_rules(server: dict | None, facts) -> list[Finding]:
                            "VLLM_MLA_DISABLE is set in the server's environment: MLA models run dense MHA with "
                            "decompressed K/V through a non-MLA backend (vLLM logs nothing about it)",
                            [f"VLLM_MLA_DISABLE={env['VLLM_MLA_DISABLE']}"], "unset it to use MLA"))
-    if env.get("VLLM_ATTENTION_BACKEND"):
-        honoured = getattr(facts, "env_backend_honoured", None)
-        if honoured is False:
-            out.append(Finding("BACKEND_ENV_IGNORED", WARN,
-                               "VLLM_ATTENTION_BACKEND is set but this vLLM release ignores it",
-                               [f"VLLM_ATTENTION_BACKEND={env['VLLM_ATTENTION_BACKEND']}",
-                                f"forcing in this release: {getattr(facts, 'backend_forcing', '?')}"],
-                               "use --attention-backend NAME instead"))
+    if env.get("VLLM_ATTENTION_BACKEND") and facts.forcing is not None and not facts.forcing.env:
+        out.append(Finding("BACKEND_ENV_IGNORED", WARN,
+                           "VLLM_ATTENTION_BACKEND is set but this vLLM release ignores it",
+                           [f"VLLM_ATTENTION_BACKEND={env['VLLM_ATTENTION_BACKEND']}",
+                            f"forcing in this release: {facts.forcing.text}"],
+                           "use --attention-backend NAME instead"))
     return out
 
 
@@ -166,12 +171,19 @@ def model_rules(model: dict | None, model_class, facts) -> list[Finding]:
     mc = model_class
     ev = [f"config: {model.get('config_path')}",
           f"model_type={mc.model_type} architecture={mc.architecture}"]
+    ev += mc.notes
+    out = []
+    if mc.startup_failure:
+        out.append(Finding("MODEL_STARTUP_FAILURE", FAIL,
+                           f"this model cannot start on this release: {mc.startup_failure}", ev,
+                           "fix config.json (e.g. restore index_topk) or the architecture"))
     if not mc.is_mla:
-        return [Finding("MODEL_NOT_MLA", INFO, f"the served model does not use MLA in this release: {mc.reason}", ev)]
-    out = [Finding("MODEL_MLA", INFO, f"the served model uses MLA: {mc.reason}", ev)]
+        return out + [Finding("MODEL_NOT_MLA", INFO, f"the served model does not use MLA in this release: "
+                              f"{mc.reason}", ev)]
+    out.append(Finding("MODEL_MLA", INFO, f"the served model uses MLA: {mc.reason}", ev))
     if mc.is_sparse:
         out.append(Finding("MODEL_SPARSE", INFO, f"the served model is sparse (DSA, index_topk): {mc.routing}", ev))
-    elif getattr(mc, "routing", None):
+    elif mc.routing:
         out.append(Finding("MODEL_ROUTING", INFO, mc.routing, ev))
     return out
 
@@ -181,19 +193,25 @@ def log_rules(log, log_raw: dict, model_class) -> list[Finding]:
         return [Finding("LOG_NOT_FOUND", INFO, "no server log found: no zero-patch evidence",
                         [log_raw.get("reason") or ""], "pass --log PATH")]
     out = []
-    ev = []
-    for label, sel in (("decode", log.decode_backend), ("prefill", log.prefill_backend)):
-        if sel:
-            ev.append(f"{label} backend {sel.name}: {sel.line}")
+    ev = [f"{label} backend {name}: {line.text}" for label, name, line in (
+        ("decode", log.decode_backend, log.decode_backend_line),
+        ("prefill", log.prefill_backend, log.prefill_backend_line)) if name and line]
+    if log.engine_line:
+        ev.append(f"engine {log.engine}: {log.engine_line.text[:200]}")
+    if log.cudagraph_mode or log.eager:
+        ev.append(f"cudagraph_mode={log.cudagraph_mode} eager={log.eager}")
     if ev:
         out.append(Finding("LOG_BACKENDS", INFO, "backends selected, from the server log", ev))
-    if getattr(log, "fatal", None):
+    if log.sparse_lines:
+        out.append(Finding("LOG_SPARSE", INFO, "sparse-attention lines in the server log",
+                           [ln.text for ln in log.sparse_lines[:10]]))
+    if log.fatal_lines:
         out.append(Finding("LOG_FATAL", WARN, "the server log shows fatal errors",
-                           [f.line if hasattr(f, "line") else str(f) for f in log.fatal[:10]],
+                           [f"line {ln.n}: {ln.text}" for ln in log.fatal_lines[:10]],
                            "read the server log around these lines"))
-    if model_class is not None and model_class.is_mla and log.decode_backend and \
-            "MLA" not in log.decode_backend.name.upper():
+    if model_class is not None and model_class.is_mla and log.decode_backend_is_mla is False:
         out.append(Finding("MLA_NOT_IN_USE", WARN,
-                           f"the model is MLA but the server selected a non-MLA backend ({log.decode_backend.name})",
-                           [log.decode_backend.line], "check VLLM_MLA_DISABLE and the model config"))
+                           f"the model is MLA but the server selected a non-MLA backend ({log.decode_backend})",
+                           [log.decode_backend_line.text if log.decode_backend_line else ""],
+                           "check VLLM_MLA_DISABLE in the server's environment and the model config"))
     return out
