@@ -139,7 +139,11 @@ class SSHTransport(Transport):
         self.port = port or options.port or self.params.port
         self.name = target
         self._clients: list[paramiko.SSHClient] = []
-        self.client = self._connect_chain()
+        try:
+            self.client = self._connect_chain()
+        except BaseException:
+            self.close()  # a bastion hop may already be connected
+            raise
 
     # -- connecting -------------------------------------------------------------------------
 
@@ -155,7 +159,6 @@ class SSHTransport(Transport):
         return list(params.known_hosts_files) or [os.path.expanduser("~/.ssh/known_hosts")]
 
     def _connect_chain(self) -> paramiko.SSHClient:
-        sock = None
         jumps = parse_jump(self.params.proxy_jump) if self.params.proxy_jump else []
         hops: list[tuple[HostParams, str, int]] = []
         for juser, jhost, jport in jumps:
@@ -164,24 +167,21 @@ class SSHTransport(Transport):
         hops.append((self.params, self.user, self.port))
         for i, (params, user, port) in enumerate(hops):
             label = params.alias if i < len(hops) - 1 else self.name
-            if sock is None and i == 0 and params.proxy_command:
+            if i == 0 and params.proxy_command:
                 sock = paramiko.ProxyCommand(params.proxy_command.replace("%h", shlex.quote(params.hostname))
                                              .replace("%p", str(port)))
-            elif sock is None:
+            elif i == 0:
                 sock = self._tcp(params.hostname, port, label)
-            else:
-                prev = self._clients[-1]
+            else:  # through the previous hop: a direct-tcpip channel on its connection
                 try:
-                    sock = prev.get_transport().open_channel(
+                    sock = self._clients[-1].get_transport().open_channel(
                         "direct-tcpip", (params.hostname, port), ("127.0.0.1", 0),
                         timeout=self.options.connect_timeout)
                 except Exception as e:
                     raise UnreachableError(f"bastion {hops[i - 1][0].alias} could not open a tunnel to "
                                            f"{params.hostname}:{port}: {e}", host=self.name) from e
-            client = self._handshake(params, user, port, sock, label)
-            self._clients.append(client)
+            self._clients.append(self._handshake(params, user, port, sock, label))
             self.stats.hops.append(f"{user}@{params.hostname}:{port}")
-            sock = None
         return self._clients[-1]
 
     def _tcp(self, hostname: str, port: int, label: str):

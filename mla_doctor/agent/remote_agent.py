@@ -297,6 +297,7 @@ def find_servers():
             "mapped_vllm_dirs": _mapped_vllm_dirs(pid),
             "stdout_file": _stdout_target(pid),
             "_raw_env": env,  # stripped before output; used to locate the interpreter's paths
+            "_argv": argv,  # unredacted, stripped before output
         })
     return servers
 
@@ -411,9 +412,11 @@ def locate_vllm(plan, servers, errors):
     if plan.get("python"):
         candidates.append(("--python", plan["python"], None, None))
     else:
-        if server and server.get("exe"):
+        if server:
             env = server.get("_raw_env") or None
-            candidates.append(("running server", server["exe"], env, server.get("cwd")))
+            python = server_interpreter(server)
+            if python:
+                candidates.append(("running server", python, env, server.get("cwd")))
         for name in ("python3", "python"):
             w = shutil.which(name)
             if w:
@@ -436,6 +439,24 @@ def locate_vllm(plan, servers, errors):
         return {"python": info["executable"] or python, "python_version": info["version"], "source": source,
                 "dir": vdir, "site": os.path.dirname(vdir), "tried": tried}
     return {"python": None, "dir": None, "tried": tried}
+
+
+def server_interpreter(server):
+    """The interpreter a server runs: argv[0] keeps a venv's bin/python, which /proc/PID/exe resolves away."""
+    argv = server.get("_argv") or []
+    env = server.get("_raw_env") or {}
+    if argv and os.path.basename(argv[0]).startswith("python"):
+        a0 = argv[0]
+        if not os.path.isabs(a0):
+            if "/" in a0 and server.get("cwd"):
+                a0 = os.path.join(server["cwd"], a0)
+            else:
+                a0 = shutil.which(a0, path=env.get("PATH")) or a0
+        if os.path.isabs(a0) and os.access(a0, os.X_OK):
+            return a0
+    if env.get("VIRTUAL_ENV") and os.access(os.path.join(env["VIRTUAL_ENV"], "bin", "python"), os.X_OK):
+        return os.path.join(env["VIRTUAL_ENV"], "bin", "python")
+    return server.get("exe")
 
 
 def vllm_identity(vdir):
@@ -871,6 +892,7 @@ def op_static(plan):
     result["gpu"] = _step(errors, "gpu", gpu_section)
     for s in servers:
         s.pop("_raw_env", None)
+        s.pop("_argv", None)
     result["elapsed_s"] = round(_now() - t0, 4)
     return result
 

@@ -27,7 +27,7 @@ V1COMMON = "vllm/v1/attention/backends/mla/common.py"
 # host -> (dist, version, dispatch (file, symbol), prefill (file, symbol), decode method name)
 RELEASES = {
     "h01": ("vllm", "0.7.3", ("vllm/attention/backends/mla/utils.py", "MLACommonImpl.forward"),
-            ("vllm/attention/backends/mla/utils.py", "MLACommonImpl._forward_prefill"), "_forward_decode"),
+            ("vllm/attention/backends/triton_mla.py", "TritonMLAImpl._forward_prefill"), "_forward_decode"),
     "h02": ("vllm", "0.8.5.post1", (V1COMMON, "MLACommonImpl.forward"), (V1COMMON, "MLACommonImpl._forward_prefill"),
             "_forward_decode"),
     "h03": ("vllm", "0.10.2", (V1COMMON, "MLACommonImpl.forward"), (V1COMMON, "MLACommonImpl._forward_prefill"),
@@ -260,8 +260,12 @@ def test_accept_new_records_an_unknown_key_and_strict_refuses_it(fleet, seeded, 
     code, doc, _ = cli(fleet, "static", "--host", "h11", "--python", VENV_PY, "--known-hosts", str(kh),
                        "--host-key-policy", "strict", "--format", "json")
     assert doc["hosts"][0]["status"] == "unreachable" and "unknown host key" in doc["hosts"][0]["error"]
+    # the fleet's ssh_config says StrictHostKeyChecking yes, which is honoured unless the option overrides it
     code, doc, _ = cli(fleet, "static", "--host", "h11", "--python", VENV_PY, "--known-hosts", str(kh),
                        "--format", "json")
+    assert doc["hosts"][0]["status"] == "unreachable" and "unknown host key" in doc["hosts"][0]["error"]
+    code, doc, _ = cli(fleet, "static", "--host", "h11", "--python", VENV_PY, "--known-hosts", str(kh),
+                       "--host-key-policy", "accept-new", "--format", "json")
     assert doc["hosts"][0]["status"] == "ok" and code == 0
     addr = fleet.host("h11")["host"]
     assert kh.read_text().startswith(addr + " ssh-ed25519 ")
@@ -277,9 +281,15 @@ def test_unreachable_and_refused_auth(fleet, seeded, tmp_path):
     assert code == 3
     key = tmp_path / "other_key"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-    code, doc, _ = cli(fleet, "static", "--host", "h02", "-i", str(key), "--format", "json")
+    empty = tmp_path / "ssh_config"
+    empty.write_text("# no identities here\n")
+    h02 = fleet.host("h02")
+    target = f"root@{h02['host']}:{h02['port']}"
+    code, doc, _ = cli(fleet, "static", "--host", target, "-i", str(key), "--ssh-config", str(empty),
+                       "--known-hosts", str(fleet.known_hosts), "--format", "json")
     h = doc["hosts"][0]
-    assert h["status"] == "unreachable" and "authentication refused" in h["error"] and h["host"] == "h02"
+    assert h["status"] == "unreachable" and "authentication refused" in h["error"] and h["host"] == target
+    assert str(key) in h["error"]
     assert code == 3
 
 
