@@ -6,7 +6,7 @@ PY      = $(VENV)/bin/python
 PYTEST  = $(VENV)/bin/pytest
 ARGS   ?=
 
-.PHONY: test setup system-packages unit corpus integration lint clean
+.PHONY: test setup system-packages unit corpus integration lint clean demo
 
 setup: $(VENV)/.installed system-packages
 
@@ -43,3 +43,6 @@ test: setup lint
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+demo: setup
+	$(PY) demo/sandbox.py $(ARGS)

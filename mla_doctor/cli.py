@@ -243,6 +243,69 @@ def revert(fmt, output, run_root, dry_run, run_id, **kw):
     sys.exit(int(report.exit_status()))
 
 
+@cli.command("run")
+@connection_options
+@click.option("--runtime", type=click.Choice(["process"]), default="process", show_default=True,
+              help="How the server is stopped and started (process: found in /proc, relaunched detached).")
+@click.option("--method", type=click.Choice(["patch", "plugin"]), default="patch", show_default=True)
+@click.option("--yes", "-y", is_flag=True, help="Consent to restart the server (required without a terminal).")
+@click.option("--force", is_flag=True, help="Restart even if the server is serving requests.")
+@click.option("--api-key-env", metavar="NAME", help="Environment variable holding the server's API key.")
+@click.option("--ready-timeout", type=float, default=900.0, show_default=True,
+              help="Seconds to wait for the model to load.")
+@click.option("--ttl", type=float, default=120.0, show_default=True,
+              help="Lease seconds; renewed while the run is alive, the host's watchdog restores after it.")
+@click.option("--expect", "expect", metavar="prefill=mha,decode=mqa",
+              help="Runbook expectations: unmet ones are a fault (exit 1).")
+@click.option("--prompts", default="short,long", show_default=True, help="Prompt set (short,long).")
+@click.option("--max-tokens", type=int, default=3, show_default=True, help="Output tokens per prompt.")
+@click.option("--run-root", default="/var/tmp/mla-doctor", show_default=True)
+@output_options
+@handle_errors("run")
+def run_cmd(fmt, output, runtime, method, yes, force, api_key_env, ready_timeout, ttl, expect, prompts,
+            max_tokens, run_root, **kw):
+    """The live diagnosis: instrument, restart with debug settings, send calibrated prompts, restore, verdict."""
+    conn = _conn(kw)
+    from mla_doctor.audit import AuditOptions
+    from mla_doctor.live import RunOptions, run_host
+
+    exp = {}
+    if expect:
+        from mla_doctor.verdict import parse_expect
+
+        try:
+            exp = parse_expect(expect)
+        except ValueError as e:
+            raise UsageError(f"--expect: {e}") from e
+    if not yes:
+        if sys.stdin.isatty():
+            where = "this machine" if conn.local else kw.get("host")
+            if not click.confirm(f"mla-doctor will restart the vLLM server on {where} (twice). Continue?"):
+                raise UsageError("not confirmed")
+        else:
+            raise UsageError("`run` restarts the server: pass --yes (no terminal to confirm on)")
+    ropts = RunOptions(runtime=runtime, method=method, force=force, api_key_env=api_key_env,
+                       ready_timeout=ready_timeout, ttl=ttl, expect=exp, max_tokens=max_tokens, run_root=run_root,
+                       prompts=tuple(p.strip() for p in prompts.split(",") if p.strip()))
+    quiet = fmt == "json"
+
+    def progress(host, msg):
+        if not quiet:
+            click.echo(f"[{time.strftime('%H:%M:%S')}] {host}: {msg}", err=True)
+
+    t0 = time.monotonic()
+    report = RunReport(command="run")
+    aopts = AuditOptions(python=kw.get("python"))
+    host, transport = _on_host(kw.get("host"), conn,
+                               lambda tr, name: run_host(tr, name, conn, aopts, ropts, progress=progress))
+    if transport is not None:
+        transport.close()
+    report.hosts.append(host)
+    report.duration_s = time.monotonic() - t0
+    _emit(report, fmt, output)
+    sys.exit(int(report.exit_status()))
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:

@@ -94,6 +94,31 @@ def render_patch(h: HostReport) -> list[str]:
     return out
 
 
+def render_live(h: HostReport) -> list[str]:
+    live = h.live or {}
+    settings = ", ".join(f"{k}={v}" for k, v in (live.get("settings") or {}).items())
+    out = [f"   run {live.get('run_id')}: method {live.get('method')}, runtime {live.get('runtime')}, "
+           f"configuration {live.get('configuration')} ({settings})"]
+    if h.prompts:
+        out.append(f"   {'prompt':<13}{'tokens':>7}  {'forward_mha calls/tokens':>25}  {'forward_mqa calls/tokens':>25}"
+                   f"  expected -> observed")
+        for p in h.prompts:
+            mha = p["calls"].get("forward_mha") or {"calls": 0, "tokens": 0}
+            mqa = p["calls"].get("forward_mqa") or {"calls": 0, "tokens": 0}
+            exp, obs = p.get("expected") or {}, p.get("observed") or {}
+            out.append(f"   {p['name']:<13}{p['prompt_tokens']:>7}  {mha['calls']:>12}/{mha['tokens']:<12}"
+                       f"  {mqa['calls']:>12}/{mqa['tokens']:<12}  prefill {exp.get('prefill')}->{obs.get('prefill')}, "
+                       f"decode {exp.get('decode')}->{obs.get('decode')}")
+            if exp.get("why"):
+                out.append(f"   {'':<13}{'':>7}  why: {exp['why']}")
+    restored = h.restored
+    out.append("   restored: " + ("yes" if restored else "NO" if restored is False else "n/a")
+               + (f" — {'; '.join(live.get('restore_problems') or [])}" if live.get("restore_problems") else "")
+               + (f" (same greedy completion before and after: {live.get('restored_completion')!r})"
+                  if restored and live.get("restored_completion") is not None else ""))
+    return out
+
+
 def render_revert(h: HostReport) -> list[str]:
     r = h.revert or {}
     out = []
@@ -119,7 +144,9 @@ def render(report: RunReport) -> str:
             lines += ([f"   {h.error}"] if h.error else []) + render_revert(h)
         else:
             lines += render_host(h)
-            if h.patch:
+            if h.live:
+                lines += render_live(h)
+            elif h.patch:
                 lines += render_patch(h)
         lines.append("")
     counts: dict[str, int] = {}

@@ -47,6 +47,10 @@ class HostReport:
     findings: list[Finding] = field(default_factory=list)
     patch: dict[str, Any] | None = None
     revert: dict[str, Any] | None = None
+    live: dict[str, Any] | None = None  # run id, settings, pids, baseline and restored completions
+    prompts: list[dict[str, Any]] | None = None  # per prompt: calls, expected, observed
+    evidence: dict[str, Any] | None = None
+    restored: bool | None = None  # None: nothing needed restoring
     transport: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     exit_override: ExitStatus | None = None

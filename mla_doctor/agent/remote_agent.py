@@ -15,6 +15,7 @@ import bisect
 import csv
 import difflib
 import errno
+import fcntl
 import glob
 import hashlib
 import io
@@ -22,6 +23,7 @@ import json
 import os
 import pwd
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -1130,10 +1132,19 @@ def resolve_targets(vdir, targets):
     return out
 
 
+SOURCE_LINE_RE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
+
+
+def _starts_line(lines, node):
+    """Only whitespace before the statement on its first line (not `def f(): stmt`, not `a; stmt`)."""
+    return not lines[node.lineno - 1].encode("utf-8")[:node.col_offset].strip()
+
+
 def apply_inserts(text, inserts, run_id, path="<patched>"):
     """Insert code blocks by syntax tree; returns (new_text, missing) without touching disk."""
     tree = ast.parse(text, filename=path)
-    lines = text.splitlines(True)
+    # lines as the parser counts them: str.splitlines would also split at \f, \v, \x1c-\x1e, \x85, \u2028...
+    lines = SOURCE_LINE_RE.findall(text)
     planned = []
     missing = []
     for ins in inserts:
@@ -1151,8 +1162,10 @@ def apply_inserts(text, inserts, run_id, path="<patched>"):
             missing.append("%s (%s)" % (ins["function"], ins.get("where")))
             continue
         at, anchor = pt
-        if anchor.lineno == func.lineno:  # `def f(): return x` on one line: no safe place
-            missing.append("%s (body on the def line)" % ins["function"])
+        # `def f(): return x` (also after a multi-line signature), or an entry sharing its line: no safe place
+        if not _starts_line(lines, func.body[0]) or (ins.get("where", "entry") == "entry"
+                                                      and not _starts_line(lines, anchor)):
+            missing.append("%s (body on the def line: no line of its own to insert at)" % ins["function"])
             continue
         first = lines[anchor.lineno - 1]
         indent = first[: len(first) - len(first.lstrip())]
@@ -1164,10 +1177,20 @@ def apply_inserts(text, inserts, run_id, path="<patched>"):
     if missing:
         return None, missing
     for at, block in sorted(planned, key=lambda x: -x[0]):
-        if at > 0 and not lines[at - 1].endswith("\n"):
+        if at > 0 and not lines[at - 1].endswith(("\n", "\r")):
             lines[at - 1] += "\n"
         lines[at:at] = block
     return "".join(lines), []
+
+
+def _manifest_original(run_dir, path):
+    try:
+        for rec in _read_json(os.path.join(run_dir, "manifest.json")).get("files", []):
+            if rec.get("path") == path:
+                return rec.get("original_sha256")
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def _probe_path(site, module):
@@ -1204,7 +1227,8 @@ def _take_lock(root, run_id):
                 state = _read_json(os.path.join(other_dir, "manifest.json")).get("state")
             except (OSError, ValueError):
                 pass
-            if state in (None, "reverted", "refused"):
+            # no manifest yet is stale only when its holder is gone: a live holder writes it just after the lock
+            if state in ("reverted", "refused") or (state is None and not _holder_alive(held, path)):
                 os.unlink(path)  # stale lock of a finished run
                 continue
             raise Refusal("another mla-doctor run holds this host: %s (state %s, since %s); wait for it, or "
@@ -1214,6 +1238,23 @@ def _take_lock(root, run_id):
             json.dump(info, f)
         return
     raise Refusal("could not take the host lock %s" % path)
+
+
+def _holder_alive(held, path):
+    """Is the process that wrote this lock still running here? (another host's: assume so)"""
+    pid = held.get("pid")
+    if not isinstance(pid, int):  # empty or torn: a holder may be writing it right now
+        try:
+            return _now() - os.stat(path).st_mtime < 60
+        except OSError:
+            return False
+    if held.get("host") not in (None, socket.gethostname()):
+        return True
+    try:
+        os.kill(pid, 0)
+    except OSError as e:
+        return e.errno == errno.EPERM
+    return True
 
 
 def _release_lock(root, run_id):
@@ -1246,7 +1287,7 @@ def op_patch(plan):
         raise Refusal("bad run id %r" % run_id)
     vdir = plan["vllm_dir"]
     site = os.path.dirname(vdir)
-    root = _run_root(plan)
+    root = plan.get("run_root") or DEFAULT_RUN_ROOT  # created only once every check passed (step 2)
     run_dir = os.path.join(root, "runs", run_id)
     out = {"agent_version": AGENT_VERSION, "op": "patch", "run_id": run_id, "run_dir": run_dir,
            "records_dir": os.path.join(run_dir, "records"), "files": [], "dry_run": bool(plan.get("dry_run"))}
@@ -1263,9 +1304,16 @@ def op_patch(plan):
             problems.append("%s: cannot read: %s" % (path, e.strerror))
             continue
         entry["original_sha256"] = _sha(data)
-        text = data.decode("utf-8")
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            problems.append("%s: not UTF-8 source (%s): refusing to patch" % (path, e.reason))
+            continue
         marks = set(MARK_RE.findall(text))
         if run_id in marks:
+            # patched by this very run before: report what the manifest knows, never patch twice
+            entry["patched_sha256"] = entry["original_sha256"]
+            entry["original_sha256"] = _manifest_original(run_dir, path)
             entry["outcome"] = "already-patched"
             out["files"].append(entry)
             continue
@@ -1307,12 +1355,18 @@ def op_patch(plan):
     if missing:
         problems.insert(0, "symbols not found in this install: " + "; ".join(missing))
     if not plan.get("dry_run"):
+        need = []  # (directory, bytes written there): patched copies beside the files, probe, backups
         for _entry, path, _d, _n in prepared:
             d = os.path.dirname(path)
             if not os.access(d, os.W_OK) or not _can_create(d):
                 problems.append("%s: directory is not writable (read-only filesystem or permissions)" % d)
-        if probe and plan.get("method") != "plugin" and not _can_create(site):
-            problems.append("%s: cannot install the probe module (not writable)" % site)
+            need.append((d, len(_n)))
+        if probe and plan.get("method") != "plugin":
+            if not _can_create(site):
+                problems.append("%s: cannot install the probe module (not writable)" % site)
+            need.append((site, len(probe["source"].encode("utf-8"))))
+        need.append((_existing_dir(root), sum(len(p[2]) for p in prepared)))
+        problems += _space_problems(need)
     if problems:
         out["refused"] = problems
         out["missing_symbols"] = missing
@@ -1324,6 +1378,7 @@ def op_patch(plan):
         out["outcome"] = "dry-run"
         return out
     # 2. lock, run dir, manifest, lease, watchdog — then the files
+    _run_root(plan)
     _take_lock(root, run_id)
     backup_dir = os.path.join(run_dir, "backup")
     for d in (os.path.join(root, "runs"), run_dir):
@@ -1338,8 +1393,10 @@ def op_patch(plan):
                 "records_dir": out["records_dir"], "server": plan.get("server")}
     if os.path.exists(manifest_path):
         old = _read_json(manifest_path)
-        manifest["files"] = old.get("files", [])
-        manifest["created_files"] = old.get("created_files", [])
+        if old.get("state") != "reverted":  # same run id again: what it changed so far is still to undo
+            manifest["files"] = old.get("files", [])
+            manifest["created_files"] = old.get("created_files", [])
+            manifest["created_dirs"] = old.get("created_dirs", [])
     lease = write_lease(run_dir, plan.get("ttl", 0))
     _write_json(manifest_path, manifest)
     out["lease"] = lease
@@ -1347,7 +1404,8 @@ def op_patch(plan):
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     if plan.get("ttl", 0) > 0:
-        out["watchdog_pid"] = start_watchdog(root, run_id, plan)
+        # the same run id again keeps the watchdog it has (it watches the lease just renewed)
+        out["watchdog_pid"] = _watchdog_pid(run_dir) or start_watchdog(root, run_id, plan)
         manifest["watchdog_pid"] = out["watchdog_pid"]
         _write_json(manifest_path, manifest)
     done = []
@@ -1357,9 +1415,13 @@ def op_patch(plan):
             probe = None  # the probe lives in the plugin directory, not beside vLLM
         if probe:
             ppath = _probe_path(site, probe["module"])
+            pycache = os.path.join(site, "__pycache__")  # made by the first import of the probe, if not there
+            created_dirs = manifest.setdefault("created_dirs", [])
+            if not os.path.isdir(pycache) and pycache not in created_dirs:
+                created_dirs.append(pycache)
             if ppath not in manifest["created_files"]:
                 manifest["created_files"].append(ppath)
-                _write_json(manifest_path, manifest)
+            _write_json(manifest_path, manifest)
             atomic_write(ppath, probe["source"].encode("utf-8"))
             os.chmod(ppath, 0o644)
         for entry, path, data, new_data in prepared:
@@ -1428,6 +1490,39 @@ def _can_create(d):
         return False
 
 
+FREE_MARGIN = 1 << 20  # a patch never fills a filesystem to the last byte
+
+
+def _existing_dir(path):
+    """`path`, or its nearest existing ancestor (the run root may not exist yet)."""
+    while path and not os.path.isdir(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path or "/"
+
+
+def _space_problems(need):
+    """Refusals for filesystems without room for what will be written there: [(dir, bytes)], summed per device."""
+    per_dev = {}
+    for d, nbytes in need:
+        try:
+            dev = os.stat(d).st_dev
+        except OSError:
+            continue
+        first, total = per_dev.get(dev, (d, 0))
+        per_dev[dev] = (first, total + nbytes)
+    problems = []
+    for first, total in sorted(per_dev.values()):
+        try:
+            sv = os.statvfs(first)
+        except OSError:
+            continue
+        free = sv.f_bavail * sv.f_frsize
+        if free < total + FREE_MARGIN:
+            problems.append("%s: not enough free space (%d bytes free, %d needed with margin); nothing written"
+                            % (first, free, total + FREE_MARGIN))
+    return problems
+
+
 def revert_run(run_dir, reason="revert"):
     """Restore every file of one run byte-for-byte, but never clobber a file someone edited since."""
     manifest_path = os.path.join(run_dir, "manifest.json")
@@ -1443,6 +1538,11 @@ def revert_run(run_dir, reason="revert"):
             cur = None
             res["current"] = "missing: %s" % e.strerror
         cur_sha = _sha(cur) if cur is not None else None
+        if cur_sha == rec["original_sha256"]:
+            # already original (reverted before, or by the watchdog): the backup may be gone, and is not needed
+            res["outcome"] = "already-original"
+            results.append(res)
+            continue
         try:
             original = open(rec["backup"], "rb").read()
         except OSError as e:
@@ -1454,18 +1554,20 @@ def revert_run(run_dir, reason="revert"):
             res["outcome"] = "backup-corrupt"
             results.append(res)
             continue
-        if cur_sha == rec["original_sha256"]:
-            res["outcome"] = "already-original"
-        elif cur_sha == rec["patched_sha256"] or cur is None:
-            st = os.stat(path) if cur is not None else None
-            atomic_write(path, original, st)
-            os.chmod(path, rec["mode"])
-            if os.getuid() == 0:
-                os.chown(path, rec["uid"], rec["gid"])
-            os.utime(path, ns=(rec.get("atime_ns", rec["mtime_ns"]), rec["mtime_ns"]))
-            remove_bytecode(path)
-            ok = _sha(open(path, "rb").read()) == rec["original_sha256"]
-            res["outcome"] = "restored" if ok else "restore-unverified"
+        if cur_sha == rec["patched_sha256"] or cur is None:
+            try:  # one file that cannot be written (read-only, full) must not stop the others
+                st = os.stat(path) if cur is not None else None
+                atomic_write(path, original, st)
+                os.chmod(path, rec["mode"])
+                if os.getuid() == 0:
+                    os.chown(path, rec["uid"], rec["gid"])
+                os.utime(path, ns=(rec.get("atime_ns", rec["mtime_ns"]), rec["mtime_ns"]))
+                remove_bytecode(path)
+                ok = _sha(open(path, "rb").read()) == rec["original_sha256"]
+                res["outcome"] = "restored" if ok else "restore-unverified"
+            except OSError as e:
+                res["outcome"] = "restore-failed"
+                res["error"] = "%s: %s" % (type(e).__name__, e)
         else:
             # someone edited the patched file: keep both versions, report, never clobber
             keep = rec["backup"] + ".current-at-revert"
@@ -1482,6 +1584,11 @@ def revert_run(run_dir, reason="revert"):
                 os.unlink(p)
             except OSError:
                 pass
+    for d in manifest.get("created_dirs", []):  # e.g. the __pycache__ the probe's import made: only if empty
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass
     shutil.rmtree(os.path.join(run_dir, "plugin"), ignore_errors=True)
     ok = all(r.get("outcome") in ("restored", "already-original") for r in results)
     manifest["state"] = "reverted" if ok else "revert-incomplete"
@@ -1530,8 +1637,13 @@ def op_revert(plan):
             out["runs"].append({"run_id": m.get("run_id"), "state": m.get("state"),
                                 "files": [r["rel"] for r in m.get("files", [])], "dry_run": True})
             continue
-        res = revert_run(d, reason=plan.get("reason") or "mla-doctor revert")
         _stop_watchdog(d)
+        res = revert_run(d, reason=plan.get("reason") or "mla-doctor revert")
+        if plan.get("restore_server", True):
+            try:
+                res["server"] = restore_server(d)
+            except Exception as e:  # report, keep going: files are already restored
+                res["server"] = {"restored": False, "error": "%s: %s" % (type(e).__name__, e)}
         _release_lock(root, m.get("run_id"))
         out["runs"].append(res)
     return out
@@ -1552,34 +1664,56 @@ def op_records(plan):
     root = plan.get("run_root") or DEFAULT_RUN_ROOT
     rdir = os.path.join(root, "runs", plan["run_id"], "records")
     records = []
+    offsets = dict(plan.get("offset_bytes") or {})
     for p in sorted(glob.glob(os.path.join(rdir, "*.jsonl"))):
         with open(p, "rb") as f:
+            f.seek(int(offsets.get(os.path.basename(p), 0)))
             data = f.read()
-        if plan.get("offset_bytes"):
-            data = data[int(plan["offset_bytes"].get(os.path.basename(p), 0)):]
+        data = data[: data.rfind(b"\n") + 1]  # a line being written now is read next time
+        offsets[os.path.basename(p)] = int(offsets.get(os.path.basename(p), 0)) + len(data)
         for line in data.decode("utf-8", "replace").splitlines():
             try:
                 records.append(json.loads(line))
             except ValueError:
                 continue
-    return {"agent_version": AGENT_VERSION, "op": "records", "records": records}
+    return {"agent_version": AGENT_VERSION, "op": "records", "records": records, "offsets": offsets}
 
 
-def _stop_watchdog(run_dir):
-    """SIGTERM the run's watchdog, only if its recorded pid is still an mla-doctor process."""
+def _watchdog_pid(run_dir):
+    """The run's watchdog pid, if that process is still running and still an mla-doctor process."""
     try:
         with open(os.path.join(run_dir, "watchdog.pid")) as f:
             pid = int(f.read().strip())
         with open("/proc/%d/cmdline" % pid, "rb") as f:
             if b"mla-doctor" not in f.read():
-                return
-        os.kill(pid, signal.SIGTERM)
+                return None
+        return pid if _pid_running(pid) else None
     except (OSError, ValueError):
-        pass
+        return None
+
+
+def _pid_running(pid):
+    """Running, not a zombie waiting to be reaped."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def _stop_watchdog(run_dir):
+    """SIGTERM the run's watchdog, only if its recorded pid is still an mla-doctor process."""
+    pid = _watchdog_pid(run_dir)
+    if pid:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass
 
 
 def start_watchdog(root, run_id, plan):
     """A detached process that reverts the run when the controller stops renewing its lease."""
+    agent_pid = os.getpid()
     r, w = os.pipe()
     pid = os.fork()
     if pid:
@@ -1606,12 +1740,12 @@ def start_watchdog(root, run_id, plan):
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     try:
-        watchdog_loop(root, run_id, float(plan.get("watchdog_poll", 1.0)))
+        watchdog_loop(root, run_id, float(plan.get("watchdog_poll", 1.0)), agent_pid)
     finally:
         os._exit(0)
 
 
-def watchdog_loop(root, run_id, poll):
+def watchdog_loop(root, run_id, poll, agent_pid=None):
     run_dir = os.path.join(root, "runs", run_id)
     manifest_path = os.path.join(run_dir, "manifest.json")
     log = os.path.join(run_dir, "watchdog.log")
@@ -1633,13 +1767,15 @@ def watchdog_loop(root, run_id, poll):
         if state in ("reverted", "revert-incomplete", None):
             note("run is %s: exiting" % state)
             return
+        if state == "patching" and agent_pid and _pid_running(agent_pid):
+            time.sleep(poll)  # never revert under a patch still being written: it would mark the run patched after
+            continue
         if lease_expired(run_dir):
             note("lease expired: reverting")
             try:
-                m = _read_json(manifest_path)
                 res = revert_run(run_dir, reason="watchdog: lease expired")
                 note("revert: %s" % res["state"])
-                restore_server(m, note)
+                note("server: %s" % restore_server(run_dir, note))
             except Exception as e:
                 note("revert failed: %s: %s" % (type(e).__name__, e))
             _release_lock(root, run_id)
@@ -1648,16 +1784,344 @@ def watchdog_loop(root, run_id, poll):
     note("stopped by SIGTERM")
 
 
-def restore_server(manifest, note):
-    """Hook for the server lifecycle: relaunch the server as found (filled in by the live diagnosis)."""
-    srv = manifest.get("server")
-    if not srv:
-        return
-    note("server restore requested: %s" % srv.get("kind"))
+# =========================================================================== server lifecycle
+# The `process` runtime: record how the server runs (kept on the host, 0600: its argv and
+# environment hold secrets), stop it gracefully with all its children, relaunch it detached with
+# the same argv/environment/cwd/user plus the run's debug settings, and put it back as found.
+
+
+RLIMITS = {"Max open files": "RLIMIT_NOFILE", "Max locked memory": "RLIMIT_MEMLOCK",
+           "Max stack size": "RLIMIT_STACK", "Max core file size": "RLIMIT_CORE"}
+
+
+def _children_map():
+    kids = {}
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % p) as f:
+                stat_line = f.read()
+            ppid = int(stat_line.rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        kids.setdefault(ppid, []).append(int(p))
+    return kids
+
+
+def descendants(pid):
+    kids = _children_map()
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for c in kids.get(p, []):
+            if c not in out:
+                out.append(c)
+                todo.append(c)
+    return out
+
+
+def _alive(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _limits(pid):
+    out = {}
+    try:
+        for line in _read_text("/proc/%d/limits" % pid).splitlines()[1:]:
+            for label, name in RLIMITS.items():
+                if line.startswith(label):
+                    parts = line[len(label):].split()
+                    vals = [resource.RLIM_INFINITY if x == "unlimited" else int(x) for x in parts[:2]]
+                    out[name] = vals
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+def _fd_file(pid, fd):
+    """Where a server's stdout/stderr goes when that is a regular file (so a restore appends there)."""
+    try:
+        t = os.readlink("/proc/%d/fd/%d" % (pid, fd))
+    except OSError:
+        return None
+    return t if t.startswith("/") and os.path.isfile(t) else None
+
+
+def capture_server(pid):
+    """Everything needed to start this server again exactly as it runs now (raw: stays on the host)."""
+    pid = int(pid)
+    argv = _proc_cmdline(pid)
+    env = _proc_environ(pid)
+    if not argv or env is None:
+        raise Refusal("cannot read pid %d's command line and environment (run with --sudo?)" % pid)
+    st = _proc_status(pid)
+    uid = int((st.get("Uid") or "0").split()[0])
+    gid = int((st.get("Gid") or "0").split()[0])
+    try:
+        exe = os.readlink("/proc/%d/exe" % pid)
+    except OSError:
+        exe = None
+    server = {"pid": pid, "argv": argv, "env": env, "uid": uid, "gid": gid, "user": _user_name(uid),
+              "cwd": os.readlink("/proc/%d/cwd" % pid), "exe": exe, "limits": _limits(pid),
+              "supervisor": _supervisor(str(pid), argv), "port": int(arg_value(argv, "--port") or 8000),
+              "bind_host": arg_value(argv, "--host"), "pgid": os.getpgid(pid), "captured": _now(),
+              "stdout": _fd_file(pid, 1), "stderr": _fd_file(pid, 2)}
+    return server
+
+
+def supervised_refusal(sup):
+    kind = sup.get("kind")
+    if kind == "systemd" and (sup.get("restart") or "no") != "no":
+        return ("the server is systemd unit %s with Restart=%s: it would be restarted behind our back; "
+                "use --runtime systemd" % (sup.get("unit"), sup.get("restart")))
+    if kind in ("docker", "kubernetes"):
+        return "the server runs in a %s container; use --runtime docker (or command)" % kind
+    if kind == "supervisord":
+        return "the server is managed by supervisord; use --runtime command with supervisorctl"
+    return None
+
+
+def _port_open(host, port):
+    try:
+        s = socket.create_connection((host or "127.0.0.1", port), timeout=0.5)
+        s.close()
+        return True
+    except OSError:
+        return False
+
+
+def stop_server(pid, grace=30.0, port=None, bind_host=None):
+    """TERM the server and everything under it (EngineCore, workers), KILL after the grace period."""
+    pid = int(pid)
+    victims = [pid] + descendants(pid)
+    try:
+        leader = os.getpgid(pid) == pid
+    except OSError:
+        leader = False
+    for p in victims:
+        try:
+            os.kill(p, signal.SIGTERM)
+        except OSError:
+            pass
+    if leader:
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except OSError:
+            pass
+    deadline = _now() + grace
+    while _now() < deadline and any(_alive(p) for p in victims):
+        time.sleep(0.1)
+    killed = [p for p in victims if _alive(p)]
+    for p in killed:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+    deadline2 = _now() + 10
+    while _now() < deadline2 and any(_alive(p) for p in victims):
+        time.sleep(0.1)
+    host = bind_host if bind_host not in (None, "", "0.0.0.0", "::") else "127.0.0.1"
+    deadline3 = _now() + 10
+    while port and _now() < deadline3 and _port_open(host, port):
+        time.sleep(0.1)
+    return {"stopped": [p for p in victims], "killed": killed, "left": [p for p in victims if _alive(p)]}
+
+
+def gpu_busy():
+    """GPUs with memory in use (after our server stopped, another process holds it)."""
+    info = gpu_section()
+    if not info.get("present"):
+        return []
+    return [g for g in info["gpus"] if (g.get("memory_used_mib") or 0) > 1024]
+
+
+def _resolve_exe(spec):
+    a0 = spec["argv"][0]
+    if os.path.isabs(a0) and os.access(a0, os.X_OK):
+        return a0
+    if "/" in a0:
+        cand = os.path.join(spec["cwd"], a0)
+        if os.access(cand, os.X_OK):
+            return cand
+    found = shutil.which(a0, path=spec["env"].get("PATH"))
+    return found or spec.get("exe") or a0
+
+
+def launch_server(spec, log_path, extra_env=None, add_args=(), drop_env=()):
+    """Start the server detached (new session), as its user, logging to log_path; return its pid."""
+    env = dict(spec["env"])
+    for k in drop_env:
+        env.pop(k, None)
+    env.update(extra_env or {})
+    argv = list(spec["argv"]) + [a for a in add_args if a not in spec["argv"]]
+    exe = _resolve_exe(spec)
+    created = not os.path.exists(log_path)
+    logfd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    if os.getuid() == 0 and created:  # a run log we made belongs to the server's user
+        os.chown(log_path, spec["uid"], spec["gid"])
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            os.setsid()
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+            os.dup2(logfd, 1)
+            os.dup2(logfd, 2)
+            for name, (soft, hard) in (spec.get("limits") or {}).items():
+                try:
+                    resource.setrlimit(getattr(resource, name), (soft, hard))
+                except (ValueError, OSError, AttributeError):
+                    pass
+            if os.getuid() == 0 and spec["uid"] != 0:
+                try:
+                    os.setgroups(os.getgrouplist(spec["user"], spec["gid"]))
+                except (OSError, KeyError):
+                    os.setgroups([])
+                os.setgid(spec["gid"])
+                os.setuid(spec["uid"])
+            os.chdir(spec["cwd"])
+            fcntl_cloexec(w)  # closes on a successful exec: the parent then reads EOF
+            os.execve(exe, argv, env)
+        except BaseException as e:  # tell the parent why exec failed
+            try:
+                os.write(w, ("%s: %s" % (type(e).__name__, e)).encode()[:500])
+            finally:
+                os._exit(127)
+    os.close(w)
+    os.close(logfd)
+    err = os.read(r, 600)
+    os.close(r)
+    if err:
+        os.waitpid(pid, 0)
+        raise Refusal("could not start the server (%s): %s" % (exe, err.decode("utf-8", "replace")))
+    return pid, argv, exe
+
+
+def fcntl_cloexec(fd):
+    flags = fcntl.fcntl(fd, fcntl.F_GETFD)
+    fcntl.fcntl(fd, fcntl.F_SETFD, flags | fcntl.FD_CLOEXEC)
+
+
+def _run_dir(plan):
+    return os.path.join(plan.get("run_root") or DEFAULT_RUN_ROOT, "runs", plan["run_id"])
+
+
+def _server_paths(run_dir):
+    return os.path.join(run_dir, "server-original.json"), os.path.join(run_dir, "server-current.json")
+
+
+def _write_private(path, obj):
+    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(path + ".tmp", path)
+
+
+def op_server_restart(plan):
+    """Stop the server found at plan["pid"] and relaunch it with the run's debug settings."""
+    run_dir = _run_dir(plan)
+    if not os.path.isdir(run_dir):
+        raise Refusal("run %s has no run directory on this host (patch first)" % plan["run_id"])
+    orig_path, cur_path = _server_paths(run_dir)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    if os.path.exists(orig_path):
+        spec = _read_json(orig_path)
+        current = _read_json(cur_path) if os.path.exists(cur_path) else {"pid": spec["pid"]}
+    else:
+        spec = capture_server(plan["pid"])
+        why = supervised_refusal(spec["supervisor"])
+        if why and not plan.get("force_runtime"):
+            raise Refusal(why)
+        _write_private(orig_path, spec)
+        current = {"pid": spec["pid"]}
+    stopped = stop_server(current["pid"], float(plan.get("grace_s", 30)), spec["port"], spec.get("bind_host"))
+    if stopped["left"]:
+        raise Refusal("processes survived SIGKILL: %s" % stopped["left"])
+    busy = []
+    deadline = _now() + float(plan.get("gpu_free_timeout_s", 60))
+    while True:
+        busy = gpu_busy()
+        if not busy or _now() > deadline:
+            break
+        time.sleep(1)
+    if busy:
+        raise Refusal("GPU memory is still in use after the server stopped (another server on this GPU?): %s"
+                      % ", ".join("%s %s MiB" % (g["index"], g["memory_used_mib"]) for g in busy))
+    n = int(current.get("launch", 0)) + 1
+    log_path = os.path.join(run_dir, "server-%d.log" % n)
+    pid, argv, exe = launch_server(spec, log_path, plan.get("env") or {}, plan.get("add_args") or [],
+                                   plan.get("drop_env") or [])
+    cur = {"pid": pid, "launch": n, "log": log_path, "started": _now(), "mode": plan.get("mode", "debug"),
+           "added_args": plan.get("add_args") or [], "added_env": sorted((plan.get("env") or {}).keys())}
+    _write_private(cur_path, cur)
+    return {"agent_version": AGENT_VERSION, "op": "server_restart", "pid": pid, "log": log_path,
+            "stopped": stopped, "argv": redact_argv(argv), "exe": exe, "port": spec["port"],
+            "bind_host": spec.get("bind_host"), "user": spec["user"], "previous_pid": current["pid"]}
+
+
+def restore_server(run_dir, note=lambda m: None):
+    """Put the server back as found: stop the run's instance, start the original argv/env/cwd/user."""
+    orig_path, cur_path = _server_paths(run_dir)
+    if not os.path.exists(orig_path):
+        return {"restored": None, "reason": "the run did not restart the server"}
+    spec = _read_json(orig_path)
+    current = _read_json(cur_path) if os.path.exists(cur_path) else {}
+    if current.get("mode") == "original" and current.get("pid") and _alive(current["pid"]):
+        return {"restored": True, "pid": current["pid"], "already": True}
+    if current.get("pid"):
+        stop_server(current["pid"], 30.0, spec["port"], spec.get("bind_host"))
+    n = int(current.get("launch", 0)) + 1
+    # as found: back to the file its stdout went to, when that was a file; else a run log
+    log_path = spec.get("stdout") or os.path.join(run_dir, "server-%d.log" % n)
+    pid, _argv, _exe = launch_server(spec, log_path)
+    # the original server logged wherever its stdout pointed; keep that: relaunch writes the run log
+    _write_private(cur_path, {"pid": pid, "launch": n, "log": log_path, "started": _now(), "mode": "original"})
+    note("server relaunched with its original argv as pid %d" % pid)
+    return {"restored": True, "pid": pid, "log": log_path}
+
+
+def op_server_restore(plan):
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    res = restore_server(_run_dir(plan))
+    res.update(agent_version=AGENT_VERSION, op="server_restore")
+    return res
+
+
+def op_tick(plan):
+    """One cheap round trip while waiting: renew the lease, is the server alive, new log lines."""
+    run_dir = _run_dir(plan)
+    out = {"agent_version": AGENT_VERSION, "op": "tick", "now": _now()}
+    if plan.get("ttl"):
+        out["lease"] = write_lease(run_dir, plan["ttl"])
+    _orig, cur_path = _server_paths(run_dir)
+    cur = _read_json(cur_path) if os.path.exists(cur_path) else {}
+    out["pid"] = cur.get("pid")
+    out["alive"] = bool(cur.get("pid")) and _alive(cur["pid"])
+    log = plan.get("log") or cur.get("log")
+    if log and os.path.exists(log):
+        with open(log, "rb") as f:
+            f.seek(int(plan.get("log_offset") or 0))
+            data = f.read(8 * 1024 * 1024)
+        out["log_offset"] = int(plan.get("log_offset") or 0) + len(data)
+        res = _filter_lines(data.decode("utf-8", "replace").splitlines(), plan.get("log_patterns") or {}, log)
+        out["log_lines"] = res["lines"]
+    return out
+
 
 
 OPS = {"static": op_static, "index": op_index, "patch": op_patch, "revert": op_revert,
-       "renew": op_renew, "records": op_records}
+       "renew": op_renew, "records": op_records, "server_restart": op_server_restart,
+       "server_restore": op_server_restore, "tick": op_tick}
 
 
 def main(plan_bytes):

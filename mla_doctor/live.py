@@ -1,0 +1,362 @@
+"""`mla-doctor run`: the live diagnosis of one host, over one SSH connection.
+
+audit (+ resolve targets) → idle check → baseline completion → patch (lease + watchdog) → restart
+with debug settings → readiness (fail fast on fatal log lines) → calibrated prompts, one at a
+time, records attributed per prompt → log slice → revert → restore the server as found → prove
+it with the same greedy completion → evidence → verdict.
+"""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from mla_doctor.agent_runner import run_agent
+from mla_doctor.audit import AuditOptions
+from mla_doctor.errors import MlaDoctorError, RemoteError, UnreachableError
+from mla_doctor.evidence import PromptObservation
+from mla_doctor.exit_codes import ExitStatus
+from mla_doctor.instrument import PatchOptions, Templates, load_targets, prepare_patch
+from mla_doctor.knowledge import Knowledge, load_knowledge
+from mla_doctor.patching import audit_for_patch
+from mla_doctor.prompts import FILLER, fill_tokens, plan_prompts
+from mla_doctor.results import Finding, HostReport, HostStatus, Severity, plain
+from mla_doctor.transport import ConnectOptions, Transport
+from mla_doctor.tunnel import HostHTTP
+
+BASELINE_PROMPT = "mla-doctor restore check: the quick brown fox"
+RUNTIMES = ("process",)
+
+
+@dataclass
+class RunOptions:
+    runtime: str = "process"
+    force: bool = False  # restart a server that is serving requests
+    api_key_env: str | None = None
+    ready_timeout: float = 900.0
+    ttl: float = 120.0  # lease; renewed while the run is alive
+    method: str = "patch"
+    expect: dict[str, str] = field(default_factory=dict)
+    max_tokens: int = 3
+    run_root: str = "/var/tmp/mla-doctor"
+    prompts: tuple[str, ...] = ("short", "long")
+    debug_env: dict[str, str] = field(default_factory=lambda: {"VLLM_LOGGING_LEVEL": "DEBUG"})
+    second_pass: tuple[str, ...] = ()  # e.g. ("--enforce-eager",): an explicit second configuration
+    keep_going_on_fail: bool = False
+
+
+Progress = Callable[[str, str], None]
+
+
+class _Run:
+    """State of one host's run, so every exit path restores."""
+
+    def __init__(self, transport: Transport, name: str, conn: ConnectOptions, aopts: AuditOptions,
+                 ropts: RunOptions, kb: Knowledge, progress: Progress):
+        self.tr, self.name, self.conn, self.aopts, self.ropts, self.kb = transport, name, conn, aopts, ropts, kb
+        self.progress = progress
+        self.run_id: str | None = None
+        self.patched = False
+        self.restarted = False
+        self.log_offset = 0
+        self.log_lines: list[dict[str, Any]] = []
+        self.records_offsets: dict[str, int] = {}
+        self.armed: list[dict[str, Any]] = []
+
+    def step(self, msg: str) -> None:
+        self.progress(self.name, msg)
+
+    def agent(self, plan: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        return run_agent(self.tr, plan, sudo=self.conn.sudo, timeout=timeout or self.conn.command_timeout)
+
+    def tick(self) -> dict[str, Any]:
+        res = self.agent({"op": "tick", "run_id": self.run_id, "run_root": self.ropts.run_root,
+                          "ttl": self.ropts.ttl, "log_offset": self.log_offset,
+                          "log_patterns": self.kb.agent_request()["log_patterns"]})
+        if res.get("log_offset") is not None:
+            base = self.log_offset
+            for ln in res.get("log_lines") or []:
+                self.log_lines.append(dict(ln, n=ln["n"] + base))
+            self.log_offset = res["log_offset"]
+        return res
+
+    def records(self) -> list[dict[str, Any]]:
+        res = self.agent({"op": "records", "run_id": self.run_id, "run_root": self.ropts.run_root,
+                          "offset_bytes": self.records_offsets})
+        self.records_offsets = res.get("offsets") or self.records_offsets
+        recs = res.get("records") or []
+        self.armed += [r for r in recs if r.get("event") == "armed"]
+        return recs
+
+
+def _fatal(kb_facts, lines: list[dict[str, Any]]) -> list[str]:
+    import re
+
+    pats = [re.compile(p) for _id, p in kb_facts.fatal_patterns]
+    return [ln["text"] for ln in lines if any(p.search(ln["text"]) for p in pats)]
+
+
+def wait_ready(run: _Run, http: HostHTTP, facts, timeout: float) -> tuple[bool, str | None, dict[str, Any]]:
+    """/health, /v1/models, then one real completion; fail fast on a dead process or fatal log lines."""
+    deadline = time.monotonic() + timeout
+    last_tick = 0.0
+    while time.monotonic() < deadline:
+        if time.monotonic() - last_tick > 3:
+            t = run.tick()
+            last_tick = time.monotonic()
+            fatal = _fatal(facts, run.log_lines)
+            if not t.get("alive"):
+                return False, "the server process exited" + (f": {fatal[-1]}" if fatal else ""), {}
+            if fatal and any("Traceback" in f or "Error" in f for f in fatal):
+                # a traceback during start-up: give the process a moment, then judge
+                time.sleep(2)
+                t = run.tick()
+                if not t.get("alive") or any("EngineDeadError" in f or "OutOfMemory" in f or "out of memory" in f
+                                             for f in _fatal(facts, run.log_lines)):
+                    return False, "fatal error in the server log: " + _fatal(facts, run.log_lines)[-1], {}
+        status, _data, _err = http.try_request("GET", "/health", timeout=5)
+        if status == 200:
+            try:
+                models = http.json("GET", "/v1/models")
+                model = models["data"][0]
+                ids = http.json("POST", "/tokenize", {"model": model["id"], "prompt": "ready",
+                                                      "add_special_tokens": False})["tokens"]
+                comp = http.json("POST", "/v1/completions", {"model": model["id"], "prompt": ids[:1] or [1],
+                                                             "max_tokens": 1, "temperature": 0})
+                return True, None, {"model": model, "first_completion": comp}
+            except (RemoteError, KeyError, IndexError, ValueError) as e:
+                t = run.tick()
+                if not t.get("alive"):
+                    return False, f"the server died on its first request: {e}", {}
+                time.sleep(1)
+                continue
+        time.sleep(1)
+    return False, f"not ready after {timeout:g}s (--ready-timeout)", {}
+
+
+def completion(http: HostHTTP, model: str, prompt: Any, max_tokens: int) -> dict[str, Any]:
+    return http.json("POST", "/v1/completions", {"model": model, "prompt": prompt, "max_tokens": max_tokens,
+                                                  "temperature": 0, "ignore_eos": True}, timeout=600)
+
+
+def run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: AuditOptions, ropts: RunOptions,
+             kb: Knowledge | None = None, progress: Progress | None = None) -> HostReport:
+    kb = kb or load_knowledge()
+    progress = progress or (lambda host, msg: None)
+    run = _Run(transport, name, conn, aopts, ropts, kb, progress)
+    popts = PatchOptions(ttl=ropts.ttl, method=ropts.method, run_root=ropts.run_root)
+    run.step("audit")
+    try:
+        report, raw = audit_for_patch(transport, name, conn, aopts, popts, kb)
+    except MlaDoctorError as e:
+        status = HostStatus.UNREACHABLE if isinstance(e, UnreachableError) else HostStatus.ERROR
+        return HostReport(host=name, status=status, error=e.message, error_kind=type(e).__name__)
+    if report.status != HostStatus.OK:
+        return report
+    servers = raw.get("servers") or []
+    if not servers:
+        report.status, report.error_kind = HostStatus.ERROR, "NoServer"
+        report.error = "no running vLLM server found on the host (vllm serve / api_server): nothing to diagnose"
+        return report
+    server = servers[0]
+    facts = kb.for_version(report.vllm["version"])
+    http = HostHTTP(transport, server["port"], server.get("bind_host"), ropts.api_key_env)
+    live: dict[str, Any] = {"run_id": None, "runtime": ropts.runtime, "method": ropts.method,
+                            "configuration": "production", "settings": dict(ropts.debug_env)}
+    report.live = live
+    report.restored = None
+    # -- before anything changes: idle, answering, baseline ------------------------------------
+    run.step("check the server is idle")
+    m = http.metrics()
+    busy = m.get("vllm:num_requests_running", 0.0)
+    if busy and not ropts.force:
+        report.status, report.error_kind = HostStatus.ERROR, "ServerBusy"
+        report.error = (f"the server is serving {busy:g} request(s) (vllm:num_requests_running): refusing to "
+                        "restart it; retry when idle, or --force")
+        return report
+    try:
+        model = http.json("GET", "/v1/models")["data"][0]
+        before = completion(http, model["id"], BASELINE_PROMPT, 8)["choices"][0]["text"]
+    except (RemoteError, KeyError, IndexError) as e:
+        report.status, report.error_kind = HostStatus.ERROR, "ServerNotAnswering"
+        report.error = f"the running server does not answer a completion before the run: {e}"
+        return report
+    live["baseline_completion"] = before
+    tset = load_targets(popts.targets)
+    prepared = prepare_patch(kb, tset, raw, popts, Templates(popts.templates))
+    run.run_id = live["run_id"] = prepared.run_id
+    if prepared.missing:
+        report.status, report.error_kind = HostStatus.ERROR, "PatchRefused"
+        report.error = "refusing to patch: symbols not found: " + "; ".join(prepared.missing)
+        return report
+    prompts_obs: list[tuple[PromptObservation, list[dict[str, Any]]]] = []
+    start_error = None
+    try:
+        run.step("patch")
+        res = run.agent(prepared.plan)
+        report.patch = {"run_id": prepared.run_id, "outcome": res.get("outcome"), "files": res.get("files"),
+                        "run_dir": res.get("run_dir"), "records_dir": res.get("records_dir"),
+                        "refused": res.get("refused"), "plugin": res.get("plugin")}
+        if res.get("outcome") != "patched":
+            raise RemoteError("patch " + str(res.get("outcome")) + ": " + "; ".join(res.get("refused") or [
+                str(res.get("error"))]))
+        run.patched = True
+        env = dict(ropts.debug_env)
+        if ropts.method == "plugin":
+            penv = res["plugin"]["env"]
+            old_pp = (server.get("env") or {}).get("PYTHONPATH")
+            env["PYTHONPATH"] = penv["PYTHONPATH"] + (":" + old_pp if old_pp else "")
+            if (server.get("env") or {}).get("VLLM_PLUGINS"):
+                env["VLLM_PLUGINS"] = server["env"]["VLLM_PLUGINS"] + "," + penv["VLLM_PLUGINS_ADD"]
+        live["settings"] = env
+        run.step("restart the server with debug settings")
+        rr = run.agent({"op": "server_restart", "run_id": run.run_id, "run_root": ropts.run_root,
+                        "pid": server["pid"], "env": env, "mode": "debug"}, timeout=conn.command_timeout + 120)
+        if rr.get("outcome") == "refused":
+            raise RemoteError("; ".join(rr.get("refused") or []))
+        run.restarted = True
+        live["debug_pid"], live["server_log"] = rr.get("pid"), rr.get("log")
+        run.step("wait for the server (model load)")
+        ok, why, info = wait_ready(run, http, facts, ropts.ready_timeout)
+        if not ok:
+            start_error = why
+        else:
+            model = info["model"]
+            prompts_obs = send_prompts(run, http, model, facts, report, raw)
+        run.tick()
+    except MlaDoctorError as e:
+        start_error = start_error or e.message
+        if not run.restarted:
+            report.status, report.error, report.error_kind = HostStatus.ERROR, e.message, type(e).__name__
+    finally:
+        restore(run, http, report, live)
+    evidence = _evidence(kb, facts, report, raw, server, run, prompts_obs, live, start_error, ropts)
+    _apply_verdict(report, evidence, prompts_obs, start_error)
+    return report
+
+
+def send_prompts(run: _Run, http: HostHTTP, model: dict[str, Any], facts, report: HostReport,
+                 raw: dict[str, Any]) -> list[tuple[PromptObservation, list[dict[str, Any]]]]:
+    ropts = run.ropts
+    cfg = ((report.model or {}).get("config") or {})
+    thresholds = []
+    for v in (report.static or {}).get("decode_thresholds", {}).values():
+        if isinstance(v, int):
+            thresholds.append(v)
+        elif isinstance(v, dict):
+            thresholds += [x for plat in v.values() if isinstance(plat, dict) for x in plat.values()
+                           if isinstance(x, int)]
+    sparse_at_topk = facts.sparse_mode in ("mha_if_short",)
+    specs = plan_prompts(max_model_len=model.get("max_model_len"), max_tokens=ropts.max_tokens,
+                         thresholds=thresholds, index_topk=cfg.get("index_topk"),
+                         sparse_switches_at_topk=sparse_at_topk, names=ropts.prompts)
+    pool = http.json("POST", "/tokenize", {"model": model["id"], "prompt": FILLER * 8,
+                                           "add_special_tokens": False})["tokens"]
+    rng = random.Random()
+    run.records()  # start-up records (armed, warm-up) are not any prompt's
+    out = []
+    for spec in specs:
+        run.step(f"prompt {spec.name} ({spec.tokens} tokens)")
+        ids = fill_tokens(spec, pool, rng)
+        before = http.metrics()
+        obs = PromptObservation(name=spec.name, prompt_tokens=len(ids), max_tokens=ropts.max_tokens,
+                                purpose=spec.purpose)
+        try:
+            comp = completion(http, model["id"], ids, ropts.max_tokens)
+            obs.completion = comp["choices"][0]["text"]
+            used = comp.get("usage", {}).get("prompt_tokens")
+            if used is not None and used != len(ids):
+                obs.error = f"server counted {used} prompt tokens, sent {len(ids)}"
+        except (RemoteError, KeyError, IndexError) as e:
+            obs.error = str(e)
+        after = http.metrics()
+        delta = after.get("vllm:prompt_tokens_total", 0) - before.get("vllm:prompt_tokens_total", 0)
+        if before and after and delta > len(ids):
+            obs.foreign_traffic = f"{delta - len(ids):g} prompt tokens from other clients during this prompt"
+        recs = run.records()
+        out.append((obs, recs))
+    return out
+
+
+def restore(run: _Run, http: HostHTTP, report: HostReport, live: dict[str, Any]) -> None:
+    """Revert files, restart the server as found, prove it with the same greedy completion."""
+    if not run.patched and not run.restarted:
+        return
+    run.step("revert files")
+    problems = []
+    try:
+        rev = run.agent({"op": "revert", "run_id": run.run_id, "run_root": run.ropts.run_root,
+                         "reason": "run finished", "restore_server": False})
+        report.revert = {"runs": rev.get("runs") or []}
+        for r in rev.get("runs") or []:
+            if r.get("state") != "reverted":
+                problems.append(f"files: {r.get('state')}")
+    except MlaDoctorError as e:
+        problems.append(f"revert failed: {e.message}")
+    if run.restarted:
+        run.step("restart the server as found")
+        try:
+            rs = run.agent({"op": "server_restore", "run_id": run.run_id, "run_root": run.ropts.run_root},
+                           timeout=run.conn.command_timeout + 120)
+            live["restored_pid"] = rs.get("pid")
+            ok, why, _info = wait_ready(run, http, run.kb.for_version((report.vllm or {}).get("version")),
+                                        run.ropts.ready_timeout)
+            if not ok:
+                problems.append(f"the original server did not come back: {why}")
+            else:
+                model = http.json("GET", "/v1/models")["data"][0]
+                after = completion(http, model["id"], BASELINE_PROMPT, 8)["choices"][0]["text"]
+                live["restored_completion"] = after
+                if after != live.get("baseline_completion"):
+                    problems.append(f"the same greedy completion differs after the restore: "
+                                    f"{live.get('baseline_completion')!r} before, {after!r} after")
+        except MlaDoctorError as e:
+            problems.append(f"server restore failed: {e.message}")
+    report.restored = not problems
+    live["restore_problems"] = problems
+    if problems:
+        report.exit_override = ExitStatus.NOT_RESTORED
+
+
+def _evidence(kb, facts, report, raw, server, run: _Run, prompts_obs, live, start_error, ropts):
+    from mla_doctor.evidence_build import build_live_evidence
+
+    return build_live_evidence(
+        facts=facts, version=(report.vllm or {}).get("version"),
+        model_config=(report.model or {}).get("config"), static=report.static, server=server,
+        gpu=report.gpu, log_lines=[ln["text"] for ln in run.log_lines], records_armed=run.armed,
+        prompts=prompts_obs, configuration=live["configuration"], settings=live.get("settings"),
+        method=ropts.method, expectations=ropts.expect, server_started=start_error is None,
+        start_error=start_error, restored=getattr(report, "restored", None),
+        restore_detail="; ".join(live.get("restore_problems") or []) or None)
+
+
+def _apply_verdict(report: HostReport, ev, prompts_obs, start_error) -> None:
+    from mla_doctor.verdict import expected_path, observed_path, verdict
+
+    findings = verdict(ev)
+    # keep the static audit's integrity/model findings that the live rules do not restate
+    keep = {"VLLM_FILES_MISSING", "VLLM_FILES_UNRECORDED", "VLLM_INTEGRITY_UNKNOWN", "VLLM_PLUGINS_INSTALLED",
+            "PTH_IMPORTS", "MODEL_STARTUP_FAILURE", "MLA_DISABLED_BY_ENV", "BACKEND_ENV_IGNORED",
+            "VLLM_VERSION_UNKNOWN", "FACT_UNCONFIRMED", "VLLM_FILES_MODIFIED"}
+    codes = {f.code for f in findings}
+    report.findings = findings + [f for f in report.findings if f.code in keep and f.code not in codes]
+    report.prompts = []
+    for obs, _recs in prompts_obs:
+        report.prompts.append({
+            "name": obs.name, "prompt_tokens": obs.prompt_tokens, "max_tokens": obs.max_tokens,
+            "purpose": obs.purpose, "configuration": obs.configuration,
+            "calls": {k: {"calls": c.calls, "tokens": c.tokens, "unknown_tokens": c.unknown_tokens,
+                          "tokens_per_layer": c.tokens_per_layer} for k, c in obs.calls.items()},
+            "per_rank": {r: {k: {"calls": c.calls, "tokens": c.tokens} for k, c in d.items()}
+                         for r, d in obs.per_rank.items()},
+            "drafter_calls": {k: {"calls": c.calls, "tokens": c.tokens} for k, c in obs.drafter_calls.items()},
+            "dispatch": obs.dispatch[:8], "builder": obs.builder[:8],
+            "expected": expected_path(ev, obs), "observed": observed_path(obs),
+            "foreign_traffic": obs.foreign_traffic, "completion": obs.completion, "error": obs.error})
+    report.evidence = plain(ev)
+    report.evidence.pop("prompts", None)  # rendered above, per prompt
+    if start_error and not any(f.code == "SERVER_FAILED_TO_START" for f in report.findings):
+        report.findings.append(Finding("SERVER_FAILED_TO_START", Severity.FAIL,
+                                       f"the server did not start under the run's settings: {start_error}"))

@@ -1,0 +1,95 @@
+"""HTTP to the server's own loopback port through the existing SSH connection (direct-tcpip).
+
+The server need not be reachable from the controller, no local port is opened, and each request
+rides a fresh channel of the one connection. With --local it is a plain loopback socket.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+from typing import Any
+
+from mla_doctor.errors import RemoteError
+from mla_doctor.transport import SSHTransport, Transport
+
+
+class HostHTTP:
+    def __init__(self, transport: Transport, port: int, bind_host: str | None = None,
+                 api_key_env: str | None = None, timeout: float = 60.0):
+        self.transport = transport
+        self.port = port
+        # a server bound to all addresses answers on loopback; one bound to an address, there
+        self.host = bind_host if bind_host not in (None, "", "0.0.0.0", "::") else "127.0.0.1"
+        self.timeout = timeout
+        self._key = None
+        if api_key_env:
+            self._key = os.environ.get(api_key_env)
+            if self._key is None:
+                raise RemoteError(f"--api-key-env {api_key_env}: that variable is not set on the controller")
+
+    def _conn(self, timeout: float) -> http.client.HTTPConnection:
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        if isinstance(self.transport, SSHTransport):
+            tr = self.transport.client.get_transport()
+            try:
+                chan = tr.open_channel("direct-tcpip", (self.host, self.port), ("127.0.0.1", 0), timeout=timeout)
+            except Exception as e:
+                raise ConnectionError(f"tunnel to {self.host}:{self.port}: {e}") from e
+            chan.settimeout(timeout)
+            conn.sock = chan  # http.client only needs sendall/makefile/close
+        return conn
+
+    def request(self, method: str, path: str, body: Any = None, timeout: float | None = None,
+                auth: bool = False) -> tuple[int, bytes]:
+        timeout = timeout or self.timeout
+        headers = {"Connection": "close"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        if auth and self._key:
+            headers["Authorization"] = "Bearer " + self._key  # never logged, never on a command line
+        conn = self._conn(timeout)
+        try:
+            conn.request(method, path, body=data, headers=headers)
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        finally:
+            conn.close()
+
+    def try_request(self, method: str, path: str, body: Any = None, timeout: float | None = None,
+                    auth: bool = False) -> tuple[int | None, bytes, str | None]:
+        try:
+            status, data = self.request(method, path, body, timeout, auth)
+            return status, data, None
+        except (OSError, ConnectionError, http.client.HTTPException, socket.timeout, EOFError) as e:
+            return None, b"", f"{type(e).__name__}: {e}"
+
+    def json(self, method: str, path: str, body: Any = None, timeout: float | None = None,
+             auth: bool = True) -> Any:
+        status, data, err = self.try_request(method, path, body, timeout, auth)
+        if err:
+            raise RemoteError(f"{method} {path}: {err}")
+        if status != 200:
+            raise RemoteError(f"{method} {path}: HTTP {status}: {data[:300]!r}")
+        return json.loads(data)
+
+    def metrics(self) -> dict[str, float]:
+        """Prometheus text → {name{labels}: value} (sums over label sets per bare name too)."""
+        status, data, err = self.try_request("GET", "/metrics", timeout=10)
+        out: dict[str, float] = {}
+        if err or status != 200:
+            return out
+        for line in data.decode("utf-8", "replace").splitlines():
+            if not line or line.startswith("#"):
+                continue
+            try:
+                name_labels, value = line.rsplit(" ", 1)
+                v = float(value)
+            except ValueError:
+                continue
+            bare = name_labels.split("{", 1)[0]
+            out[bare] = out.get(bare, 0.0) + v
+        return out
