@@ -7,6 +7,7 @@ Probe records are folded per prompt with `evidence.observe`.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -43,13 +44,25 @@ def _parse(facts: ReleaseFacts, lines: list[Any]) -> LogEvidence:
             n, raw = i, str(item)
         originals[n] = _ANSI.sub("", raw).rstrip()
         items.append({"n": n, "text": _LEGACY_PREFIX.sub(lambda m: m.group(1) + "[" + m.group(2), raw, count=1)})
-    log = parse_log(facts, items)
+    log = parse_log(_log_facts(facts), items)
     for group in (log.backend_lines, log.cudagraph_lines, log.mla_lines, log.sparse_lines, log.fatal_lines,
                   log.other_lines, [log.decode_backend_line, log.prefill_backend_line, log.engine_line]):
         for ll in group:
             if ll is not None and ll.n in originals:
                 ll.text = originals[ll.n]
     return log
+
+
+def _log_facts(facts: ReleaseFacts) -> ReleaseFacts:
+    """The release's log formats with the MLA *prefill* formats first.
+
+    In the knowledge, the generic decode selection ``Using %s backend.`` (0.11.2+) comes before
+    ``Using %s MLA prefill backend.`` (0.22+), so the first-match-wins parser would read
+    "Using FLASH_ATTN MLA prefill backend." as the decode backend "FLASH_ATTN MLA prefill". The prefill
+    formats are the more specific ones: trying them first changes nothing else (stable order)."""
+    pre = tuple(lf for lf in facts.logs if lf.kind == "prefill_backend")
+    rest = tuple(lf for lf in facts.logs if lf.kind != "prefill_backend")
+    return dataclasses.replace(facts, logs=pre + rest)
 
 
 def _major(cc: Any) -> int | None:
@@ -171,6 +184,8 @@ def build_live_evidence(*, facts: ReleaseFacts, version: str | None, model_confi
         eager = bool(settings["enforce_eager"])
     if eager is None and server.get("enforce_eager") is not None and server:
         eager = bool(server["enforce_eager"])
+    if eager is None and configuration == "eager":
+        eager = True
     ev.eager = eager
     ev.cudagraph_mode = log.cudagraph_mode or settings.get("cudagraph_mode") or ("NONE" if eager else None)
 

@@ -63,6 +63,7 @@ class _Run:
         self.log_lines: list[dict[str, Any]] = []
         self.records_offsets: dict[str, int] = {}
         self.armed: list[dict[str, Any]] = []
+        self.startup: list[dict[str, Any]] = []  # records before the first prompt: warm-up, capture
 
     def step(self, msg: str) -> None:
         self.progress(self.name, msg)
@@ -254,7 +255,7 @@ def send_prompts(run: _Run, http: HostHTTP, model: dict[str, Any], facts, report
     pool = http.json("POST", "/tokenize", {"model": model["id"], "prompt": FILLER * 8,
                                            "add_special_tokens": False})["tokens"]
     rng = random.Random()
-    run.records()  # start-up records (armed, warm-up) are not any prompt's
+    run.startup = run.records()  # start-up records (armed, warm-up, capture) are not any prompt's
     out = []
     for spec in specs:
         run.step(f"prompt {spec.name} ({spec.tokens} tokens)")
@@ -265,6 +266,7 @@ def send_prompts(run: _Run, http: HostHTTP, model: dict[str, Any], facts, report
         try:
             comp = completion(http, model["id"], ids, ropts.max_tokens)
             obs.completion = comp["choices"][0]["text"]
+            obs.completion_tokens = comp.get("usage", {}).get("completion_tokens")
             used = comp.get("usage", {}).get("prompt_tokens")
             if used is not None and used != len(ids):
                 obs.error = f"server counted {used} prompt tokens, sent {len(ids)}"
@@ -322,11 +324,18 @@ def restore(run: _Run, http: HostHTTP, report: HostReport, live: dict[str, Any])
 def _evidence(kb, facts, report, raw, server, run: _Run, prompts_obs, live, start_error, ropts):
     from mla_doctor.evidence_build import build_live_evidence
 
+    env = live.get("settings") or {}
+    settings = {"env": env, "restarted": run.restarted, "enforce_eager": server.get("enforce_eager"),
+                "server_python": (report.vllm or {}).get("python"), "python": (report.vllm or {}).get("python"),
+                "container": (server.get("supervisor") or {}).get("kind") in ("docker", "kubernetes"),
+                "vllm_plugins": (server.get("env") or {}).get("VLLM_PLUGINS")}
+
     return build_live_evidence(
         facts=facts, version=(report.vllm or {}).get("version"),
         model_config=(report.model or {}).get("config"), static=report.static, server=server,
-        gpu=report.gpu, log_lines=[ln["text"] for ln in run.log_lines], records_armed=run.armed,
-        prompts=prompts_obs, configuration=live["configuration"], settings=live.get("settings"),
+        gpu=report.gpu, log_lines=[ln["text"] for ln in run.log_lines],
+        records_armed=run.armed + [r for r in run.startup if r.get("event") != "armed"],
+        prompts=prompts_obs, configuration=live["configuration"], settings=settings,
         method=ropts.method, expectations=ropts.expect, server_started=start_error is None,
         start_error=start_error, restored=getattr(report, "restored", None),
         restore_detail="; ".join(live.get("restore_problems") or []) or None)

@@ -61,6 +61,8 @@ def patch_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Aud
     report.patch.update({k: res.get(k) for k in ("outcome", "run_dir", "records_dir", "lease", "watchdog_pid",
                                                  "plugin", "refused", "error", "revert")})
     report.patch["files"] = res.get("files") or []
+    # what only the host could tell is missing (a function whose insertion point is gone) is a missing symbol too
+    report.patch["missing_symbols"] = prepared.missing + list(res.get("missing_symbols") or [])
     report.timings["patch_s"] = round(time.monotonic() - t0, 4)
     if res.get("outcome") == "refused":
         return _fail(report, "refused: " + "; ".join(res.get("refused") or []))

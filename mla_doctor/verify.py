@@ -320,7 +320,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _PREFIX = re.compile(
     r"^\s*(?:\((?P<proc>[^()]*?)\s+pid=\d+\)\s*)?"
     r"(?:(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+\d{2}-\d{2}\s+\d{2}:\d{2}:\d{2}(?:[.,]\d+)?\s+"
-    r"\[[^\]]*\]\s+)?")
+    r"\[?[^\]\s]*\]\s+)?")  # `[file.py:12]`, or `file.py:12]` as vLLM <= 0.7 prints it
 _CG_JSON = re.compile(r"""['"]?cudagraph_mode['"]?\s*[:=]\s*"""
                       r"""(<CUDAGraphMode\.(\w+)[^>]*>|\[[\d,\s]*\]|\d+|'?"?([A-Z_]+))""")
 _SETTING = re.compile(r"setting cudagraph_mode=(\w+)")
@@ -356,6 +356,8 @@ def _cudagraph_mode(facts: ReleaseFacts, text: str) -> Optional[str]:
 def parse_log(facts: ReleaseFacts, lines: List[Union[str, dict]]) -> LogEvidence:
     ev = LogEvidence()
     fatal = [(k, re.compile(rx)) for k, rx in facts.fatal_patterns]
+    # the specific prefill line ("Using %s MLA prefill backend.") before the generic "Using %s backend."
+    ordered = sorted(facts.logs, key=lambda lf: lf.kind != "prefill_backend")
     for i, item in enumerate(lines or [], 1):
         if isinstance(item, dict):
             n, raw = int(item.get("n") or i), str(item.get("text") or "")
@@ -364,10 +366,10 @@ def parse_log(facts: ReleaseFacts, lines: List[Union[str, dict]]) -> LogEvidence
         clean = _ANSI.sub("", raw).rstrip()
         msg = _message(raw)
         for fid, rx in fatal:
-            if rx.search(clean):
+            if rx.search(clean) or rx.search(msg):  # `(APIServer pid=1) AssertionError` too
                 ev.fatal_lines.append(LogLine(n, clean, fid, "fatal"))
                 break
-        for lf in facts.logs:
+        for lf in ordered:
             m = lf.regex.match(msg)
             if not m:
                 continue

@@ -1377,7 +1377,10 @@ def op_patch(plan):
         out["files"] += [p[0] for p in prepared]
         out["outcome"] = "dry-run"
         return out
-    # 2. lock, run dir, manifest, lease, watchdog — then the files
+    # 2. lock, run dir, manifest, lease, watchdog — then the files.
+    # From the first write on, the patch must finish even if the controller's SSH connection drops.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     _run_root(plan)
     _take_lock(root, run_id)
     backup_dir = os.path.join(run_dir, "backup")
@@ -1400,9 +1403,6 @@ def op_patch(plan):
     lease = write_lease(run_dir, plan.get("ttl", 0))
     _write_json(manifest_path, manifest)
     out["lease"] = lease
-    # the patch must finish even if the controller's SSH connection drops now
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     if plan.get("ttl", 0) > 0:
         # the same run id again keeps the watchdog it has (it watches the lease just renewed)
         out["watchdog_pid"] = _watchdog_pid(run_dir) or start_watchdog(root, run_id, plan)
