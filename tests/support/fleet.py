@@ -148,6 +148,7 @@ def start_fleet(n: int, fleet_dir: str | Path,
     """Start ``n`` hosts (h01..hNN) with up.sh in ``fleet_dir`` (fresh or stale) and return the Fleet.
 
     Raises FleetError with up.sh's output if it fails (up.sh then tears down what it started)."""
+    _lock(Path(fleet_dir))  # one fleet at a time on a machine: they share the bridge and addresses
     env = {"FLEET_SUDO_HOSTS": _names(sudo_hosts), "FLEET_HIDDEN_HOSTS": _names(hidden_hosts),
            "FLEET_REKEYED_HOSTS": _names(rekeyed_hosts), "FLEET_BASTION": bastion}
     if mode:
@@ -155,7 +156,11 @@ def start_fleet(n: int, fleet_dir: str | Path,
     if bind_dirs is not None:
         env["FLEET_BIND_DIRS"] = " ".join(bind_dirs)
     t0 = time.monotonic()
-    r = _run_script("up.sh", Path(fleet_dir), [str(n)], env)
+    try:
+        r = _run_script("up.sh", Path(fleet_dir), [str(n)], env)
+    except BaseException:
+        _unlock(Path(fleet_dir))
+        raise
     fleet = Fleet(fleet_dir)
     fleet.up_seconds = time.monotonic() - t0
     fleet.up_output = (r.stdout + r.stderr).strip()
@@ -165,8 +170,40 @@ def start_fleet(n: int, fleet_dir: str | Path,
 def stop_fleet(fleet: Fleet | str | Path) -> str:
     """Stop the fleet with down.sh; raise FleetError if it reports leftovers. Returns its output."""
     d = fleet.dir if isinstance(fleet, Fleet) else Path(fleet)
-    r = _run_script("down.sh", d)
+    try:
+        r = _run_script("down.sh", d)
+    finally:
+        _unlock(d)
     return (r.stdout + r.stderr).strip()
+
+
+LOCK_FILE = Path(os.environ.get("FLEET_LOCK", "/run/lock/mla-doctor-fleet.lock"))
+_held: dict = {}
+
+
+def _lock(fleet_dir: Path) -> None:
+    """Wait (bounded) for any other fleet on this machine to go away; released by stop_fleet or on exit."""
+    import fcntl
+
+    LOCK_FILE.parent.mkdir(parents=True, exist_ok=True)
+    f = open(LOCK_FILE, "a+")
+    deadline = time.monotonic() + float(os.environ.get("FLEET_LOCK_TIMEOUT", "1800"))
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                f.close()
+                raise FleetError(f"another test fleet holds {LOCK_FILE} (waited too long)") from None
+            time.sleep(1)
+    _held[str(fleet_dir)] = f
+
+
+def _unlock(fleet_dir: Path) -> None:
+    f = _held.pop(str(fleet_dir), None)
+    if f is not None:
+        f.close()  # closing drops the flock
 
 
 # --- Python environments inside hosts ---
