@@ -156,11 +156,21 @@ def start_fleet(n: int, fleet_dir: str | Path,
     if bind_dirs is not None:
         env["FLEET_BIND_DIRS"] = " ".join(bind_dirs)
     t0 = time.monotonic()
-    try:
-        r = _run_script("up.sh", Path(fleet_dir), [str(n)], env)
-    except BaseException:
-        _unlock(Path(fleet_dir))
-        raise
+    deadline = time.monotonic() + float(os.environ.get("FLEET_LOCK_TIMEOUT", "1800"))
+    while True:
+        try:
+            r = _run_script("up.sh", Path(fleet_dir), [str(n)], env)
+            break
+        except FleetError as e:
+            # a fleet started without the lock (an older checkout) is still up: wait for it too
+            if "another fleet is running" in str(e) and time.monotonic() < deadline:
+                time.sleep(2)
+                continue
+            _unlock(Path(fleet_dir))
+            raise
+        except BaseException:
+            _unlock(Path(fleet_dir))
+            raise
     fleet = Fleet(fleet_dir)
     fleet.up_seconds = time.monotonic() - t0
     fleet.up_output = (r.stdout + r.stderr).strip()
