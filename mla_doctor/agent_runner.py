@@ -35,9 +35,12 @@ def agent_source() -> bytes:
     return resources.files("mla_doctor.agent").joinpath("remote_agent.py").read_bytes()
 
 
+FALLBACK_PYTHONS = ("python3", "python", "/usr/bin/python3", "/usr/local/bin/python3")
+
+
 def agent_command(python: str | None = None, sudo: bool = False) -> str:
     """The single shell command that finds an interpreter and runs the agent from stdin."""
-    candidates = ([python] if python else []) + ["python3", "python", "/usr/bin/python3", "/usr/local/bin/python3"]
+    candidates = ([python] if python else []) + list(FALLBACK_PYTHONS)
     prefix = "sudo -n " if sudo else ""
     script = (
         "for p in " + " ".join(shlex.quote(c) for c in candidates) + "; do "

@@ -196,7 +196,7 @@ def prepare_patch(kb: Knowledge, tset: TargetSet, static_raw: dict[str, Any], op
         "probe": {"module": module, "source": probe_src},
     }
     if opts.method == "plugin":
-        plugin_mod = module.replace("probe", "plugin")
+        plugin_mod = module.replace("probe", "plugin", 1)  # only the prefix: a run id may say "probe" too
         plan["files"] = []
         plan["plugin"] = {
             "module": plugin_mod,

@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -158,27 +159,53 @@ def test_text_output_names_the_paths(fleet, seeded):
 
 
 def test_located_from_running_server_process(fleet, seeded):
-    """Without --python: the interpreter and vllm dir of a running `vllm serve`-like process are used."""
-    name = "h09"
-    sp = fs.site_packages(fleet, name)
+    """Without --python: the interpreter and vllm dir of a running `vllm serve`-like process are used;
+    its model's config.json and the log its stdout goes to are found and read (zero-patch evidence)."""
+    from mla_doctor.knowledge import load_knowledge
+
+    name = "h09"  # vLLM 0.26.0
+    facts = load_knowledge().for_version("0.26.0")
+    fmt = {lf.id: lf.format for lf in facts.logs}
+    log_lines = [
+        "(EngineCore_DP0 pid=77) INFO 11-29 10:00:00 [cuda.py:300] "
+        + fmt["sel_auto"] % ("FLASHMLA", "['FLASHMLA', 'TRITON_MLA']"),
+    ]
+    models = fleet.fs(name, "/opt/ml-env") / "models" / "glm5"
+    models.mkdir(parents=True, exist_ok=True)
+    (models / "config.json").write_text(json.dumps({
+        "model_type": "glm_moe_dsa", "architectures": ["GlmMoeDsaForCausalLM"], "kv_lora_rank": 512,
+        "qk_rope_head_dim": 64, "index_topk": 2048, "num_attention_heads": 64}))
     fake = fleet.fs(name, "/opt/ml-env") / "bin" / "vllm"
-    fake.write_text("#!/opt/ml-env/bin/python\nimport time\ntime.sleep(60)\n")
+    fake.write_text("#!/opt/ml-env/bin/python\nimport sys, time\n"
+                    f"print({chr(10).join(log_lines)!r}, flush=True)\ntime.sleep(60)\n")
     fake.chmod(0o755)
     try:
-        fleet.ssh(name, "setsid nohup /opt/ml-env/bin/python /opt/ml-env/bin/vllm serve /models/x --port 8001 "
-                        "--api-key sk-SECRET >/dev/null 2>&1 </dev/null &", check=True)
+        fleet.ssh(name, "cd /opt/ml-env && setsid nohup /opt/ml-env/bin/python /opt/ml-env/bin/vllm serve "
+                        "/opt/ml-env/models/glm5 --port 8001 --api-key sk-SECRET -tp 4 >/opt/ml-env/serve.log 2>&1 "
+                        "</dev/null &", check=True)
+        deadline = time.time() + 10
+        while time.time() < deadline and "FLASHMLA" not in (fleet.fs(name, "/opt/ml-env") / "serve.log").read_text():
+            time.sleep(0.1)
         code, doc, err = cli(fleet, "static", "--host", name, "--format", "json")
         h = doc["hosts"][0]
         assert h["status"] == "ok", h["error"]
         assert h["vllm"]["located_by"] == "running server"
         assert h["vllm"]["path"] == "/opt/ml-env/lib/python3.11/site-packages/vllm"
         assert h["server"]["running"] and h["server"]["port"] == 8001
+        assert h["server"]["tensor_parallel_size"] == 4
         assert "sk-SECRET" not in json.dumps(doc)
         assert h["server"]["supervisor"]["kind"] == "process"
+        # the served model, from the server's argv, classified for 0.26: MLA and sparse (DSA)
+        assert h["model"]["config_path"] == "/opt/ml-env/models/glm5/config.json"
+        assert h["model"]["classification"]["is_mla"] and h["model"]["classification"]["is_sparse"]
+        # zero-patch evidence: the log its stdout goes to, parsed in 0.26's own format, quoted
+        assert h["log"]["source"] == "/opt/ml-env/serve.log"
+        assert h["log"]["evidence"]["decode_backend"] == "FLASHMLA"
+        f = {x["code"]: x for x in h["findings"]}
+        assert any("Using FLASHMLA attention backend" in e for e in f["LOG_BACKENDS"]["evidence"])
     finally:
         fleet.ssh(name, "pkill -f 'bin/vllm serve' || true")
         fake.unlink()
-    assert sp.exists()
 
 
 def test_unknown_newer_version_gets_best_effort_audit(fleet, seeded):

