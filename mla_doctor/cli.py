@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shlex
 import sys
 import time
 
@@ -259,13 +260,16 @@ def revert(fmt, output, run_root, dry_run, run_id, **kw):
               help="Runbook expectations: unmet ones are a fault (exit 1).")
 @click.option("--prompts", default="short,long", show_default=True, help="Prompt set (short,long).")
 @click.option("--max-tokens", type=int, default=3, show_default=True, help="Output tokens per prompt.")
+@click.option("--second-pass", "second_pass", metavar="ARGS",
+              help="An explicit second configuration, e.g. '--enforce-eager': restart with these server arguments "
+                   "and send the prompts again; reported apart from the production pass.")
 @click.option("--env", "extra_env", multiple=True, metavar="KEY=VALUE",
               help="Extra environment for the instrumented server (besides VLLM_LOGGING_LEVEL=DEBUG).")
 @click.option("--run-root", default="/var/tmp/mla-doctor", show_default=True)
 @output_options
 @handle_errors("run")
 def run_cmd(fmt, output, runtime, method, yes, force, api_key_env, ready_timeout, ttl, expect, prompts,
-            max_tokens, extra_env, run_root, **kw):
+            max_tokens, second_pass, extra_env, run_root, **kw):
     """The live diagnosis: instrument, restart with debug settings, send calibrated prompts, restore, verdict."""
     conn = _conn(kw)
     from mla_doctor.audit import AuditOptions
@@ -294,7 +298,8 @@ def run_cmd(fmt, output, runtime, method, yes, force, api_key_env, ready_timeout
         debug_env[k] = v
     ropts = RunOptions(runtime=runtime, method=method, force=force, api_key_env=api_key_env, debug_env=debug_env,
                        ready_timeout=ready_timeout, ttl=ttl, expect=exp, max_tokens=max_tokens, run_root=run_root,
-                       prompts=tuple(p.strip() for p in prompts.split(",") if p.strip()))
+                       prompts=tuple(p.strip() for p in prompts.split(",") if p.strip()),
+                       second_pass=tuple(shlex.split(second_pass or "")))
     quiet = fmt == "json"
 
     def progress(host, msg):

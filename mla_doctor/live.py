@@ -192,6 +192,7 @@ def run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Audit
         report.error = "refusing to patch: symbols not found: " + "; ".join(prepared.missing)
         return report
     prompts_obs: list[tuple[PromptObservation, list[dict[str, Any]]]] = []
+    passes: list[tuple[str, list, int, int, str | None]] = []  # configuration, prompts, log slice, error
     start_error = None
     try:
         run.step("patch")
@@ -217,6 +218,7 @@ def run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Audit
         if rr.get("outcome") == "refused":
             raise RemoteError("; ".join(rr.get("refused") or []))
         run.restarted = True
+        run.log_offset = 0  # a new log file
         live["debug_pid"], live["server_log"] = rr.get("pid"), rr.get("log")
         run.step("wait for the server (model load)")
         ok, why, info = wait_ready(run, http, facts, ropts.ready_timeout)
@@ -224,21 +226,41 @@ def run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Audit
             start_error = why
         else:
             model = info["model"]
-            prompts_obs = send_prompts(run, http, model, facts, report, raw)
+            prompts_obs = send_prompts(run, http, model, facts, report, raw, "production")
         run.tick()
+        passes.append(("production", prompts_obs, 0, len(run.log_lines), start_error))
+        if ropts.second_pass and start_error is None:
+            # an explicit second configuration (settings that change which path runs), reported apart
+            run.step("restart for the second pass: " + " ".join(ropts.second_pass))
+            rr = run.agent({"op": "server_restart", "run_id": run.run_id, "run_root": ropts.run_root,
+                            "pid": server["pid"], "env": env, "add_args": list(ropts.second_pass),
+                            "mode": "debug-second-pass"}, timeout=conn.command_timeout + 120)
+            if rr.get("outcome") == "refused":
+                raise RemoteError("; ".join(rr.get("refused") or []))
+            run.log_offset = 0
+            mark = len(run.log_lines)
+            ok, why, info = wait_ready(run, http, facts, ropts.ready_timeout)
+            second = send_prompts(run, http, info["model"], facts, report, raw, "second-pass") if ok else []
+            run.tick()
+            passes.append(("second-pass", second, mark, len(run.log_lines), None if ok else why))
     except MlaDoctorError as e:
         start_error = start_error or e.message
         if not run.restarted:
             report.status, report.error, report.error_kind = HostStatus.ERROR, e.message, type(e).__name__
     finally:
         restore(run, http, report, live)
-    evidence = _evidence(kb, facts, report, raw, server, run, prompts_obs, live, start_error, ropts)
-    _apply_verdict(report, evidence, prompts_obs, start_error)
+    if not passes:
+        passes.append(("production", prompts_obs, 0, len(run.log_lines), start_error))
+    results = []
+    for configuration, obs, lo, hi, err in passes:
+        ev = _evidence(kb, facts, report, server, run, obs, live, err, ropts, configuration, lo, hi)
+        results.append((configuration, ev, obs, err))
+    _apply_verdict(report, results)
     return report
 
 
 def send_prompts(run: _Run, http: HostHTTP, model: dict[str, Any], facts, report: HostReport,
-                 raw: dict[str, Any]) -> list[tuple[PromptObservation, list[dict[str, Any]]]]:
+                 raw: dict[str, Any], configuration: str) -> list[tuple[PromptObservation, list[dict[str, Any]]]]:
     ropts = run.ropts
     cfg = ((report.model or {}).get("config") or {})
     thresholds = []
@@ -255,14 +277,14 @@ def send_prompts(run: _Run, http: HostHTTP, model: dict[str, Any], facts, report
     pool = http.json("POST", "/tokenize", {"model": model["id"], "prompt": FILLER * 8,
                                            "add_special_tokens": False})["tokens"]
     rng = random.Random()
-    run.startup = run.records()  # start-up records (armed, warm-up, capture) are not any prompt's
+    run.startup += run.records()  # start-up records (armed, warm-up, capture) are not any prompt's
     out = []
     for spec in specs:
         run.step(f"prompt {spec.name} ({spec.tokens} tokens)")
         ids = fill_tokens(spec, pool, rng)
         before = http.metrics()
         obs = PromptObservation(name=spec.name, prompt_tokens=len(ids), max_tokens=ropts.max_tokens,
-                                purpose=spec.purpose)
+                                purpose=spec.purpose, configuration=configuration)
         try:
             comp = completion(http, model["id"], ids, ropts.max_tokens)
             obs.completion = comp["choices"][0]["text"]
@@ -302,6 +324,7 @@ def restore(run: _Run, http: HostHTTP, report: HostReport, live: dict[str, Any])
             rs = run.agent({"op": "server_restore", "run_id": run.run_id, "run_root": run.ropts.run_root},
                            timeout=run.conn.command_timeout + 120)
             live["restored_pid"] = rs.get("pid")
+            run.log_offset = 0
             ok, why, _info = wait_ready(run, http, run.kb.for_version((report.vllm or {}).get("version")),
                                         run.ropts.ready_timeout)
             if not ok:
@@ -321,7 +344,7 @@ def restore(run: _Run, http: HostHTTP, report: HostReport, live: dict[str, Any])
         report.exit_override = ExitStatus.NOT_RESTORED
 
 
-def _evidence(kb, facts, report, raw, server, run: _Run, prompts_obs, live, start_error, ropts):
+def _evidence(kb, facts, report, server, run: _Run, prompts_obs, live, start_error, ropts, configuration, lo, hi):
     from mla_doctor.evidence_build import build_live_evidence
 
     env = live.get("settings") or {}
@@ -329,43 +352,53 @@ def _evidence(kb, facts, report, raw, server, run: _Run, prompts_obs, live, star
                 "server_python": (report.vllm or {}).get("python"), "python": (report.vllm or {}).get("python"),
                 "container": (server.get("supervisor") or {}).get("kind") in ("docker", "kubernetes"),
                 "vllm_plugins": (server.get("env") or {}).get("VLLM_PLUGINS")}
-
+    if configuration != "production":
+        settings["added_args"] = list(ropts.second_pass)
+        if "--enforce-eager" in ropts.second_pass:
+            settings["enforce_eager"] = True
     return build_live_evidence(
         facts=facts, version=(report.vllm or {}).get("version"),
         model_config=(report.model or {}).get("config"), static=report.static, server=server,
-        gpu=report.gpu, log_lines=[ln["text"] for ln in run.log_lines],
+        gpu=report.gpu, log_lines=[ln["text"] for ln in run.log_lines[lo:hi]],
         records_armed=run.armed + [r for r in run.startup if r.get("event") != "armed"],
-        prompts=prompts_obs, configuration=live["configuration"], settings=settings,
+        prompts=prompts_obs, configuration=configuration, settings=settings,
         method=ropts.method, expectations=ropts.expect, server_started=start_error is None,
-        start_error=start_error, restored=getattr(report, "restored", None),
+        start_error=start_error, restored=report.restored,
         restore_detail="; ".join(live.get("restore_problems") or []) or None)
 
 
-def _apply_verdict(report: HostReport, ev, prompts_obs, start_error) -> None:
+def _apply_verdict(report: HostReport, results) -> None:
     from mla_doctor.verdict import expected_path, observed_path, verdict
 
-    findings = verdict(ev)
+    findings: list[Finding] = []
+    report.prompts = []
+    for configuration, ev, prompts_obs, start_error in results:
+        found = verdict(ev)
+        if configuration != "production":
+            for f in found:
+                f.summary = f"[{configuration}: {' '.join(ev.settings.get('added_args') or [])}] {f.summary}"
+        findings += found
+        for obs, _recs in prompts_obs:
+            report.prompts.append({
+                "name": obs.name, "prompt_tokens": obs.prompt_tokens, "max_tokens": obs.max_tokens,
+                "purpose": obs.purpose, "configuration": obs.configuration,
+                "calls": {k: {"calls": c.calls, "tokens": c.tokens, "unknown_tokens": c.unknown_tokens,
+                              "tokens_per_layer": c.tokens_per_layer} for k, c in obs.calls.items()},
+                "per_rank": {r: {k: {"calls": c.calls, "tokens": c.tokens} for k, c in d.items()}
+                             for r, d in obs.per_rank.items()},
+                "drafter_calls": {k: {"calls": c.calls, "tokens": c.tokens} for k, c in obs.drafter_calls.items()},
+                "dispatch": obs.dispatch[:8], "builder": obs.builder[:8],
+                "expected": expected_path(ev, obs), "observed": observed_path(obs),
+                "foreign_traffic": obs.foreign_traffic, "completion": obs.completion, "error": obs.error})
+        if start_error and not any(f.code == "SERVER_FAILED_TO_START" for f in found):
+            findings.append(Finding("SERVER_FAILED_TO_START", Severity.FAIL,
+                                    f"the server did not start under the run's settings ({configuration}): "
+                                    f"{start_error}"))
     # keep the static audit's integrity/model findings that the live rules do not restate
     keep = {"VLLM_FILES_MISSING", "VLLM_FILES_UNRECORDED", "VLLM_INTEGRITY_UNKNOWN", "VLLM_PLUGINS_INSTALLED",
             "PTH_IMPORTS", "MODEL_STARTUP_FAILURE", "MLA_DISABLED_BY_ENV", "BACKEND_ENV_IGNORED",
             "VLLM_VERSION_UNKNOWN", "FACT_UNCONFIRMED", "VLLM_FILES_MODIFIED"}
     codes = {f.code for f in findings}
     report.findings = findings + [f for f in report.findings if f.code in keep and f.code not in codes]
-    report.prompts = []
-    for obs, _recs in prompts_obs:
-        report.prompts.append({
-            "name": obs.name, "prompt_tokens": obs.prompt_tokens, "max_tokens": obs.max_tokens,
-            "purpose": obs.purpose, "configuration": obs.configuration,
-            "calls": {k: {"calls": c.calls, "tokens": c.tokens, "unknown_tokens": c.unknown_tokens,
-                          "tokens_per_layer": c.tokens_per_layer} for k, c in obs.calls.items()},
-            "per_rank": {r: {k: {"calls": c.calls, "tokens": c.tokens} for k, c in d.items()}
-                         for r, d in obs.per_rank.items()},
-            "drafter_calls": {k: {"calls": c.calls, "tokens": c.tokens} for k, c in obs.drafter_calls.items()},
-            "dispatch": obs.dispatch[:8], "builder": obs.builder[:8],
-            "expected": expected_path(ev, obs), "observed": observed_path(obs),
-            "foreign_traffic": obs.foreign_traffic, "completion": obs.completion, "error": obs.error})
-    report.evidence = plain(ev)
-    report.evidence.pop("prompts", None)  # rendered above, per prompt
-    if start_error and not any(f.code == "SERVER_FAILED_TO_START" for f in report.findings):
-        report.findings.append(Finding("SERVER_FAILED_TO_START", Severity.FAIL,
-                                       f"the server did not start under the run's settings: {start_error}"))
+    report.evidence = plain(results[0][1])
+    report.evidence.pop("prompts", None)  # rendered per prompt above
