@@ -163,6 +163,7 @@ def run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Audit
     server = servers[0]
     facts = kb.for_version(report.vllm["version"])
     http = HostHTTP(transport, server["port"], server.get("bind_host"), ropts.api_key_env)
+    http.sudo = conn.sudo
     live: dict[str, Any] = {"run_id": None, "runtime": ropts.runtime, "method": ropts.method,
                             "configuration": "production", "settings": dict(ropts.debug_env)}
     report.live = live

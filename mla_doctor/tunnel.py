@@ -5,6 +5,7 @@ rides a fresh channel of the one connection. With --local it is a plain loopback
 """
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import os
@@ -24,6 +25,8 @@ class HostHTTP:
         self.host = bind_host if bind_host not in (None, "", "0.0.0.0", "::") else "127.0.0.1"
         self.timeout = timeout
         self._key = None
+        self.via_agent = False  # set when the host's sshd refuses TCP forwarding
+        self.sudo = False
         if api_key_env:
             self._key = os.environ.get(api_key_env)
             if self._key is None:
@@ -51,7 +54,15 @@ class HostHTTP:
             headers["Content-Type"] = "application/json"
         if auth and self._key:
             headers["Authorization"] = "Bearer " + self._key  # never logged, never on a command line
-        conn = self._conn(timeout)
+        if not self.via_agent:
+            try:
+                conn = self._conn(timeout)
+            except ConnectionError as e:
+                if "prohibited" not in str(e).lower():
+                    raise
+                self.via_agent = True  # AllowTcpForwarding no: ask the agent on the host instead
+        if self.via_agent:
+            return self._via_agent(method, path, data, headers, timeout)
         try:
             conn.request(method, path, body=data, headers=headers)
             resp = conn.getresponse()
@@ -59,12 +70,23 @@ class HostHTTP:
         finally:
             conn.close()
 
+    def _via_agent(self, method: str, path: str, data: bytes | None, headers: dict, timeout: float):
+        from mla_doctor.agent_runner import run_agent
+
+        res = run_agent(self.transport, {"op": "http", "method": method, "host": self.host, "port": self.port,
+                                         "path": path, "headers": headers, "timeout": timeout,
+                                         "body_b64": base64.b64encode(data).decode() if data else None},
+                        sudo=self.sudo, timeout=timeout + 30)
+        if res.get("status") is None:
+            raise ConnectionError(f"{self.host}:{self.port} (via the agent): {res.get('error')}")
+        return res["status"], base64.b64decode(res.get("body_b64") or "")
+
     def try_request(self, method: str, path: str, body: Any = None, timeout: float | None = None,
                     auth: bool = False) -> tuple[int | None, bytes, str | None]:
         try:
             status, data = self.request(method, path, body, timeout, auth)
             return status, data, None
-        except (OSError, ConnectionError, http.client.HTTPException, socket.timeout, EOFError) as e:
+        except (OSError, ConnectionError, http.client.HTTPException, socket.timeout, EOFError, RemoteError) as e:
             return None, b"", f"{type(e).__name__}: {e}"
 
     def json(self, method: str, path: str, body: Any = None, timeout: float | None = None,

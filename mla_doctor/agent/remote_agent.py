@@ -935,7 +935,8 @@ def _sha(data):
 def _run_root(plan):
     root = plan.get("run_root") or DEFAULT_RUN_ROOT
     if not os.path.isdir(root):
-        os.makedirs(root, mode=0o711)  # traversable (not listable) so the server's user reaches its records
+        # traversable (not listable) so the server's user reaches its records; a concurrent run may create it too
+        os.makedirs(root, mode=0o711, exist_ok=True)
     return root
 
 
@@ -1386,7 +1387,7 @@ def op_patch(plan):
     backup_dir = os.path.join(run_dir, "backup")
     for d in (os.path.join(root, "runs"), run_dir):
         if not os.path.isdir(d):
-            os.makedirs(d, mode=0o711)
+            os.makedirs(d, mode=0o711, exist_ok=True)
     os.makedirs(backup_dir, mode=0o700, exist_ok=True)
     os.makedirs(out["records_dir"], mode=0o777, exist_ok=True)
     os.chmod(out["records_dir"], 0o1777)  # the server may run as another user and must append here
@@ -2119,9 +2120,31 @@ def op_tick(plan):
 
 
 
+def op_http(plan):
+    """One HTTP request to the server's loopback port, made on the host: the fallback when the host's
+    sshd refuses TCP forwarding. Headers (an API key) arrive on stdin, never on a command line."""
+    import urllib.error
+    import urllib.request
+
+    url = "http://%s:%d%s" % (plan.get("host") or "127.0.0.1", int(plan["port"]), plan["path"])
+    data = base64.b64decode(plan["body_b64"]) if plan.get("body_b64") else None
+    req = urllib.request.Request(url, data=data, method=plan.get("method", "GET"),
+                                 headers=plan.get("headers") or {})
+    out = {"agent_version": AGENT_VERSION, "op": "http"}
+    try:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
+        with opener.open(req, timeout=float(plan.get("timeout") or 60)) as resp:
+            out.update(status=resp.status, body_b64=base64.b64encode(resp.read()).decode())
+    except urllib.error.HTTPError as e:
+        out.update(status=e.code, body_b64=base64.b64encode(e.read() or b"").decode())
+    except (OSError, ValueError) as e:
+        out.update(status=None, error="%s: %s" % (type(e).__name__, e))
+    return out
+
+
 OPS = {"static": op_static, "index": op_index, "patch": op_patch, "revert": op_revert,
        "renew": op_renew, "records": op_records, "server_restart": op_server_restart,
-       "server_restore": op_server_restore, "tick": op_tick}
+       "server_restore": op_server_restore, "tick": op_tick, "http": op_http}
 
 
 def main(plan_bytes):

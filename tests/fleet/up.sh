@@ -19,6 +19,7 @@
 #                              (FLEET_LOOPBACK_PREFIX, default 127.0.10)
 #   FLEET_BIND_DIRS  space-separated absolute dirs made per-host        default "/opt/ml-env /root /dev/shm"
 #                    (/root is seeded from /etc/skel). Never the dir holding FLEET_DIR (so not /tmp).
+#   FLEET_NOFWD_HOSTS hosts whose sshd refuses TCP forwarding (AllowTcpForwarding no)   default none
 #   FLEET_PORT       sshd port                                         default 2222 (loopback), 22 (netns)
 #   FLEET_SUDO_HOSTS space-separated host names where root may NOT log in: only user
 #                    $FLEET_SUDO_USER (default mlaops), with passwordless sudo
@@ -240,8 +241,10 @@ AuthorizedKeysFile none
 AuthorizedKeysCommand /bin/cat $FLEET_DIR/authorized_keys
 AuthorizedKeysCommandUser root"
   fi
-  local fwd="AllowTcpForwarding no"
-  [ -n "$HIDDEN_HOSTS" ] && [ "$name" = "$BASTION" ] && fwd="AllowTcpForwarding yes"
+  # local forwarding (direct-tcpip) as sshd allows by default: mla-doctor's HTTP tunnel and ProxyJump use it;
+  # hosts in FLEET_NOFWD_HOSTS refuse it, like a locked-down production sshd
+  local fwd="AllowTcpForwarding local"
+  case " ${FLEET_NOFWD_HOSTS:-} " in *" $name "*) fwd="AllowTcpForwarding no" ;; esac
   echo "$name $addr $port $user $proxy $sudo" >> "$FLEET_DIR/hosts.txt"
   {
     echo "Host $name"

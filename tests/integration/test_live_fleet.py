@@ -53,15 +53,27 @@ def server_cmd() -> str:
     argv = vllm_cpu.server_argv(str(vllm_cpu.model_dir()), PORT)
     import shlex
 
-    return ("mkdir -p /opt/ml-env/tmp && cd /opt/ml-env && setsid nohup env -i "
+    # separate statements: `a && b &` would background a subshell holding the SSH channel open
+    return ("mkdir -p /opt/ml-env/tmp; cd /opt/ml-env; setsid nohup env -i "
             + " ".join(shlex.quote(f"{k}={v}") for k, v in sorted(env.items()))
             + " " + " ".join(shlex.quote(a) for a in argv)
             + " > /opt/ml-env/server.log 2>&1 < /dev/null &")
 
 
+LIST_SERVERS = r"""
+import os
+for p in os.listdir("/proc"):
+    try:
+        argv = open("/proc/%s/cmdline" % p, "rb").read().decode().split("\0")[:-1]
+    except (OSError, ValueError):
+        continue
+    if "vllm.entrypoints.openai.api_server" in argv:  # an exact argv element: not this script
+        print(p, " ".join(argv))
+"""
+
+
 def host_server_pids(fleet) -> list[tuple[int, str]]:
-    r = fleet.ssh(HOST, "for p in /proc/[0-9]*; do c=$(tr '\\0' ' ' < $p/cmdline 2>/dev/null); "
-                        "case \"$c\" in *vllm.entrypoints.openai.api_server*) echo \"${p#/proc/} $c\";; esac; done")
+    r = fleet.ssh(HOST, ["/usr/bin/python3", "-c", LIST_SERVERS], check=True)
     out = []
     for line in r.stdout.splitlines():
         pid, _, cmd = line.partition(" ")
@@ -144,6 +156,21 @@ def test_run_reports_paths_and_restores(fleet, live_host, method):
     if method == "plugin":
         assert not h["patch"]["files"]  # no vLLM file touched
     assert_restored(fleet, live_host, before, h)
+
+
+def test_http_through_the_agent_when_forwarding_is_refused(fleet, live_host):
+    """A host whose sshd says AllowTcpForwarding no: the agent makes the request on the host instead."""
+    from mla_doctor.transport import ConnectOptions, open_transport
+    from mla_doctor.tunnel import HostHTTP
+
+    with open_transport(HOST, ConnectOptions(ssh_config=str(fleet.ssh_config))) as tr:
+        http = HostHTTP(tr, PORT)
+        http.via_agent = True
+        assert http.request("GET", "/health")[0] == 200
+        assert http.json("GET", "/v1/models")["data"][0]["id"] == "tiny-mla"
+        out = http.json("POST", "/v1/completions", {"model": "tiny-mla", "prompt": [5, 6], "max_tokens": 2})
+        assert out["usage"]["prompt_tokens"] == 2
+        assert tr.stats.connections == 1
 
 
 def test_server_that_fails_to_start_is_restored_and_reported(fleet, live_host):
