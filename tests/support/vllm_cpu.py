@@ -44,7 +44,16 @@ UNINSTALL = ("torchvision", "torchaudio", "torchcodec", "triton")
 BASE_PYTHON = "/usr/bin/python3"
 DEFAULT_FIND_LINKS = "/opt/wheels"  # where this machine image keeps torch 2.13.0+cpu
 
-CACHE_ROOT = Path("/opt/mla-doctor-cache")
+def _cache_root() -> Path:
+    """/opt/mla-doctor-cache (fleet hosts see it: /root is private there); an ordinary user without
+    write access to /opt gets ~/.cache/mla-doctor instead (the demo then runs without root)."""
+    opt = Path("/opt/mla-doctor-cache")
+    if os.getuid() == 0 or (opt.is_dir() and os.access(opt, os.W_OK)) or os.access("/opt", os.W_OK):
+        return opt
+    return Path.home() / ".cache" / "mla-doctor"
+
+
+CACHE_ROOT = _cache_root()
 MODEL_NAME = "tiny-mla-v1"
 SERVED_MODEL_NAME = "tiny-mla"
 READY_MARKER = ".mla-doctor-ready"
@@ -126,6 +135,9 @@ def _tail(path: Path, lines: int = 40) -> str:
 # ---------------------------------------------------------------- venv
 
 
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
 def _pip_env() -> dict[str, str]:
     env = dict(os.environ)
     # torch 2.13.0+cpu is not on PyPI: it comes from the machine's local wheel dir. Pass it on explicitly,
@@ -133,6 +145,12 @@ def _pip_env() -> dict[str, str]:
     links = env.get("PIP_FIND_LINKS") or (DEFAULT_FIND_LINKS if Path(DEFAULT_FIND_LINKS).is_dir() else "")
     if links:
         env["PIP_FIND_LINKS"] = links
+    local_torch = any(Path(d).is_dir() and list(Path(d).glob(f"torch-{TORCH_VERSION.replace('+', '?')}-*.whl"))
+                      for d in links.split())
+    if not local_torch:
+        # no local CPU build of torch on this machine: take it from PyTorch's own CPU wheel index
+        extra = env.get("PIP_EXTRA_INDEX_URL", "")
+        env["PIP_EXTRA_INDEX_URL"] = (extra + " " if extra else "") + TORCH_CPU_INDEX
     env.pop("PYTHONPATH", None)
     env.pop("PYTHONHOME", None)
     env.pop("VIRTUAL_ENV", None)
