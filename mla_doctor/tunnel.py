@@ -16,6 +16,30 @@ from mla_doctor.errors import RemoteError
 from mla_doctor.transport import SSHTransport, Transport
 
 
+class _ChannelSocket:
+    """A paramiko channel as http.client's socket. http.client closes its socket as soon as it has
+    read the headers of a `Connection: close` response; for a real socket the body stays readable
+    through makefile(), but closing a channel drops it. So close() waits until the body is read."""
+
+    def __init__(self, chan):
+        self.chan = chan
+
+    def sendall(self, data):
+        return self.chan.sendall(data)
+
+    def makefile(self, *args, **kw):
+        return self.chan.makefile(*args, **kw)
+
+    def settimeout(self, t):
+        self.chan.settimeout(t)
+
+    def close(self):
+        pass
+
+    def really_close(self):
+        self.chan.close()
+
+
 class HostHTTP:
     def __init__(self, transport: Transport, port: int, bind_host: str | None = None,
                  api_key_env: str | None = None, timeout: float = 60.0):
@@ -41,7 +65,7 @@ class HostHTTP:
             except Exception as e:
                 raise ConnectionError(f"tunnel to {self.host}:{self.port}: {e}") from e
             chan.settimeout(timeout)
-            conn.sock = chan  # http.client only needs sendall/makefile/close
+            conn.sock = _ChannelSocket(chan)
         return conn
 
     def request(self, method: str, path: str, body: Any = None, timeout: float | None = None,
@@ -63,12 +87,15 @@ class HostHTTP:
                 self.via_agent = True  # AllowTcpForwarding no: ask the agent on the host instead
         if self.via_agent:
             return self._via_agent(method, path, data, headers, timeout)
+        sock = conn.sock
         try:
             conn.request(method, path, body=data, headers=headers)
             resp = conn.getresponse()
             return resp.status, resp.read()
         finally:
             conn.close()
+            if isinstance(sock, _ChannelSocket):
+                sock.really_close()
 
     def _via_agent(self, method: str, path: str, data: bytes | None, headers: dict, timeout: float):
         from mla_doctor.agent_runner import run_agent

@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -94,22 +95,30 @@ def cli(fleet, *args, env=None) -> tuple[int, dict | None, str]:
     return p.returncode, doc, p.stderr
 
 
+def fresh_env(fleet, name):
+    """An empty /opt/ml-env on the host (other test modules of the session may have left one)."""
+    root = fleet.fs(name, "/opt/ml-env")
+    for p in list(root.iterdir()):
+        shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    fs.make_venv(fleet, name)
+
+
 @pytest.fixture(scope="module")
 def seeded(fleet):
     trees = {}
     for name, (dist, version, *_rest) in RELEASES.items():
         tree = corpus.ensure(dist, version)
         trees[name] = tree
-        fs.make_venv(fleet, name)
+        fresh_env(fleet, name)
         fs.install_tree(fleet, name, tree)
     tree = corpus.ensure("vllm", "0.33.0")
-    fs.make_venv(fleet, MODIFIED_HOST)
+    fresh_env(fleet, MODIFIED_HOST)
     sp = fs.install_tree(fleet, MODIFIED_HOST, tree)
     target = sp / MODIFIED_FILE
     text = target.read_text().replace("    def forward_mha(\n", "    def forward_mha(  # debug\n", 1)
     target.write_text(text + "\nprint('DEBUG forward_mha reached', flush=True)\n")
     trees[MODIFIED_HOST] = tree
-    fs.make_venv(fleet, NO_VLLM_HOST)
+    fresh_env(fleet, NO_VLLM_HOST)
     return trees
 
 
@@ -180,7 +189,8 @@ def test_located_from_running_server_process(fleet, seeded):
                     f"print({chr(10).join(log_lines)!r}, flush=True)\ntime.sleep(60)\n")
     fake.chmod(0o755)
     try:
-        fleet.ssh(name, "cd /opt/ml-env && setsid nohup /opt/ml-env/bin/python /opt/ml-env/bin/vllm serve "
+        # `;` not `&&`: `a && b &` would background a subshell that holds the SSH channel open
+        fleet.ssh(name, "cd /opt/ml-env; setsid nohup /opt/ml-env/bin/python /opt/ml-env/bin/vllm serve "
                         "/opt/ml-env/models/glm5 --port 8001 --api-key sk-SECRET -tp 4 >/opt/ml-env/serve.log 2>&1 "
                         "</dev/null &", check=True)
         deadline = time.time() + 10

@@ -512,3 +512,77 @@ def test_torch_compile_traced_targets_are_refused(tmp_path):
     tset = load_targets(str(book))
     with pytest.raises(ConfigFileError, match="torch.compile-traced"):
         prepare_patch(load_knowledge(), tset, _static_raw(v, tset), PatchOptions(run_id="u3"))
+
+
+def test_run_root_created_by_a_concurrent_run_meanwhile_is_fine(tmp_path, monkeypatch):
+    root = tmp_path / "root"
+    root.mkdir()
+    real, seen = ra.os.path.isdir, []
+
+    def isdir(p):  # the first check misses it: another run makes it right after
+        if p == str(root) and not seen:
+            seen.append(p)
+            return False
+        return real(p)
+
+    monkeypatch.setattr(ra.os.path, "isdir", isdir)
+    assert ra._run_root({"run_root": str(root)}) == str(root)
+
+
+def test_a_file_that_cannot_be_restored_does_not_stop_the_others(tmp_path, signals, monkeypatch):
+    site, v, target = _tree(tmp_path)
+    other = v / "other.py"
+    other.write_text("class B:\n    def forward_mqa(self, q):\n        return q\n")
+    before = {p: _state(p) for p in (target, other)}
+    plan = _plan(tmp_path, v, target)
+    plan["files"].append({"rel": "other.py", "expected_sha256": _state(other)[0],
+                          "inserts": [{"function": "B.forward_mqa", "where": "entry", "code": "z = 3"}]})
+    assert ra.op_patch(plan)["outcome"] == "patched"
+    real = ra.atomic_write
+
+    def failing(path, data, st=None):
+        if path == str(target):
+            raise OSError(30, "Read-only file system")
+        return real(path, data, st)
+
+    monkeypatch.setattr(ra, "atomic_write", failing)
+    run = ra.op_revert({"op": "revert", "run_root": str(tmp_path / "runroot")})["runs"][0]
+    assert run["state"] == "revert-incomplete"
+    assert {f["rel"]: f["outcome"] for f in run["files"]} == {"common.py": "restore-failed", "other.py": "restored"}
+    assert _state(other) == before[other]
+    backup = tmp_path / "runroot" / "runs" / RUN / "backup" / "common.py"
+    assert backup.read_bytes() != target.read_bytes() and _state(backup)[0] == before[target][0]  # kept
+    monkeypatch.setattr(ra, "atomic_write", real)
+    run = ra.op_revert({"op": "revert", "run_root": str(tmp_path / "runroot")})["runs"][0]  # once writable again
+    assert run["state"] == "reverted" and {p: _state(p) for p in (target, other)} == before
+
+
+def test_watchdog_never_reverts_under_a_patch_still_being_written(tmp_path):
+    import multiprocessing
+    import subprocess
+    import time
+
+    root = tmp_path / "root"
+    run_dir = root / "runs" / "w1"
+    run_dir.mkdir(parents=True)
+    manifest = run_dir / "manifest.json"
+    manifest.write_text(json.dumps({"run_id": "w1", "state": "patching", "files": []}))
+    (run_dir / "lease.json").write_text(json.dumps({"expires": time.time() - 10, "ttl": 1}))
+    agent = subprocess.Popen(["sleep", "30"])  # the agent, still writing the patch
+    ctx = multiprocessing.get_context("fork")
+    dog = ctx.Process(target=ra.watchdog_loop, args=(str(root), "w1", 0.05, agent.pid))
+    dog.start()
+    try:
+        time.sleep(0.6)
+        assert json.loads(manifest.read_text())["state"] == "patching"  # lease long expired, agent alive: waits
+        agent.kill()
+        agent.wait()
+        dog.join(5)
+        assert not dog.is_alive()
+        m = json.loads(manifest.read_text())
+        assert m["state"] == "reverted" and m["reverted"]["reason"] == "watchdog: lease expired"
+        assert "lease expired: reverting" in (run_dir / "watchdog.log").read_text()
+    finally:
+        agent.kill()
+        if dog.is_alive():
+            dog.kill()
