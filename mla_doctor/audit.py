@@ -107,6 +107,7 @@ def build_static_report(name: str, raw: dict[str, Any], kb: Knowledge) -> HostRe
     audit = verify_static(facts, raw)
     static = plain(audit)
     static["modified_files"] = scan.get("modified", [])
+    static["instrumented_files"] = scan.get("instrumented", [])
     static["missing_files"] = scan.get("missing", [])
     static["unrecorded_files"] = scan.get("unrecorded", [])
     static["unreadable_files"] = scan.get("unreadable", [])

@@ -73,6 +73,14 @@ def integrity_rules(scan: dict, ident: dict, version: str) -> list[Finding]:
             "leftover debug print, a disabled code path...)",
             [f"vllm file modified: {p}" for p in scan["modified"][:50]],
             f"inspect with `pip download --no-deps {dist}=={version}` and diff, then restore: {reinstall}"))
+    if scan.get("instrumented"):
+        runs = sorted({r for i in scan["instrumented"] for r in i["runs"]})
+        out.append(Finding(
+            "VLLM_FILES_INSTRUMENTED", WARN,
+            f"{len(scan['instrumented'])} vLLM file(s) carry mla-doctor instrumentation of run(s) "
+            f"{', '.join(runs)} (nothing else differs from the wheel)",
+            [f"instrumented: {i['path']} (run {', '.join(i['runs'])})" for i in scan["instrumented"][:50]],
+            "undo with `mla-doctor revert` (it restores byte-for-byte from the run's backups)"))
     if scan.get("missing"):
         out.append(Finding(
             "VLLM_FILES_MISSING", FAIL, f"{len(scan['missing'])} vLLM source file(s) listed in RECORD are missing",

@@ -500,7 +500,7 @@ def scan_tree(vdir, record, symbols):
         alts = b"|".join(re.escape(s.encode()) for s in symbols)
         sym_re = re.compile(rb"(?m)^[ \t]*(?:async[ \t]+)?def[ \t]+(" + alts + rb")[ \t]*\(")
         quick = re.compile(rb"def[ \t]+(?:" + alts + rb")[ \t]*\(")  # no anchor: 6x faster pre-check
-    modified, unrecorded, unreadable = [], [], []
+    modified, unrecorded, unreadable, instrumented = [], [], [], []
     hits = {}
     seen = set()
     count = 0
@@ -524,7 +524,12 @@ def scan_tree(vdir, record, symbols):
                 if expected is None:
                     unrecorded.append(rel)
                 elif expected and expected != _sha256_b64(data):
-                    modified.append(rel)
+                    runs = sorted(set(MARK_RE.findall(data.decode("utf-8", "replace")))) if b"mla-doctor run" \
+                        in data else []
+                    if runs and _sha256_b64(strip_marked(data)) == expected:
+                        instrumented.append({"path": rel, "runs": runs})  # only our marked blocks differ
+                    else:
+                        modified.append(rel)
             if sym_re is not None and quick.search(data):
                 for m in sym_re.finditer(data):
                     line = data.count(b"\n", 0, m.start()) + 1
@@ -533,7 +538,23 @@ def scan_tree(vdir, record, symbols):
     if record is not None:
         missing = sorted(p for p in record if p.endswith(".py") and p not in seen)
     return {"py_files": count, "modified": modified, "unrecorded": unrecorded, "missing": missing,
-            "unreadable": unreadable, "symbol_hits": hits}
+            "unreadable": unreadable, "instrumented": instrumented, "symbol_hits": hits}
+
+
+def strip_marked(data):
+    """The bytes without mla-doctor's marked blocks (what the file was before a run patched it)."""
+    out, skip = [], False
+    for line in data.splitlines(True):
+        s = line.strip()
+        if s.startswith(b"# >>> mla-doctor run ") and s.endswith(b">>>"):
+            skip = True
+            continue
+        if skip and s.startswith(b"# <<< mla-doctor run ") and s.endswith(b"<<<"):
+            skip = False
+            continue
+        if not skip:
+            out.append(line)
+    return b"".join(out)
 
 
 def _index_defs(tree):

@@ -214,7 +214,7 @@ def _entry(role: str, d: Optional[dict], **extra) -> Optional[Entry]:
     if not d:
         return None
     return Entry(role=role, file=d["file"], symbol=d["symbol"], engine=d.get("engine"),
-                 def_file=d.get("def_file"), note=d.get("note", ""), **extra)
+                 def_file=d.get("def_file"), note=d.get("note") or d.get("why", ""), **extra)
 
 
 # --------------------------------------------------------------------------- knowledge

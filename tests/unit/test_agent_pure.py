@@ -154,3 +154,16 @@ def test_old_python_is_refused_by_the_bootstrap(tmp_path):
 
     with pytest.raises(NoPythonError, match="3.8"):
         run_agent(LocalTransport(), {"op": "static"}, python=str(fake))
+
+
+def test_scan_tells_our_instrumentation_from_other_edits(tmp_path):
+    src = "class A:\n    def forward_mha(self, q):\n        return q\n"
+    vdir = _fake_install(tmp_path, {"vllm/__init__.py": "", "vllm/a.py": src, "vllm/b.py": src})
+    patched, missing = ra.apply_inserts(src, [{"function": "A.forward_mha", "where": "entry", "code": "pass"}], "r9")
+    assert not missing
+    (vdir / "a.py").write_text(patched)
+    (vdir / "b.py").write_text(patched + "print('debug')\n")
+    ident = ra.vllm_identity(str(vdir))
+    scan = ra.scan_tree(str(vdir), ra.parse_record(ident["dist_info"]), [])
+    assert scan["instrumented"] == [{"path": "vllm/a.py", "runs": ["r9"]}]
+    assert scan["modified"] == ["vllm/b.py"]  # our block plus someone else's edit: a modification
