@@ -375,9 +375,8 @@ class LocalServer:
         Zombies (dead, not yet reaped) count only with ``zombies=True``."""
         if self.proc is None:
             return []
-        sid = self.proc.pid
         tag = self.tag.encode()
-        found = []
+        sessions = {}
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
                 continue
@@ -385,11 +384,14 @@ class LocalServer:
             if pid == os.getpid():
                 continue
             s = _session_of(pid, zombies)
-            if s is None:
-                continue
-            if s == sid or _proc_environ_has(pid, tag):
-                found.append(pid)
-        return sorted(found)
+            if s is not None:
+                sessions[pid] = s
+        # its own session, and the session of anything carrying the tag: a server relaunched (restored)
+        # by mla-doctor leads a new session, and its EngineCore/Worker overwrite their environ with
+        # setproctitle, so they are found by session, not by tag
+        sids = {self.proc.pid} | {s for pid, s in sessions.items() if s != os.getsid(0) and
+                                  _proc_environ_has(pid, tag)}
+        return sorted(pid for pid, s in sessions.items() if s in sids or _proc_environ_has(pid, tag))
 
     def rss(self) -> dict[int, tuple[str, int]]:
         """pid -> (process name, resident set size in bytes) for every live server process."""
