@@ -16,12 +16,14 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
-# sshd and iproute2 for the test fleet, sudo for the non-root host. Installed only when missing and root.
+# sshd and iproute2 for the test fleet, sudo for the non-root host, chromium to render the HTML report
+# (headless, offline). Installed only when missing and root.
 system-packages:
 	@missing=""; \
 	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
 	command -v ip >/dev/null 2>&1 || missing="$$missing iproute2"; \
 	command -v sudo >/dev/null 2>&1 || missing="$$missing sudo"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "installing system packages:$$missing"; \

@@ -338,5 +338,7 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(0)
 
 
+from mla_doctor import cli_fleet  # noqa: E402,F401  (registers audit, playbooks, report on `cli`)
+
 if __name__ == "__main__":
     main()

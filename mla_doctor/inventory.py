@@ -9,6 +9,7 @@ host's own. `select()` implements `--limit` (groups, host globs, `@retry-file`, 
 from __future__ import annotations
 
 import fnmatch
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -386,7 +387,7 @@ def _check_var(path: str, line: int | None, what: str, key: str, value: Any, str
         if not 1 <= value <= 65535:
             raise ConfigFileError(path, line, f"{what}: {key} {value} is not a TCP port")
     if key == "identity":
-        value = [value] if isinstance(value, str) else [str(x) for x in value]
+        value = [os.path.expanduser(str(x)) for x in ([value] if isinstance(value, str) else value)]
     if key == "host_key_policy" and value not in HOST_KEY_POLICIES:
         raise ConfigFileError(path, line, f"{what}: host_key_policy must be one of {', '.join(HOST_KEY_POLICIES)}")
     if key == "api_key_env" and not _ENV_NAME.match(value):
@@ -396,11 +397,13 @@ def _check_var(path: str, line: int | None, what: str, key: str, value: Any, str
         value = {"kind": value} if isinstance(value, str) else dict(value)
         kind_ = value.get("kind", "process")
         if kind_ not in RUNTIME_KINDS:
-            raise ConfigFileError(path, line, f"{what}: runtime kind {kind_!r} is not one of {', '.join(RUNTIME_KINDS)}")
+            raise ConfigFileError(path, line,
+                                  f"{what}: runtime kind {kind_!r} is not one of {', '.join(RUNTIME_KINDS)}")
         allowed = {"kind", "unit", "container", "commands"}
         bad = [k for k in value if k not in allowed]
         if bad:
-            raise ConfigFileError(path, line, f"{what}: runtime has unknown key {bad[0]!r} ({', '.join(sorted(allowed))})")
+            raise ConfigFileError(path, line,
+                                  f"{what}: runtime has unknown key {bad[0]!r} ({', '.join(sorted(allowed))})")
         if kind_ == "systemd" and not value.get("unit"):
             raise ConfigFileError(path, line, f"{what}: runtime systemd needs 'unit'")
         if kind_ == "docker" and not value.get("container"):

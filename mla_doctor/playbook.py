@@ -226,7 +226,10 @@ def _render(node: Any, ctx: dict[str, Any]) -> Any:
     if isinstance(node, list):
         return [_render(v, ctx) for v in node]
     if _is_template(node):
-        return _ENV.from_string(node).render(**ctx)
+        out = _ENV.from_string(node).render(**ctx)
+        if isinstance(out, jinja2.Undefined):  # native rendering of a lone `{{ name }}` returns it unrendered
+            str(out)  # StrictUndefined: raises UndefinedError naming the variable
+        return out
     return node
 
 

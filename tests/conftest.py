@@ -19,10 +19,10 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session")
 def fleet(tmp_path_factory):
-    """A running fleet of FLEET_N (default 14) real sshd hosts; stopped at session end.
+    """A running fleet of FLEET_N (default 22) real sshd hosts; stopped at session end.
 
     Fails (never skips) when the fleet cannot start; fails the run if down.sh reports leftovers."""
-    n = int(os.environ.get("FLEET_N", "14"))
+    n = int(os.environ.get("FLEET_N", "22"))
     mode = os.environ.get("FLEET_MODE", "netns")
     names = {f"h{i:02d}" for i in range(1, n + 1)}
     d = tmp_path_factory.mktemp("fleet") / "f"

@@ -22,7 +22,7 @@ def test_demo_diagnoses_the_sandbox_and_cleans_up(tmp_path):
     h = doc["hosts"][0]
     assert h["status"] == "ok" and h["restored"] is True
     prompts = {x["name"]: x for x in h["prompts"]}
-    assert prompts["short"]["observed"]["prefill"] == "none"
+    assert prompts["short"]["observed"]["prefill"] == "mqa"
     assert prompts["long"]["observed"]["prefill"] == "mha"
     assert "vLLM files restored: yes" in p.stderr
     assert "sandbox removed" in p.stderr
