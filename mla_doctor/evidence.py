@@ -127,7 +127,21 @@ def layer_index(layer: str | None) -> int | None:
 
 
 def observe(prompt: PromptObservation, records: list[dict[str, Any]], num_hidden_layers: int | None) -> None:
-    """Fold probe records of one prompt into counts; nested calls (a super() call) count once."""
+    """Fold probe records of one prompt into counts; nested calls (a super() call) count once.
+
+    Past its detail budget the probe keeps cumulative counters per (pid, role, function), flushed now
+    and then: the last flush of each counts, with no per-layer split."""
+    last_counters: dict[tuple, dict[str, Any]] = {}
+    for r in records:
+        if r.get("event") == "counters" and r.get("role") in ROLE_KEYS:
+            k = (r.get("pid"), r.get("role"), r.get("function"))
+            if k not in last_counters or (r.get("calls") or 0) >= (last_counters[k].get("calls") or 0):
+                last_counters[k] = r
+    for (_pid, role, _fn), c in last_counters.items():
+        rc = prompt.calls.setdefault(ROLE_KEYS[role], RoleCount())
+        rc.calls += int(c.get("calls") or 0)
+        rc.tokens += int(c.get("q_rows") or 0)
+        rc.unknown_tokens += int(c.get("unknown_rows") or 0)
     for r in records:
         if r.get("event") != "call" or r.get("nested"):
             continue

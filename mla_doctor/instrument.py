@@ -124,7 +124,7 @@ class PatchOptions:
     run_root: str = DEFAULT_RUN_ROOT
     targets: str = "instrument-mla"
     templates: str | None = None
-    max_detail: int = 64
+    max_detail: int = 512  # detailed records per function, process and prompt (epoch); counters after
     flush_s: float = 2.0
     run_id: str | None = None
 

@@ -64,6 +64,7 @@ class _Run:
         self.records_offsets: dict[str, int] = {}
         self.armed: list[dict[str, Any]] = []
         self.startup: list[dict[str, Any]] = []  # records before the first prompt: warm-up, capture
+        self.epoch = 0  # the probe's window; prompt i of a pass gets its own epoch
 
     def step(self, msg: str) -> None:
         self.progress(self.name, msg)
@@ -82,9 +83,9 @@ class _Run:
             self.log_offset = res["log_offset"]
         return res
 
-    def records(self) -> list[dict[str, Any]]:
+    def records(self, new_epoch: int | None = None) -> list[dict[str, Any]]:
         res = self.agent({"op": "records", "run_id": self.run_id, "run_root": self.ropts.run_root,
-                          "offset_bytes": self.records_offsets})
+                          "offset_bytes": self.records_offsets, "new_epoch": new_epoch})
         self.records_offsets = res.get("offsets") or self.records_offsets
         recs = res.get("records") or []
         self.armed += [r for r in recs if r.get("event") == "armed"]
@@ -278,9 +279,11 @@ def send_prompts(run: _Run, http: HostHTTP, model: dict[str, Any], facts, report
     pool = http.json("POST", "/tokenize", {"model": model["id"], "prompt": FILLER * 8,
                                            "add_special_tokens": False})["tokens"]
     rng = random.Random()
-    run.startup += run.records()  # start-up records (armed, warm-up, capture) are not any prompt's
+    base = run.epoch
+    run.startup += run.records(new_epoch=base + 1)  # start-up records (armed, warm-up, capture): no prompt's
     out = []
-    for spec in specs:
+    collected: list[dict[str, Any]] = []
+    for i, spec in enumerate(specs):
         run.step(f"prompt {spec.name} ({spec.tokens} tokens)")
         ids = fill_tokens(spec, pool, rng)
         before = http.metrics()
@@ -299,9 +302,19 @@ def send_prompts(run: _Run, http: HostHTTP, model: dict[str, Any], facts, report
         delta = after.get("vllm:prompt_tokens_total", 0) - before.get("vllm:prompt_tokens_total", 0)
         if before and after and delta > len(ids):
             obs.foreign_traffic = f"{delta - len(ids):g} prompt tokens from other clients during this prompt"
-        recs = run.records()
-        out.append((obs, recs))
-    return out
+        collected += run.records(new_epoch=base + i + 2)  # the next prompt gets a fresh window
+        out.append(obs)
+    # counters of the last window are flushed by the probe at its next call after the epoch changed
+    try:
+        completion(http, model["id"], pool[:1], 1)
+    except RemoteError:
+        pass
+    collected += run.records()
+    run.epoch = base + len(specs) + 1
+    by_epoch: dict[int, list[dict[str, Any]]] = {}
+    for r in collected:
+        by_epoch.setdefault(int(r.get("epoch") or 0), []).append(r)
+    return [(obs, by_epoch.get(base + i + 1, [])) for i, obs in enumerate(out)]
 
 
 def restore(run: _Run, http: HostHTTP, report: HostReport, live: dict[str, Any]) -> None:

@@ -1288,8 +1288,14 @@ def _release_lock(root, run_id):
         pass
 
 
-def write_lease(run_dir, ttl):
-    lease = {"expires": (_now() + ttl) if ttl and ttl > 0 else 0, "ttl": ttl, "renewed": _now()}
+def write_lease(run_dir, ttl, epoch=None):
+    """(Re)write the lease; the epoch (the controller's prompt window) is kept unless given."""
+    if epoch is None:
+        try:
+            epoch = _read_json(_lease_path(run_dir)).get("epoch", 0)
+        except (OSError, ValueError):
+            epoch = 0
+    lease = {"expires": (_now() + ttl) if ttl and ttl > 0 else 0, "ttl": ttl, "renewed": _now(), "epoch": epoch}
     _write_json(_lease_path(run_dir), lease)
     os.chmod(_lease_path(run_dir), 0o644)  # the probe, running as the server's user, reads it
     return lease
@@ -1698,7 +1704,12 @@ def op_records(plan):
                 records.append(json.loads(line))
             except ValueError:
                 continue
-    return {"agent_version": AGENT_VERSION, "op": "records", "records": records, "offsets": offsets}
+    out = {"agent_version": AGENT_VERSION, "op": "records", "records": records, "offsets": offsets}
+    if plan.get("new_epoch") is not None:  # the next prompt's window: the probe resets its detail budget
+        run_dir = os.path.join(root, "runs", plan["run_id"])
+        lease = _read_json(_lease_path(run_dir))
+        out["lease"] = write_lease(run_dir, lease.get("ttl") or 0, int(plan["new_epoch"]))
+    return out
 
 
 def _watchdog_pid(run_dir):

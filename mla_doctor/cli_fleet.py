@@ -1,0 +1,368 @@
+"""Fleet commands on the main click group: `audit`, `playbooks`, `report merge|render`.
+
+Thin: parse options, load inventory + playbook (usage errors name file:line before any
+connection), hand the hosts to `fleet.run_fleet`, render reports, exit with the worst host's status.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+
+import click
+
+from mla_doctor import __version__
+from mla_doctor.cli import cli, handle_errors
+from mla_doctor.errors import UsageError
+from mla_doctor.exit_codes import ExitStatus
+from mla_doctor.transport import HOST_KEY_POLICIES, ConnectOptions
+
+_FMT = click.Choice(["text", "json", "junit", "markdown", "html"])
+
+
+# ----------------------------------------------------------------------------------- progress
+
+class Progress:
+    """Live display on a terminal (rich), plain lines otherwise, nothing when quiet."""
+
+    def __init__(self, total: int, mode: str, stream=None):
+        self.total, self.mode = total, mode  # mode: live | plain | quiet
+        self.stream = stream or sys.stderr
+        self.lock = threading.Lock()
+        self.running: dict[str, str] = {}
+        self.done = self.failed = 0
+        self.t0 = time.monotonic()
+        self.live = None
+        if mode == "live":
+            from rich.console import Console
+            from rich.live import Live
+
+            self.live = Live(self._render(), console=Console(file=self.stream), refresh_per_second=8,
+                             transient=False)
+            self.live.start()
+
+    def _render(self):
+        from rich.console import Group
+        from rich.table import Table
+        from rich.text import Text
+
+        head = Text(f"mla-doctor audit: {self.done}/{self.total} done, {self.failed} not ok, "
+                    f"{len(self.running)} running  ({time.monotonic() - self.t0:.0f}s)", style="bold")
+        t = Table(show_edge=False, pad_edge=False)
+        t.add_column("host")
+        t.add_column("current step")
+        for h, step in sorted(self.running.items())[:20]:
+            t.add_row(h, step)
+        if len(self.running) > 20:
+            t.add_row(f"... {len(self.running) - 20} more", "")
+        return Group(head, t) if self.running else head
+
+    def _line(self, text: str) -> None:
+        if self.mode == "plain":
+            self.stream.write(f"[{time.strftime('%H:%M:%S')}] {text}\n")
+            self.stream.flush()
+        elif self.live is not None:
+            self.live.update(self._render())
+
+    def started(self, host: str) -> None:
+        with self.lock:
+            self.running[host] = "start"
+            self._line(f"{host}: start")
+
+    def step(self, host: str, msg: str) -> None:
+        with self.lock:
+            if host in self.running:
+                self.running[host] = msg
+            self._line(f"{host}: {msg}")
+
+    def finished(self, host: str, report) -> None:
+        with self.lock:
+            self.running.pop(host, None)
+            self.done += 1
+            if report.exit_status() != ExitStatus.OK:
+                self.failed += 1
+            why = f" - {report.error}" if report.error else ""
+            self._line(f"{host}: {report.verdict().upper()}{why} ({self.done}/{self.total} done, "
+                       f"{self.failed} not ok)")
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.update(self._render())
+            self.live.stop()
+
+
+# ------------------------------------------------------------------------------------- audit
+
+def _extra_vars(items) -> dict:
+    import yaml
+
+    out = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        if not sep or not k.isidentifier():
+            raise UsageError(f"-e {item!r}: expected KEY=VALUE")
+        try:
+            out[k] = yaml.safe_load(v) if v else ""
+        except yaml.YAMLError:
+            out[k] = v
+    return out
+
+
+def _write_extra(doc: dict, outputs: dict) -> None:
+    from mla_doctor import reports
+
+    for fmt, path in outputs.items():
+        if path:
+            reports.write(path, reports.render(doc, fmt))
+
+
+@cli.command("audit")
+@click.option("-i", "--inventory", "inventory_path", required=True, type=click.Path(dir_okay=False),
+              help="Inventory: mla-doctor YAML, Ansible YAML or Ansible INI (see inventory.example.yaml).")
+@click.option("--limit", "-l", "limit", metavar="PATTERN",
+              help="Groups, host names or globs, @RETRY-FILE; ',' separated; !x excludes, &x intersects.")
+@click.option("--playbook", "-p", "playbook_name", default="static", show_default=True, metavar="NAME|FILE",
+              help="Runbook: bundled name (`mla-doctor playbooks`) or a YAML file.")
+@click.option("--forks", "-f", type=click.IntRange(1, 256), default=10, show_default=True,
+              help="Hosts worked on at once.")
+@click.option("--serial", type=click.IntRange(1, 256), default=None,
+              help="Playbooks that restart servers: at most this many servers down at once "
+                   "(default: the playbook's, else 1).")
+@click.option("--max-fail-percent", type=click.FloatRange(0, 100), default=None,
+              help="Stop starting hosts once more than this % of all hosts failed "
+                   "(default: playbook's; 0 for restarting playbooks, 100 otherwise).")
+@click.option("--host-timeout", type=float, default=None, help="Seconds for one host's whole job "
+              "(default 600 for read-only playbooks, 3600 when restarting; inventory var host_timeout wins).")
+@click.option("--shard", metavar="I/N", help="Run only shard I of N of the selected hosts (deterministic).")
+@click.option("-e", "--extra-var", "extra", multiple=True, metavar="KEY=VALUE", help="Template variable (YAML value).")
+@click.option("--dry-run", is_flag=True, help="Print the plan per host; connect to nothing, change nothing.")
+@click.option("--format", "fmt", type=_FMT, default="text", show_default=True)
+@click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write the --format report to FILE.")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Also write the JSON report to FILE.")
+@click.option("--junit", "junit_out", type=click.Path(dir_okay=False), help="Also write JUnit XML to FILE.")
+@click.option("--markdown", "md_out", type=click.Path(dir_okay=False), help="Also write Markdown to FILE.")
+@click.option("--html", "html_out", type=click.Path(dir_okay=False), help="Also write the HTML page to FILE.")
+@click.option("--retry-file", type=click.Path(dir_okay=False),
+              help="Write the hosts that did not pass (fault, error, unreachable, not run) to FILE, one a line.")
+@click.option("--progress", "progress_mode", type=click.Choice(["auto", "live", "plain", "none"]), default="auto",
+              show_default=True, help="auto: live on a terminal, plain lines otherwise, none with --format json.")
+@click.option("--user", help="Default SSH user (inventory vars win).")
+@click.option("--port", type=int, help="Default SSH port (inventory vars win).")
+@click.option("--identity", multiple=True, type=click.Path(dir_okay=False), help="Default private key (repeatable).")
+@click.option("--python", "python", metavar="PATH", help="Default interpreter whose site-packages hold vLLM.")
+@click.option("--ssh-config", type=click.Path(dir_okay=False), default=None, help="ssh_config to read.")
+@click.option("--known-hosts", type=click.Path(dir_okay=False), help="known_hosts file to verify against.")
+@click.option("--host-key-policy", type=click.Choice(HOST_KEY_POLICIES), default=None)
+@click.option("--connect-timeout", type=float, default=10.0, show_default=True)
+@click.option("--command-timeout", type=float, default=120.0, show_default=True)
+@click.option("--sudo", is_flag=True, help="Default: run the agent with `sudo -n`.")
+@click.option("--yes", "-y", is_flag=True, help="Consent to restart servers (playbooks that restart; no terminal).")
+@handle_errors("audit")
+def audit_cmd(inventory_path, limit, playbook_name, forks, serial, max_fail_percent, host_timeout, shard, extra,
+              dry_run, fmt, output, json_out, junit_out, md_out, html_out, retry_file, progress_mode, yes, **kw):
+    """Audit a fleet from an inventory with a runbook: bounded parallelism, rolling restarts, reports.
+
+    \b
+    mla-doctor audit -i inventory.yaml
+    mla-doctor audit -i hosts.ini --limit 'gpu,!canary' --junit audit.xml --html audit.html
+    mla-doctor audit -i inventory.yaml --limit @failed.retry --retry-file failed.retry
+    mla-doctor audit -i inventory.yaml --playbook mla-path --serial 2 --max-fail-percent 10 --yes
+    mla-doctor audit -i inventory.yaml --shard 1/4 --format json -o shard1.json
+    """
+    from mla_doctor import inventory as inv_mod
+    from mla_doctor import playbook as pb_mod
+    from mla_doctor import reports
+    from mla_doctor.fleet import Events, execute_host, run_fleet
+
+    inv = inv_mod.load(inventory_path)
+    pb = pb_mod.load(playbook_name)
+    hosts = inv.select(limit)
+    shard_txt = None
+    if shard:
+        i, n = inv_mod.parse_shard(shard)
+        hosts = inv_mod.shard(hosts, i, n)
+        shard_txt = f"{i}/{n}"
+    extra_vars = _extra_vars(extra)
+    plans = {h.name: pb_mod.plan(pb, h, extra_vars) for h in hosts}  # template errors: before any connection
+    restarts = pb.restarts
+    limit_n = min(forks, serial or pb.serial or 1) if restarts else forks
+    mfp = max_fail_percent if max_fail_percent is not None else (
+        pb.max_fail_percent if pb.max_fail_percent is not None else (0.0 if restarts else None))
+    default_timeout = host_timeout or (3600.0 if restarts else 600.0)
+    meta = {"inventory": inventory_path, "inventory_format": inv.format, "playbook": pb.name,
+            "playbook_path": pb.path, "limit": limit, "shard": shard_txt, "forks": forks,
+            "serial": limit_n if restarts else None, "max_fail_percent": mfp, "restarts": restarts,
+            "selected": len(hosts)}
+    if dry_run:
+        _print_plan(plans, pb, meta, fmt, output, kw)
+        sys.exit(0)
+    if restarts and not yes:
+        if sys.stdin.isatty() and fmt != "json":
+            if not click.confirm(f"playbook {pb.name} restarts the vLLM server on {len(hosts)} host(s), "
+                                 f"{limit_n} at a time. Continue?"):
+                raise UsageError("not confirmed")
+        else:
+            raise UsageError(f"playbook {pb.name} restarts servers: pass --yes (no terminal to confirm on)")
+    defaults = ConnectOptions(port=kw.get("port"), user=kw.get("user"), identity=tuple(kw.get("identity") or ()),
+                              ssh_config=kw.get("ssh_config"), known_hosts=kw.get("known_hosts"),
+                              host_key_policy=kw.get("host_key_policy"), connect_timeout=kw["connect_timeout"],
+                              command_timeout=kw["command_timeout"], sudo=kw.get("sudo", False))
+    mode = progress_mode
+    if mode == "auto":
+        mode = "quiet" if fmt == "json" else ("live" if sys.stderr.isatty() else "plain")
+    elif mode == "none":
+        mode = "quiet"
+    prog = Progress(len(hosts), mode)
+    from mla_doctor.knowledge import load_knowledge
+
+    kb = load_knowledge()
+    events = Events(started=prog.started, step=prog.step, done=prog.finished)
+    started, t0 = time.time(), time.monotonic()
+    try:
+        results, sched = run_fleet(
+            [h.name for h in hosts],
+            lambda name, cancel, step: execute_host(plans[name], defaults, cancel, step, kb, kw.get("python")),
+            limit=limit_n, max_fail_percent=mfp,
+            timeout_for=lambda name: float(plans[name].host.vars.get("host_timeout") or default_timeout),
+            events=events)
+    finally:
+        prog.close()
+    meta.update(peak_running=sched.peak, stopped_early=sched.stopped, retry_file=retry_file)
+    doc = reports.fleet_document(list(results.values()), meta, started, time.monotonic() - t0)
+    if retry_file:
+        reports.write(retry_file, "".join(f"{h}\n" for h in doc["fleet"]["retry"]))
+    _write_extra(doc, {"json": json_out, "junit": junit_out, "markdown": md_out, "html": html_out})
+    text = reports.render(doc, fmt)
+    if output:
+        reports.write(output, text)
+        click.echo(f"report written to {output}: overall {doc['overall']}, exit {doc['exit_status']}", err=True)
+        if fmt == "text":
+            click.echo(text, nl=False)
+    else:
+        click.echo(text, nl=False)
+    sys.exit(int(doc["exit_status"]))
+
+
+def _print_plan(plans, pb, meta, fmt, output, kw) -> None:
+    from mla_doctor import reports
+
+    doc = {"tool": "mla-doctor", "version": __version__, "command": "audit", "dry_run": True,
+           "fleet": meta, "hosts": []}
+    for name, p in plans.items():
+        hv = p.host.vars
+        doc["hosts"].append({
+            "host": name, "address": p.host.target, "groups": p.host.groups,
+            "connect": {"user": hv.get("user", kw.get("user")), "port": hv.get("port", kw.get("port")),
+                        "identity": hv.get("identity") or list(kw.get("identity") or ()),
+                        "sudo": bool(hv.get("sudo", kw.get("sudo"))),
+                        "python": hv.get("python", kw.get("python"))},
+            "runtime": hv.get("runtime"), "server_port": hv.get("server_port"), "api_key_env": hv.get("api_key_env"),
+            "steps": [{"name": s.name, "kind": s.kind, "options": s.options, "restarts": s.restarts}
+                      for s in p.steps]})
+    if fmt == "json":
+        text = json.dumps(doc, indent=2) + "\n"
+    else:
+        lines = [f"plan: playbook {pb.name} ({pb.path}) on {len(plans)} host(s) of {meta['inventory']}"
+                 + (f", limit {meta['limit']}" if meta["limit"] else "") + (f", shard {meta['shard']}"
+                                                                              if meta["shard"] else "")]
+        if meta["restarts"]:
+            lines.append(f"restarts servers: rolling, at most {meta['serial']} down at once, stop when more than "
+                         f"{meta['max_fail_percent']:g}% of hosts failed")
+        else:
+            lines.append(f"{'changes files' if pb.changes else 'read-only'}: up to {meta['forks']} hosts at once")
+        for h in doc["hosts"]:
+            c = h["connect"]
+            who = f"{c['user'] + '@' if c['user'] else ''}{h['address']}{':' + str(c['port']) if c['port'] else ''}"
+            lines.append(f"{h['host']}: {who}" + (f" groups {','.join(h['groups'])}" if h["groups"] else "")
+                         + (f" python {c['python']}" if c["python"] else "") + (" sudo" if c["sudo"] else ""))
+            for k, s in enumerate(h["steps"], 1):
+                opts = json.dumps(s["options"], sort_keys=True) if s["options"] else ""
+                lines.append(f"  {k}. {s['name']} [{s['kind']}{', restarts' if s['restarts'] else ''}] {opts}".rstrip())
+        lines.append("dry run: nothing was connected to or changed")
+        text = "\n".join(lines) + "\n"
+    if output:
+        reports.write(output, text)
+    click.echo(text, nl=False)
+
+
+# ---------------------------------------------------------------------------------- playbooks
+
+@cli.command("playbooks")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@handle_errors("playbooks")
+def playbooks_cmd(fmt):
+    """List the bundled runbooks (for `audit --playbook`) and patch-target files (for `patch --targets`)."""
+    from mla_doctor.playbook import catalog
+
+    items = catalog()
+    if fmt == "json":
+        click.echo(json.dumps({"playbooks": items}, indent=2))
+        return
+    click.echo("runbooks (audit --playbook NAME):")
+    for e in items:
+        if e["kind"] == "runbook":
+            tag = "restarts servers" if e["restarts"] else ("changes files" if e["changes"] else "read-only")
+            click.echo(f"  {e['name']:<14} {tag:<17} {e['description']}")
+            click.echo(f"  {'':<14} steps: {', '.join(e['steps'])}")
+    targets = [e for e in items if e["kind"] == "targets"]
+    if targets:
+        click.echo("patch-target files (patch --targets NAME):")
+        for e in targets:
+            click.echo(f"  {e['name']:<14} {e['targets']} targets: {e['description']}")
+    bad = [e for e in items if e["kind"] == "invalid"]
+    for e in bad:
+        click.echo(f"INVALID {e['path']}: {e['error']}", err=True)
+    if bad:
+        sys.exit(int(ExitStatus.USAGE))
+
+
+# -------------------------------------------------------------------------------------- report
+
+@cli.group("report")
+def report_group():
+    """Work with saved JSON reports: merge shards, render other formats."""
+
+
+@report_group.command("merge")
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=_FMT, default="json", show_default=True)
+@click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write to FILE instead of stdout.")
+@click.option("--junit", "junit_out", type=click.Path(dir_okay=False), help="Also write JUnit XML to FILE.")
+@click.option("--markdown", "md_out", type=click.Path(dir_okay=False), help="Also write Markdown to FILE.")
+@click.option("--html", "html_out", type=click.Path(dir_okay=False), help="Also write the HTML page to FILE.")
+@click.option("--retry-file", type=click.Path(dir_okay=False), help="Write the hosts that did not pass to FILE.")
+@handle_errors("report merge")
+def report_merge(files, fmt, output, junit_out, md_out, html_out, retry_file):
+    """Combine shard reports (`audit --shard I/N --format json`) into one; exit with the worst host's status."""
+    from mla_doctor import reports
+
+    doc = reports.merge([(f, reports.load_json(f)) for f in files])
+    if retry_file:
+        reports.write(retry_file, "".join(f"{h}\n" for h in doc["fleet"]["retry"]))
+    _write_extra(doc, {"junit": junit_out, "markdown": md_out, "html": html_out})
+    text = reports.render(doc, fmt)
+    if output:
+        reports.write(output, text)
+    else:
+        click.echo(text, nl=False)
+    sys.exit(int(doc["exit_status"]))
+
+
+@report_group.command("render")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=_FMT, default="text", show_default=True)
+@click.option("--output", "-o", type=click.Path(dir_okay=False))
+@handle_errors("report render")
+def report_render(file, fmt, output):
+    """Render a saved JSON fleet report as text, Markdown, JUnit XML or HTML."""
+    from mla_doctor import reports
+
+    doc = reports.load_json(file)
+    if "fleet" not in doc:
+        doc = reports.finish(doc)
+    text = reports.render(doc, fmt)
+    if output:
+        reports.write(output, text)
+    else:
+        click.echo(text, nl=False)

@@ -1,0 +1,197 @@
+"""Fleet reports: the JSON document (RunReport's contract + a `fleet` key), its merge, and writers.
+
+Every writer takes the JSON document (a dict), so `report merge` of shard reports renders the
+same formats as an audit: json, text, markdown, junit, html.
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from typing import Any
+
+from mla_doctor.errors import UsageError
+from mla_doctor.exit_codes import ExitStatus, worst
+from mla_doctor.results import HostReport, RunReport
+
+FORMATS = ("text", "json", "junit", "markdown", "html")
+_OVERALL_ORDER = ("unreachable", "error", "fail", "warn")
+# keys that differ between two runs of the same audit (times, sizes on the wire)
+VOLATILE_HOST_KEYS = ("timings", "transport", "steps")
+
+
+def fleet_document(reports: list[HostReport], meta: dict[str, Any], started: float, duration: float) -> dict:
+    run = RunReport(command="audit", hosts=sorted(reports, key=lambda h: h.host), started=started,
+                    duration_s=duration)
+    doc = run.to_dict()
+    doc["fleet"] = dict(meta)
+    finish(doc)
+    return doc
+
+
+def finish(doc: dict) -> dict:
+    """(Re)compute everything derived from the hosts: overall, exit status, fleet summary, retry list."""
+    hosts = doc["hosts"]
+    verdicts = [h.get("verdict") for h in hosts]
+    doc["overall"] = next((v for v in _OVERALL_ORDER if v in verdicts), "ok")
+    status = worst(ExitStatus(h.get("exit_status", 0)) for h in hosts)
+    doc["exit_status"], doc["exit_name"] = int(status), status.name
+    fleet = doc.setdefault("fleet", {})
+    fleet["summary"] = summary(hosts)
+    fleet["retry"] = retry_hosts(doc)
+    return doc
+
+
+def retry_hosts(doc: dict) -> list[str]:
+    """Hosts that did not end OK: a fault, an error, unreachable, not restored, or not run."""
+    return sorted(h["host"] for h in doc["hosts"] if h.get("exit_status", 0) != 0)
+
+
+def host_version(h: dict) -> str:
+    v = h.get("vllm") or {}
+    if not v.get("version"):
+        return "-"
+    dist = v.get("distribution")
+    return v["version"] if dist in (None, "vllm") else f"{v['version']} ({dist})"
+
+
+def host_backend(h: dict) -> str | None:
+    from mla_doctor.fleet import backend_of
+
+    return backend_of(h)
+
+
+def _version_key(text: str):
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return (0, Version(text.split()[0]), text)
+    except (InvalidVersion, IndexError):
+        return (1, None, text)
+
+
+def summary(hosts: list[dict]) -> dict[str, Any]:
+    verdicts = Counter(h.get("verdict") for h in hosts)
+    return {
+        "hosts": len(hosts),
+        "verdicts": {k: verdicts.get(k, 0) for k in ("ok", "warn", "fail", "error", "unreachable")},
+        "vllm_versions": dict(sorted(Counter(host_version(h) for h in hosts if h.get("vllm")).items(),
+                                     key=lambda kv: _version_key(kv[0]))),
+        "backends": dict(sorted(Counter(host_backend(h) or "not observed" for h in hosts
+                                        if h.get("status") == "ok").items())),
+        "modified_files": {h["host"]: (h.get("static") or {}).get("modified_files") for h in hosts
+                           if (h.get("static") or {}).get("modified_files")},
+        "unreachable": sorted(h["host"] for h in hosts if h.get("status") == "unreachable"),
+        "not_run": sorted(h["host"] for h in hosts if h.get("error_kind") == "NotRun"),
+    }
+
+
+def merge(docs: list[tuple[str, dict]]) -> dict:
+    """Combine shard reports (path, document) into one; a host in two shards is an error."""
+    if not docs:
+        raise UsageError("report merge: give at least one report")
+    seen: dict[str, str] = {}
+    hosts: list[dict] = []
+    playbooks = set()
+    for path, doc in docs:
+        if not isinstance(doc, dict) or not isinstance(doc.get("hosts"), list) or doc.get("tool") != "mla-doctor":
+            raise UsageError(f"{path}: not an mla-doctor JSON report")
+        playbooks.add((doc.get("fleet") or {}).get("playbook"))
+        for h in doc["hosts"]:
+            if h["host"] in seen:
+                raise UsageError(f"report merge: host {h['host']} is in both {seen[h['host']]} and {path}")
+            seen[h["host"]] = path
+            hosts.append(h)
+    if len(playbooks) > 1:
+        raise UsageError("report merge: the reports ran different playbooks: "
+                         + ", ".join(sorted(str(p) for p in playbooks)))
+    first = docs[0][1]
+    started = min((d.get("started") for _, d in docs if d.get("started")), default=None)
+    out = {
+        "tool": "mla-doctor", "version": first.get("version"), "command": first.get("command", "audit"),
+        "overall": "ok", "exit_status": 0, "exit_name": "OK",
+        "started": started or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "duration_s": max(float(d.get("duration_s") or 0) for _, d in docs),
+        "hosts": sorted(hosts, key=lambda h: h["host"]),
+    }
+    meta = {k: v for k, v in (first.get("fleet") or {}).items() if k not in ("summary", "retry", "shard")}
+    meta["shard"] = None
+    if "selected" in meta:
+        meta["selected"] = len(hosts)
+    if "peak_running" in meta:
+        meta["peak_running"] = max(int((d.get("fleet") or {}).get("peak_running") or 0) for _, d in docs)
+    if "stopped_early" in meta:
+        meta["stopped_early"] = any((d.get("fleet") or {}).get("stopped_early") for _, d in docs)
+    meta["merged_from"] = [{"path": p, "shard": (d.get("fleet") or {}).get("shard")} for p, d in docs]
+    out["fleet"] = meta
+    return finish(out)
+
+
+def comparable(doc: dict) -> dict:
+    """The document without what legitimately differs between runs (times, wire sizes, shard info)."""
+    d = json.loads(json.dumps(doc))
+    for k in ("started", "duration_s"):
+        d.pop(k, None)
+    fl = d.get("fleet") or {}
+    for k in ("shard", "merged_from", "limit", "forks", "peak_running", "retry_file"):
+        fl.pop(k, None)
+    for h in d["hosts"]:
+        for k in VOLATILE_HOST_KEYS:
+            h.pop(k, None)
+        for k in ("agent_s",):
+            (h.get("timings") or {}).pop(k, None)
+        v = h.get("vllm") or {}
+        v.pop("_elapsed_s", None)
+    return d
+
+
+def render(doc: dict, fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(doc, indent=2) + "\n"
+    if fmt == "junit":
+        from mla_doctor.reports.junit import render as r
+    elif fmt == "markdown":
+        from mla_doctor.reports.markdown import render as r
+    elif fmt == "html":
+        from mla_doctor.reports.html import render as r
+    elif fmt == "text":
+        from mla_doctor.reports.text import render as r
+    else:
+        raise UsageError(f"unknown report format {fmt!r} ({', '.join(FORMATS)})")
+    return r(doc)
+
+
+def load_json(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read report: {e.strerror or e}") from e
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{path}:{e.lineno}: not JSON: {e.msg}") from e
+
+
+def write(path: str, text: str) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise UsageError(f"{path}: cannot write report: {e.strerror or e}") from e
+
+
+def host_rows(doc: dict) -> list[dict[str, Any]]:
+    """One flat row per host, shared by the text, Markdown and HTML writers."""
+    rows = []
+    for h in doc["hosts"]:
+        st = h.get("static") or {}
+        fails = [f["code"] for f in h.get("findings") or [] if f.get("severity") == "fail"]
+        rows.append({
+            "host": h["host"], "verdict": h.get("verdict"), "exit": h.get("exit_status"),
+            "version": host_version(h), "backend": host_backend(h) or "-",
+            "prefill": ((st.get("prefill_entry") or {}).get("symbol") or "-"),
+            "decode": ((st.get("decode_entry") or {}).get("symbol") or "-"),
+            "sparse": "yes" if (st.get("sparse_gate") or {}).get("present") else ("no" if st else "-"),
+            "modified": list(st.get("modified_files") or []),
+            "error": h.get("error"), "fails": fails, "groups": h.get("groups") or [],
+        })
+    return rows
