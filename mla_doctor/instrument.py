@@ -182,7 +182,9 @@ def prepare_patch(kb: Knowledge, tset: TargetSet, static_raw: dict[str, Any], op
             prepared.targets.append({"key": t.key, "role": t.role, "file": "vllm/" + m["rel"],
                                      "function": m["function"], "line": m.get("line"), "where": t.where})
             modname = "vllm." + m["rel"][:-3].replace("/", ".")
-            if t.where == "entry":  # the plugin can wrap entries; a mid-function split needs the patch
+            # the plugin wraps entries; a mid-function split needs the patch, so the plugin records the
+            # dispatch at its entry (its layer, q rows and metadata: what forward_mha then inherits)
+            if t.where == "entry" or t.role == "dispatch":
                 plugin_targets.setdefault(modname, []).append([m["function"], t.key, t.role])
     import_code = templates.render("probe_import.py.j2", module=module, run_id=run_id)
     for f in files.values():

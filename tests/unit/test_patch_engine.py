@@ -480,7 +480,7 @@ def test_plan_from_playbook_and_real_templates_runs_and_records(tmp_path, signal
     assert sorted(p.name for p in site.iterdir()) == ["vllm"]  # the probe and its __pycache__ are gone
 
 
-def test_plan_lists_missing_targets_and_plugin_targets_only_entries(tmp_path):
+def test_plan_lists_missing_targets_and_plugin_wraps_entries_and_the_dispatch(tmp_path):
     from mla_doctor.instrument import PatchOptions, load_targets, prepare_patch
     from mla_doctor.knowledge import load_knowledge
 
@@ -494,7 +494,9 @@ def test_plan_lists_missing_targets_and_plugin_targets_only_entries(tmp_path):
     assert plugin["entry_point"] == "mla_doctor_u2 = mla_doctor_plugin_u2:register"
     ns = {}
     exec(compile(plugin["source"].replace("import mla_doctor_probe_u2 as _probe", "_probe = None"), "p", "exec"), ns)
-    assert ns["TARGETS"] == {"vllm.layers.mla": [["MLACommonBaseImpl.forward_mha", "prefill-2", "prefill"]]}
+    # entries, and the dispatch at its entry (a mid-function split cannot be wrapped)
+    assert ns["TARGETS"] == {"vllm.layers.mla": [["MLAAttention.forward_impl", "dispatch-1", "dispatch"],
+                                                 ["MLACommonBaseImpl.forward_mha", "prefill-2", "prefill"]]}
 
 
 def test_torch_compile_traced_targets_are_refused(tmp_path):
