@@ -11,7 +11,7 @@ from typing import Any
 
 from mla_doctor import rules
 from mla_doctor.agent_runner import run_agent
-from mla_doctor.errors import MlaDoctorError, UnreachableError, UsageError
+from mla_doctor.errors import MlaDoctorError, UsageError
 from mla_doctor.knowledge import Knowledge, load_knowledge
 from mla_doctor.results import HostReport, HostStatus, plain
 from mla_doctor.transport import ConnectOptions, Transport, open_transport
@@ -65,9 +65,7 @@ def audit_host(target: str | None, conn: ConnectOptions, opts: AuditOptions,
 
 
 def _failed(name: str, e: MlaDoctorError, t0: float) -> HostReport:
-    status = HostStatus.UNREACHABLE if isinstance(e, UnreachableError) else HostStatus.ERROR
-    return HostReport(host=name, status=status, error=e.message, error_kind=type(e).__name__,
-                      timings={"total_s": round(time.monotonic() - t0, 4)})
+    return HostReport.failed(name, e, timings={"total_s": round(time.monotonic() - t0, 4)})
 
 
 def build_static_report(name: str, raw: dict[str, Any], kb: Knowledge) -> HostReport:

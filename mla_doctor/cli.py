@@ -142,8 +142,7 @@ def _host_name(conn: ConnectOptions, host: str | None) -> str:
 
 def _on_host(host: str | None, conn: ConnectOptions, fn):
     """Open the one connection, run fn(transport, name), close; host failures become a report."""
-    from mla_doctor.errors import UnreachableError
-    from mla_doctor.results import HostReport, HostStatus
+    from mla_doctor.results import HostReport
     from mla_doctor.transport import open_transport
 
     name = _host_name(conn, host)
@@ -153,13 +152,25 @@ def _on_host(host: str | None, conn: ConnectOptions, fn):
     except UsageError:
         raise
     except MlaDoctorError as e:
-        status = HostStatus.UNREACHABLE if isinstance(e, UnreachableError) else HostStatus.ERROR
-        return HostReport(host=name, status=status, error=e.message, error_kind=type(e).__name__), None
+        return HostReport.failed(name, e), None
     report = fn(transport, name)
     report.transport = {"kind": "local" if conn.local else "ssh", "connections": transport.stats.connections,
                         "executions": transport.stats.executions, "hops": transport.stats.hops}
     report.timings["total_s"] = round(time.monotonic() - t0, 4)
     return report, transport
+
+
+def _one_host_command(command: str, kw: dict, conn: ConnectOptions, fn, fmt: str, output: str | None) -> None:
+    """Run fn(transport, name) on the one host over one connection, report, exit with its status."""
+    t0 = time.monotonic()
+    report = RunReport(command=command)
+    host, transport = _on_host(kw.get("host"), conn, fn)
+    if transport is not None:
+        transport.close()
+    report.hosts.append(host)
+    report.duration_s = time.monotonic() - t0
+    _emit(report, fmt, output)
+    sys.exit(int(report.exit_status()))
 
 
 def instrument_options(f):
@@ -232,16 +243,8 @@ def revert(fmt, output, run_root, dry_run, run_id, **kw):
     conn = _conn(kw)
     from mla_doctor.patching import revert_host
 
-    t0 = time.monotonic()
-    report = RunReport(command="revert")
-    host, transport = _on_host(kw.get("host"), conn,
-                               lambda tr, name: revert_host(tr, name, conn, run_id, dry_run, run_root))
-    if transport is not None:
-        transport.close()
-    report.hosts.append(host)
-    report.duration_s = time.monotonic() - t0
-    _emit(report, fmt, output)
-    sys.exit(int(report.exit_status()))
+    _one_host_command("revert", kw, conn, lambda tr, name: revert_host(tr, name, conn, run_id, dry_run, run_root),
+                      fmt, output)
 
 
 @cli.command("run")
@@ -306,17 +309,9 @@ def run_cmd(fmt, output, runtime, method, yes, force, api_key_env, ready_timeout
         if not quiet:
             click.echo(f"[{time.strftime('%H:%M:%S')}] {host}: {msg}", err=True)
 
-    t0 = time.monotonic()
-    report = RunReport(command="run")
     aopts = AuditOptions(python=kw.get("python"))
-    host, transport = _on_host(kw.get("host"), conn,
-                               lambda tr, name: run_host(tr, name, conn, aopts, ropts, progress=progress))
-    if transport is not None:
-        transport.close()
-    report.hosts.append(host)
-    report.duration_s = time.monotonic() - t0
-    _emit(report, fmt, output)
-    sys.exit(int(report.exit_status()))
+    _one_host_command("run", kw, conn, lambda tr, name: run_host(tr, name, conn, aopts, ropts, progress=progress),
+                      fmt, output)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from mla_doctor.errors import MlaDoctorError, UnreachableError
+from mla_doctor.errors import MlaDoctorError
 from mla_doctor.exit_codes import ExitStatus
 from mla_doctor.playbook import HostPlan, Step
 from mla_doctor.results import Finding, HostReport, HostStatus, Severity
@@ -235,8 +235,7 @@ def execute_host(plan: HostPlan, defaults: ConnectOptions, cancel: Cancel | None
     try:
         transport = open_transport(host.target, conn)
     except MlaDoctorError as e:
-        report.status = HostStatus.UNREACHABLE if isinstance(e, UnreachableError) else HostStatus.ERROR
-        report.error, report.error_kind = e.message, type(e).__name__
+        report.fail_with(e)
         report.steps.append({"name": "connect", "kind": "connect", "status": "failed",
                              "elapsed_s": round(time.monotonic() - t0, 3), "detail": e.message})
         report.timings["total_s"] = round(time.monotonic() - t0, 4)
@@ -252,8 +251,7 @@ def execute_host(plan: HostPlan, defaults: ConnectOptions, cancel: Cancel | None
             try:
                 _run_step(step, report, transport, host, conn, kb, default_python, step_cb)
             except MlaDoctorError as e:
-                report.status = HostStatus.UNREACHABLE if isinstance(e, UnreachableError) else HostStatus.ERROR
-                report.error, report.error_kind = f"step {step.name}: {e.message}", type(e).__name__
+                report.fail_with(e, prefix=f"step {step.name}: ")
             rec["elapsed_s"] = round(time.monotonic() - s0, 3)
             if report.status != HostStatus.OK or report.exit_override is not None:
                 rec["status"], rec["detail"] = "failed", report.error

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from mla_doctor.agent_runner import run_agent
 from mla_doctor.audit import AuditOptions
-from mla_doctor.errors import MlaDoctorError, RemoteError, UnreachableError
+from mla_doctor.errors import MlaDoctorError, RemoteError
 from mla_doctor.evidence import PromptObservation
 from mla_doctor.exit_codes import ExitStatus
 from mla_doctor.instrument import PatchOptions, Templates, load_targets, prepare_patch
@@ -152,8 +152,7 @@ def run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Audit
     try:
         report, raw = audit_for_patch(transport, name, conn, aopts, popts, kb)
     except MlaDoctorError as e:
-        status = HostStatus.UNREACHABLE if isinstance(e, UnreachableError) else HostStatus.ERROR
-        return HostReport(host=name, status=status, error=e.message, error_kind=type(e).__name__)
+        return HostReport.failed(name, e)
     if report.status != HostStatus.OK:
         return report
     servers = raw.get("servers") or []

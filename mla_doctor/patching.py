@@ -124,5 +124,4 @@ def hold(transport: Transport, run_id: str, ttl: float, run_root: str, sudo: boo
 
 
 def _host_error(name: str, e: MlaDoctorError) -> HostReport:
-    status = HostStatus.UNREACHABLE if isinstance(e, UnreachableError) else HostStatus.ERROR
-    return HostReport(host=name, status=status, error=e.message, error_kind=type(e).__name__)
+    return HostReport.failed(name, e)

@@ -55,6 +55,20 @@ class HostReport:
     timings: dict[str, float] = field(default_factory=dict)
     exit_override: ExitStatus | None = None
 
+    @classmethod
+    def failed(cls, host: str, e: Exception, **kw: Any) -> HostReport:
+        """A host that could not be reached (UnreachableError and its kin) or audited (any other error)."""
+        report = cls(host=host, **kw)
+        report.fail_with(e)
+        return report
+
+    def fail_with(self, e: Exception, prefix: str = "") -> None:
+        from mla_doctor.errors import UnreachableError
+
+        self.status = HostStatus.UNREACHABLE if isinstance(e, UnreachableError) else HostStatus.ERROR
+        self.error = prefix + getattr(e, "message", str(e))
+        self.error_kind = type(e).__name__
+
     def worst_severity(self) -> Severity | None:
         order = [Severity.INFO, Severity.WARN, Severity.FAIL]
         sev = [f.severity for f in self.findings]
