@@ -68,8 +68,8 @@ def main() -> int:
         finally:
             fs.stop_fleet(fleet)
     med = statistics.median
-    print(f"| scenario (vLLM 0.33.0, 3231 files) | wall median (min–max) | agent on host | connect | "
-          f"logins/host | executions/host |")
+    print("| scenario (vLLM 0.33.0, 3231 files) | wall median (min–max) | agent on host | connect | "
+          "logins/host | executions/host |")
     print("|---|---|---|---|---|---|")
     print(f"| 1 host, in-process | {med(one):.3f} s ({min(one):.3f}–{max(one):.3f}) | {med(agent):.3f} s | "
           f"{med(connect):.3f} s | {logins_one:.0f} | 1 |")

@@ -26,6 +26,8 @@ from mla_doctor.transport import ConnectOptions, Transport
 from mla_doctor.tunnel import HostHTTP
 
 BASELINE_PROMPT = "mla-doctor restore check: the quick brown fox"
+# the line that names a crash's cause (after a traceback), with or without vLLM's process prefix
+EXCEPTION_LINE = r"^(\(\S+ pid=\d+\) )?[A-Za-z_][\w.]*(Error|Exception|Exit)(: .*)?$"
 RUNTIMES = ("process",)
 
 
@@ -73,9 +75,9 @@ class _Run:
         return run_agent(self.tr, plan, sudo=self.conn.sudo, timeout=timeout or self.conn.command_timeout)
 
     def tick(self) -> dict[str, Any]:
+        patterns = dict(self.kb.agent_request()["log_patterns"], exception_line=EXCEPTION_LINE)
         res = self.agent({"op": "tick", "run_id": self.run_id, "run_root": self.ropts.run_root,
-                          "ttl": self.ropts.ttl, "log_offset": self.log_offset,
-                          "log_patterns": self.kb.agent_request()["log_patterns"]})
+                          "ttl": self.ropts.ttl, "log_offset": self.log_offset, "log_patterns": patterns})
         if res.get("log_offset") is not None:
             base = self.log_offset
             for ln in res.get("log_lines") or []:
@@ -93,10 +95,19 @@ class _Run:
 
 
 def _fatal(kb_facts, lines: list[dict[str, Any]]) -> list[str]:
+    """Fatal lines, each traceback followed by the exception line that names its cause."""
     import re
 
-    pats = [re.compile(p) for _id, p in kb_facts.fatal_patterns]
+    pats = [re.compile(p) for _id, p in kb_facts.fatal_patterns] + [re.compile(EXCEPTION_LINE)]
     return [ln["text"] for ln in lines if any(p.search(ln["text"]) for p in pats)]
+
+
+def _cause(fatal: list[str]) -> str:
+    """The most telling fatal line: the last exception line, else the last fatal line."""
+    import re
+
+    exc = [f for f in fatal if re.search(EXCEPTION_LINE, f)]
+    return (exc or fatal)[-1] if fatal else ""
 
 
 def wait_ready(run: _Run, http: HostHTTP, facts, timeout: float) -> tuple[bool, str | None, dict[str, Any]]:
@@ -109,14 +120,14 @@ def wait_ready(run: _Run, http: HostHTTP, facts, timeout: float) -> tuple[bool, 
             last_tick = time.monotonic()
             fatal = _fatal(facts, run.log_lines)
             if not t.get("alive"):
-                return False, "the server process exited" + (f": {fatal[-1]}" if fatal else ""), {}
+                return False, "the server process exited" + (f": {_cause(fatal)}" if fatal else ""), {}
             if fatal and any("Traceback" in f or "Error" in f for f in fatal):
                 # a traceback during start-up: give the process a moment, then judge
                 time.sleep(2)
                 t = run.tick()
                 if not t.get("alive") or any("EngineDeadError" in f or "OutOfMemory" in f or "out of memory" in f
                                              for f in _fatal(facts, run.log_lines)):
-                    return False, "fatal error in the server log: " + _fatal(facts, run.log_lines)[-1], {}
+                    return False, "fatal error in the server log: " + _cause(_fatal(facts, run.log_lines)), {}
         status, _data, _err = http.try_request("GET", "/health", timeout=5)
         if status == 200:
             try:
