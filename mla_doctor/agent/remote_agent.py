@@ -504,13 +504,15 @@ def scan_tree(vdir, record, symbols):
     hits = {}
     seen = set()
     count = 0
+    cut = len(site.rstrip("/")) + 1
     for root, dirs, files in os.walk(vdir):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        prefix = root[cut:] + "/"  # relative to site-packages, without os.path.relpath's cost per file
         for fn in sorted(files):
             if not fn.endswith(".py"):
                 continue
-            full = os.path.join(root, fn)
-            rel = os.path.relpath(full, site).replace(os.sep, "/")
+            full = root + "/" + fn
+            rel = prefix + fn
             count += 1
             try:
                 with open(full, "rb") as f:
