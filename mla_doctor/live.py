@@ -348,7 +348,7 @@ def restore(run: _Run, http: HostHTTP, report: HostReport, live: dict[str, Any])
             rs = run.agent({"op": "server_restore", "run_id": run.run_id, "run_root": run.ropts.run_root},
                            timeout=run.conn.command_timeout + 120)
             live["restored_pid"] = rs.get("pid")
-            run.log_offset = 0
+            run.log_offset = int(rs.get("log_offset") or 0)  # it appends to its original log: read only new lines
             ok, why, _info = wait_ready(run, http, run.kb.for_version((report.vllm or {}).get("version")),
                                         run.ropts.ready_timeout)
             if not ok:

@@ -2117,11 +2117,12 @@ def restore_server(run_dir, note=lambda m: None):
     n = int(current.get("launch", 0)) + 1
     # as found: back to the file its stdout went to, when that was a file; else a run log
     log_path = spec.get("stdout") or os.path.join(run_dir, "server-%d.log" % n)
+    offset = os.path.getsize(log_path) if os.path.exists(log_path) else 0  # earlier servers' lines: not ours
     pid, _argv, _exe = launch_server(spec, log_path)
     # the original server logged wherever its stdout pointed; keep that: relaunch writes the run log
     _write_private(cur_path, {"pid": pid, "launch": n, "log": log_path, "started": _now(), "mode": "original"})
     note("server relaunched with its original argv as pid %d" % pid)
-    return {"restored": True, "pid": pid, "log": log_path}
+    return {"restored": True, "pid": pid, "log": log_path, "log_offset": offset}
 
 
 def op_server_restore(plan):
