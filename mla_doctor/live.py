@@ -8,6 +8,7 @@ it with the same greedy completion → evidence → verdict.
 from __future__ import annotations
 
 import random
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -67,6 +68,22 @@ class _Run:
         self.armed: list[dict[str, Any]] = []
         self.startup: list[dict[str, Any]] = []  # records before the first prompt: warm-up, capture
         self.epoch = 0  # the probe's window; prompt i of a pass gets its own epoch
+
+    def keep_lease(self) -> threading.Event:
+        """Renew the lease every ttl/3 in the background: a slow completion must not let the host's
+        watchdog revert a run that is alive. A lost connection stops it, and then the watchdog acts."""
+        stop = threading.Event()
+
+        def loop():
+            while not stop.wait(max(1.0, self.ropts.ttl / 3)):
+                try:
+                    self.agent({"op": "renew", "run_id": self.run_id, "run_root": self.ropts.run_root,
+                                "ttl": self.ropts.ttl}, timeout=30)
+                except MlaDoctorError:
+                    return
+
+        threading.Thread(target=loop, name=f"lease-{self.name}", daemon=True).start()
+        return stop
 
     def step(self, msg: str) -> None:
         self.progress(self.name, msg)
@@ -206,6 +223,7 @@ def run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Audit
     prompts_obs: list[tuple[PromptObservation, list[dict[str, Any]]]] = []
     passes: list[tuple[str, list, int, int, str | None]] = []  # configuration, prompts, log slice, error
     start_error = None
+    lease_keeper = None
     try:
         run.step("patch")
         res = run.agent(prepared.plan)
@@ -216,6 +234,7 @@ def run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Audit
             raise RemoteError("patch " + str(res.get("outcome")) + ": " + "; ".join(res.get("refused") or [
                 str(res.get("error"))]))
         run.patched = True
+        lease_keeper = run.keep_lease()
         env = dict(ropts.debug_env)
         if ropts.method == "plugin":
             penv = res["plugin"]["env"]
@@ -260,6 +279,8 @@ def run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Audit
         if not run.restarted:
             report.status, report.error, report.error_kind = HostStatus.ERROR, e.message, type(e).__name__
     finally:
+        if lease_keeper is not None:
+            lease_keeper.set()
         restore(run, http, report, live)
     if not passes:
         passes.append(("production", prompts_obs, 0, len(run.log_lines), start_error))
