@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -187,9 +188,27 @@ def test_server_that_fails_to_start_is_restored_and_reported(fleet, live_host):
     assert_restored(fleet, live_host, before, h)
 
 
+def test_fleet_runbook_mla_path_on_the_real_server(fleet, live_host, tmp_path):
+    """`mla-doctor audit --playbook mla-path`: the rolling fleet job runs the live diagnosis per host."""
+    before = vllm_tree_state()
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(f"hosts:\n  {HOST}: {{}}\n")
+    argv = [sys.executable, "-m", "mla_doctor", "audit", "-i", str(inv), "--playbook", "mla-path", "--yes",
+            "--serial", "1", "--ssh-config", str(fleet.ssh_config), "--format", "json", "--progress", "none"]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=ROOT, stdin=subprocess.DEVNULL)
+    doc = json.loads(p.stdout)
+    h = doc["hosts"][0]
+    assert h["status"] == "ok", (h.get("error"), p.stderr[-2000:])
+    prompts = {x["name"]: x for x in h["prompts"]}
+    assert prompts["long"]["observed"]["prefill"] == "mha" and prompts["short"]["observed"]["prefill"] == "mqa"
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert_restored(fleet, live_host, before, h)
+
+
 def test_controller_killed_mid_run_watchdog_restores(fleet, live_host):
     before = vllm_tree_state()
     run_root = f"/var/tmp/mla-live-kill-{HOST}"
+    shutil.rmtree(run_root, ignore_errors=True)  # /var/tmp is the controller's too: no earlier run's dirs
     argv = [sys.executable, "-m", "mla_doctor", "run", "--host", HOST, "--ssh-config", str(fleet.ssh_config),
             "--yes", "--format", "json", "--run-root", run_root, "--ttl", "15"]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
