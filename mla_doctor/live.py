@@ -20,7 +20,7 @@ from mla_doctor.evidence import PromptObservation
 from mla_doctor.exit_codes import ExitStatus
 from mla_doctor.instrument import PatchOptions, Templates, load_targets, prepare_patch
 from mla_doctor.knowledge import Knowledge, load_knowledge
-from mla_doctor.patching import audit_for_patch
+from mla_doctor.patching import audit_for_patch, renew
 from mla_doctor.prompts import FILLER, fill_tokens, plan_prompts
 from mla_doctor.results import Finding, HostReport, HostStatus, Severity, plain
 from mla_doctor.transport import ConnectOptions, Transport
@@ -77,8 +77,7 @@ class _Run:
         def loop():
             while not stop.wait(max(1.0, self.ropts.ttl / 3)):
                 try:
-                    self.agent({"op": "renew", "run_id": self.run_id, "run_root": self.ropts.run_root,
-                                "ttl": self.ropts.ttl}, timeout=30)
+                    renew(self.tr, self.run_id, self.ropts.ttl, self.ropts.run_root, self.conn.sudo)
                 except MlaDoctorError:
                     return
 
