@@ -167,3 +167,24 @@ def test_scan_tells_our_instrumentation_from_other_edits(tmp_path):
     scan = ra.scan_tree(str(vdir), ra.parse_record(ident["dist_info"]), [])
     assert scan["instrumented"] == [{"path": "vllm/a.py", "runs": ["r9"]}]
     assert scan["modified"] == ["vllm/b.py"]  # our block plus someone else's edit: a modification
+
+
+@pytest.mark.parametrize("cgroup,kind,extra", [
+    ("0::/system.slice/docker-" + "a" * 64 + ".scope\n", "docker", {"container": "a" * 64}),
+    ("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod12345678_aaaa_bbbb_cccc_123456789abc.slice"
+     "/cri-containerd-" + "b" * 64 + ".scope\n", "kubernetes",
+     {"pod_uid": "12345678-aaaa-bbbb-cccc-123456789abc"}),
+    ("0::/system.slice/vllm.service\n", "systemd", {"unit": "vllm.service", "restart": "always"}),
+    ("0::/user.slice/user-0.slice/session-3.scope\n", "process", {}),
+])
+def test_supervisor_from_cgroup(monkeypatch, cgroup, kind, extra):
+    monkeypatch.setattr(ra, "_read_text", lambda path, limit=None: cgroup)
+    monkeypatch.setattr(ra, "_run", lambda argv, timeout=10, env=None: (
+        0, "Restart=always\nFragmentPath=/etc/systemd/system/vllm.service\nUser=vllm\nMainPID=42\n", ""))
+    monkeypatch.setattr(ra, "_proc_status", lambda pid: {"PPid": "1"})
+    sup = ra._supervisor("42", ["vllm", "serve"])
+    assert sup["kind"] == kind
+    for k, v in extra.items():
+        assert sup[k] == v
+    why = ra.supervised_refusal(sup)
+    assert (why is None) == (kind == "process")
