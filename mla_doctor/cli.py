@@ -249,8 +249,13 @@ def revert(fmt, output, run_root, dry_run, run_id, **kw):
 
 @cli.command("run")
 @connection_options
-@click.option("--runtime", type=click.Choice(["process"]), default="process", show_default=True,
-              help="How the server is stopped and started (process: found in /proc, relaunched detached).")
+@click.option("--runtime", type=click.Choice(["process", "command"]), default="process", show_default=True,
+              help="How the server is stopped and started: process (found in /proc, relaunched detached as "
+                   "found) or command (your --start-command / --stop-command).")
+@click.option("--start-command", metavar="CMD", help="runtime command: starts the server (run with /bin/sh -c; "
+              "the run's settings arrive in its environment).")
+@click.option("--stop-command", metavar="CMD", help="runtime command: stops the server.")
+@click.option("--log-file", metavar="PATH", help="runtime command: the file the started server logs to.")
 @click.option("--method", type=click.Choice(["patch", "plugin"]), default="patch", show_default=True)
 @click.option("--yes", "-y", is_flag=True, help="Consent to restart the server (required without a terminal).")
 @click.option("--force", is_flag=True, help="Restart even if the server is serving requests.")
@@ -271,7 +276,8 @@ def revert(fmt, output, run_root, dry_run, run_id, **kw):
 @click.option("--run-root", default="/var/tmp/mla-doctor", show_default=True)
 @output_options
 @handle_errors("run")
-def run_cmd(fmt, output, runtime, method, yes, force, api_key_env, ready_timeout, ttl, expect, prompts,
+def run_cmd(fmt, output, runtime, start_command, stop_command, log_file, method, yes, force, api_key_env,
+            ready_timeout, ttl, expect, prompts,
             max_tokens, second_pass, extra_env, run_root, **kw):
     """The live diagnosis: instrument, restart with debug settings, send calibrated prompts, restore, verdict."""
     conn = _conn(kw)
@@ -293,6 +299,8 @@ def run_cmd(fmt, output, runtime, method, yes, force, api_key_env, ready_timeout
                 raise UsageError("not confirmed")
         else:
             raise UsageError("`run` restarts the server: pass --yes (no terminal to confirm on)")
+    if runtime == "command" and not (start_command and stop_command):
+        raise UsageError("--runtime command needs --start-command and --stop-command")
     debug_env = {"VLLM_LOGGING_LEVEL": "DEBUG"}
     for item in extra_env:
         k, sep, v = item.partition("=")
@@ -302,7 +310,8 @@ def run_cmd(fmt, output, runtime, method, yes, force, api_key_env, ready_timeout
     ropts = RunOptions(runtime=runtime, method=method, force=force, api_key_env=api_key_env, debug_env=debug_env,
                        ready_timeout=ready_timeout, ttl=ttl, expect=exp, max_tokens=max_tokens, run_root=run_root,
                        prompts=tuple(p.strip() for p in prompts.split(",") if p.strip()),
-                       second_pass=tuple(shlex.split(second_pass or "")))
+                       second_pass=tuple(shlex.split(second_pass or "")), start_command=start_command,
+                       stop_command=stop_command, log_file=log_file)
     quiet = fmt == "json"
 
     def progress(host, msg):

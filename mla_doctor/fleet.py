@@ -285,7 +285,8 @@ def _run_step(step: Step, report: FleetHostReport, transport: Transport, host, c
     elif step.kind == "live":
         from mla_doctor.live import RUNTIMES, RunOptions, run_host
 
-        runtime = (hv.get("runtime") or {}).get("kind", "process")
+        rt = hv.get("runtime") or {}
+        runtime = {"commands": "command"}.get(rt.get("kind", "process"), rt.get("kind", "process"))
         if runtime not in RUNTIMES:
             raise MlaDoctorError(f"runtime {runtime!r}: the live diagnosis supports {', '.join(RUNTIMES)} only")
         expect = {k: str(v).lower() for k, v in {**{k: v for k, v in (hv.get("expect") or {}).items()
@@ -297,7 +298,9 @@ def _run_step(step: Step, report: FleetHostReport, transport: Transport, host, c
                                                                    {"VLLM_LOGGING_LEVEL": "DEBUG"}).items()},
                            expect=expect, max_tokens=int(o.get("max_tokens", 3)),
                            prompts=tuple(o.get("prompts") or ("short", "long")),
-                           second_pass=tuple(o.get("second_pass") or ()))
+                           second_pass=tuple(o.get("second_pass") or ()),
+                           start_command=(rt.get("commands") or {}).get("start"),
+                           stop_command=(rt.get("commands") or {}).get("stop"), log_file=hv.get("log"))
         for k in ("ready_timeout", "ttl"):
             if k in o:
                 setattr(ropts, k, float(o[k]))

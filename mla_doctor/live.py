@@ -29,7 +29,7 @@ from mla_doctor.tunnel import HostHTTP
 BASELINE_PROMPT = "mla-doctor restore check: the quick brown fox"
 # the line that names a crash's cause (after a traceback), with or without vLLM's process prefix
 EXCEPTION_LINE = r"^(\(\S+ pid=\d+\) )?[A-Za-z_][\w.]*(Error|Exception|Exit)(: .*)?$"
-RUNTIMES = ("process",)
+RUNTIMES = ("process", "command")
 
 
 @dataclass
@@ -47,6 +47,9 @@ class RunOptions:
     debug_env: dict[str, str] = field(default_factory=lambda: {"VLLM_LOGGING_LEVEL": "DEBUG"})
     second_pass: tuple[str, ...] = ()  # e.g. ("--enforce-eager",): an explicit second configuration
     keep_going_on_fail: bool = False
+    start_command: str | None = None  # runtime "command": the user's own start/stop commands
+    stop_command: str | None = None
+    log_file: str | None = None  # where the start command's server logs
 
 
 Progress = Callable[[str, str], None]
@@ -243,12 +246,11 @@ def run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Audit
                 env["VLLM_PLUGINS"] = server["env"]["VLLM_PLUGINS"] + "," + penv["VLLM_PLUGINS_ADD"]
         live["settings"] = env
         run.step("restart the server with debug settings")
-        rr = run.agent({"op": "server_restart", "run_id": run.run_id, "run_root": ropts.run_root,
-                        "pid": server["pid"], "env": env, "mode": "debug"}, timeout=conn.command_timeout + 120)
+        rr = run.agent(_restart_plan(run, server, env, "debug", ()), timeout=conn.command_timeout + 120)
         if rr.get("outcome") == "refused":
             raise RemoteError("; ".join(rr.get("refused") or []))
         run.restarted = True
-        run.log_offset = 0  # a new log file
+        run.log_offset = int(rr.get("log_offset") or 0)  # a new run log, or only the new part of the user's
         live["debug_pid"], live["server_log"] = rr.get("pid"), rr.get("log")
         run.step("wait for the server (model load)")
         ok, why, info = wait_ready(run, http, facts, ropts.ready_timeout)
@@ -262,12 +264,11 @@ def run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Audit
         if ropts.second_pass and start_error is None:
             # an explicit second configuration (settings that change which path runs), reported apart
             run.step("restart for the second pass: " + " ".join(ropts.second_pass))
-            rr = run.agent({"op": "server_restart", "run_id": run.run_id, "run_root": ropts.run_root,
-                            "pid": server["pid"], "env": env, "add_args": list(ropts.second_pass),
-                            "mode": "debug-second-pass"}, timeout=conn.command_timeout + 120)
+            rr = run.agent(_restart_plan(run, server, env, "debug-second-pass", ropts.second_pass),
+                           timeout=conn.command_timeout + 120)
             if rr.get("outcome") == "refused":
                 raise RemoteError("; ".join(rr.get("refused") or []))
-            run.log_offset = 0
+            run.log_offset = int(rr.get("log_offset") or 0)
             mark = len(run.log_lines)
             ok, why, info = wait_ready(run, http, facts, ropts.ready_timeout)
             second = send_prompts(run, http, info["model"], facts, report, raw, "second-pass") if ok else []
@@ -289,6 +290,19 @@ def run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Audit
         results.append((configuration, ev, obs, err))
     _apply_verdict(report, results)
     return report
+
+
+def _restart_plan(run: _Run, server: dict[str, Any], env: dict[str, str], mode: str,
+                  add_args: tuple[str, ...]) -> dict[str, Any]:
+    ropts = run.ropts
+    base = {"run_id": run.run_id, "run_root": ropts.run_root, "env": env, "mode": mode}
+    if ropts.runtime == "command":
+        if add_args:
+            raise RemoteError("--second-pass needs the process runtime: the command runtime starts the server "
+                              "with the user's own command line")
+        return dict(base, op="command_restart", start=ropts.start_command, stop=ropts.stop_command,
+                    log=ropts.log_file, port=server["port"], bind_host=server.get("bind_host"))
+    return dict(base, op="server_restart", pid=server["pid"], add_args=list(add_args))
 
 
 def send_prompts(run: _Run, http: HostHTTP, model: dict[str, Any], facts, report: HostReport,

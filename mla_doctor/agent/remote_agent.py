@@ -2110,6 +2110,13 @@ def restore_server(run_dir, note=lambda m: None):
         return {"restored": None, "reason": "the run did not restart the server"}
     spec = _read_json(orig_path)
     current = _read_json(cur_path) if os.path.exists(cur_path) else {}
+    if spec.get("runtime") == "command":
+        if current.get("mode") == "original" and _server_on_port(spec["port"]):
+            return {"restored": True, "already": True}
+        _command_stop(spec)
+        cur = _command_launch(spec, run_dir, int(current.get("launch", 0)) + 1, {}, "original")
+        note("server restarted with its own start command")
+        return {"restored": True, "log": cur["log"], "log_offset": cur["log_offset"]}
     if current.get("mode") == "original" and current.get("pid") and _alive(current["pid"]):
         return {"restored": True, "pid": current["pid"], "already": True}
     if current.get("pid"):
@@ -2142,7 +2149,12 @@ def op_tick(plan):
     _orig, cur_path = _server_paths(run_dir)
     cur = _read_json(cur_path) if os.path.exists(cur_path) else {}
     out["pid"] = cur.get("pid")
-    out["alive"] = bool(cur.get("pid")) and _alive(cur["pid"])
+    if cur.get("runtime") == "command":  # no pid of ours: the server is whatever serves the port
+        found = _server_on_port(cur.get("port"))
+        out["pid"] = found[0]["pid"] if found else None
+        out["alive"] = bool(found)
+    else:
+        out["alive"] = bool(cur.get("pid")) and _alive(cur["pid"])
     log = plan.get("log") or cur.get("log")
     if log and os.path.exists(log):
         with open(log, "rb") as f:
@@ -2153,6 +2165,69 @@ def op_tick(plan):
         out["log_lines"] = res["lines"]
     return out
 
+
+
+# ---- the `command` runtime: the user's own start/stop commands (inventory or CLI), for anything else.
+# They are run as given with /bin/sh -c, never pieced together; the run's settings reach the server
+# only through the start command's environment.
+
+def _sh(cmd, env, timeout):
+    p = subprocess.run(["/bin/sh", "-c", cmd], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       stdin=subprocess.DEVNULL, timeout=timeout)
+    return p.returncode, p.stdout.decode("utf-8", "replace")[-2000:]
+
+
+def _server_on_port(port):
+    return [s for s in find_servers() if s.get("port") == port]
+
+
+def _command_launch(spec, run_dir, n, extra_env, mode):
+    log = spec.get("log")
+    offset = os.path.getsize(log) if log and os.path.exists(log) else 0
+    env = dict(os.environ)
+    env.update(extra_env or {})
+    rc, out = _sh(spec["start"], env, float(spec.get("timeout", 120)))
+    if rc != 0:
+        raise Refusal("start command failed (exit %d): %s" % (rc, out.strip()[-500:]))
+    cur = {"runtime": "command", "launch": n, "log": log, "log_offset": offset, "mode": mode,
+           "port": spec["port"], "started": _now(), "added_env": sorted((extra_env or {}).keys())}
+    _write_private(_server_paths(run_dir)[1], cur)
+    return cur
+
+
+def _command_stop(spec):
+    rc, out = _sh(spec["stop"], dict(os.environ), float(spec.get("timeout", 120)))
+    host = spec.get("bind_host") if spec.get("bind_host") not in (None, "", "0.0.0.0", "::") else "127.0.0.1"
+    deadline = _now() + float(spec.get("grace_s", 60))
+    while _now() < deadline and (_server_on_port(spec["port"]) or _port_open(host, spec["port"])):
+        time.sleep(0.2)
+    left = _server_on_port(spec["port"])
+    if left:
+        raise Refusal("after the stop command (exit %d) the server still runs: pid %s" % (
+            rc, ", ".join(str(x["pid"]) for x in left)))
+    return rc
+
+
+def op_command_restart(plan):
+    run_dir = _run_dir(plan)
+    if not os.path.isdir(run_dir):
+        raise Refusal("run %s has no run directory on this host (patch first)" % plan["run_id"])
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    orig_path, cur_path = _server_paths(run_dir)
+    if os.path.exists(orig_path):
+        spec = _read_json(orig_path)
+        current = _read_json(cur_path) if os.path.exists(cur_path) else {}
+    else:
+        spec = {"runtime": "command", "start": plan["start"], "stop": plan["stop"], "log": plan.get("log"),
+                "port": int(plan["port"]), "bind_host": plan.get("bind_host"), "timeout": plan.get("timeout", 120)}
+        _write_private(orig_path, spec)
+        current = {}
+    _command_stop(spec)
+    cur = _command_launch(spec, run_dir, int(current.get("launch", 0)) + 1, plan.get("env") or {},
+                          plan.get("mode", "debug"))
+    return {"agent_version": AGENT_VERSION, "op": "command_restart", "log": cur["log"],
+            "log_offset": cur["log_offset"], "port": spec["port"]}
 
 
 def op_http(plan):
@@ -2179,7 +2254,8 @@ def op_http(plan):
 
 OPS = {"static": op_static, "index": op_index, "patch": op_patch, "revert": op_revert,
        "renew": op_renew, "records": op_records, "server_restart": op_server_restart,
-       "server_restore": op_server_restore, "tick": op_tick, "http": op_http}
+       "server_restore": op_server_restore, "tick": op_tick, "http": op_http,
+       "command_restart": op_command_restart}
 
 
 def main(plan_bytes):

@@ -205,6 +205,34 @@ def test_fleet_runbook_mla_path_on_the_real_server(fleet, live_host, tmp_path):
     assert_restored(fleet, live_host, before, h)
 
 
+def test_command_runtime_with_the_users_start_and_stop_commands(fleet, live_host):
+    """--runtime command: mla-doctor stops and starts the server only through the user's commands."""
+    import shlex
+
+    before = vllm_tree_state()
+    env = vllm_cpu.server_env("/opt/ml-env/tmp", base={})
+    argv = vllm_cpu.server_argv(str(vllm_cpu.model_dir()), PORT)
+    root = fleet.fs(HOST, "/opt/ml-env")
+    # `env K=V cmd` keeps the caller's environment: the run's debug settings reach the server
+    (root / "start.sh").write_text("#!/bin/sh\ncd /opt/ml-env\nsetsid nohup env "
+                                   + " ".join(shlex.quote(f"{k}={v}") for k, v in sorted(env.items())) + " "
+                                   + " ".join(shlex.quote(a) for a in argv)
+                                   + " >> /opt/ml-env/server-cmd.log 2>&1 < /dev/null &\n")
+    (root / "stop.sh").write_text("#!/bin/sh\npkill -TERM -f vllm.entrypoints.openai.api_server\nexit 0\n")
+    for name in ("start.sh", "stop.sh"):
+        (root / name).chmod(0o755)
+    code, doc, err = run_cli(fleet, "--runtime", "command", "--start-command", "/opt/ml-env/start.sh",
+                             "--stop-command", "/opt/ml-env/stop.sh", "--log-file", "/opt/ml-env/server-cmd.log")
+    h = doc["hosts"][0]
+    assert h["status"] == "ok", (h["error"], err[-2000:])
+    assert h["live"]["runtime"] == "command" and h["live"]["settings"]["VLLM_LOGGING_LEVEL"] == "DEBUG"
+    prompts = {p["name"]: p for p in h["prompts"]}
+    assert prompts["long"]["observed"]["prefill"] == "mha" and prompts["short"]["observed"]["prefill"] == "mqa"
+    assert h["evidence"]["decode_backend"] == "CPU_MLA"  # read from the command's log file
+    assert code == 0, err[-2000:]
+    assert_restored(fleet, live_host, before, h)
+
+
 def test_controller_killed_mid_run_watchdog_restores(fleet, live_host):
     before = vllm_tree_state()
     run_root = f"/var/tmp/mla-live-kill-{HOST}"
