@@ -179,8 +179,9 @@ def run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Audit
     run = _Run(transport, name, conn, aopts, ropts, kb, progress)
     popts = PatchOptions(ttl=ropts.ttl, method=ropts.method, run_root=ropts.run_root)
     run.step("audit")
+    tset = load_targets(popts.targets)
     try:
-        report, raw = audit_for_patch(transport, name, conn, aopts, popts, kb)
+        report, raw = audit_for_patch(transport, name, conn, aopts, popts, kb, tset)
     except MlaDoctorError as e:
         return HostReport.failed(name, e)
     if report.status != HostStatus.OK:
@@ -215,7 +216,6 @@ def run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Audit
         report.error = f"the running server does not answer a completion before the run: {e}"
         return report
     live["baseline_completion"] = before
-    tset = load_targets(popts.targets)
     prepared = prepare_patch(kb, tset, raw, popts, Templates(popts.templates))
     run.run_id = live["run_id"] = prepared.run_id
     if prepared.missing:

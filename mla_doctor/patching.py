@@ -12,7 +12,7 @@ from typing import Any
 from mla_doctor.agent_runner import run_agent
 from mla_doctor.audit import AuditOptions, build_static_report, static_plan
 from mla_doctor.errors import MlaDoctorError, UnreachableError
-from mla_doctor.instrument import PatchOptions, Templates, load_targets, prepare_patch
+from mla_doctor.instrument import PatchOptions, TargetSet, Templates, load_targets, prepare_patch
 from mla_doctor.knowledge import Knowledge, load_knowledge
 from mla_doctor.results import HostReport, HostStatus
 from mla_doctor.transport import ConnectOptions, Transport
@@ -26,9 +26,11 @@ def _fail(report: HostReport, message: str, kind: str = "PatchRefused") -> HostR
 
 
 def audit_for_patch(transport: Transport, name: str, conn: ConnectOptions, aopts: AuditOptions,
-                    popts: PatchOptions, kb: Knowledge) -> tuple[HostReport, dict[str, Any]]:
+                    popts: PatchOptions, kb: Knowledge, tset: TargetSet | None = None
+                    ) -> tuple[HostReport, dict[str, Any]]:
+    """The static audit, with the patch targets resolved on the host in the same execution."""
     plan = static_plan(kb, aopts)
-    plan["targets"] = load_targets(popts.targets).agent_request()
+    plan["targets"] = (tset or load_targets(popts.targets)).agent_request()
     raw = run_agent(transport, plan, python=aopts.python, sudo=conn.sudo, timeout=conn.command_timeout)
     return build_static_report(name, raw, kb), raw
 
@@ -40,9 +42,9 @@ def patch_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Aud
     templates = Templates(popts.templates)
     t0 = time.monotonic()
     try:
-        report, raw = audit_for_patch(transport, name, conn, aopts, popts, kb)
+        report, raw = audit_for_patch(transport, name, conn, aopts, popts, kb, tset)
     except MlaDoctorError as e:
-        return _host_error(name, e)
+        return HostReport.failed(name, e)
     if report.status != HostStatus.OK:
         return report
     prepared = prepare_patch(kb, tset, raw, popts, templates)
@@ -78,7 +80,7 @@ def revert_host(transport: Transport, name: str, conn: ConnectOptions, run_id: s
         res = run_agent(transport, {"op": "revert", "run_id": run_id, "dry_run": dry_run, "run_root": run_root},
                         sudo=conn.sudo, timeout=conn.command_timeout)
     except MlaDoctorError as e:
-        return _host_error(name, e)
+        return HostReport.failed(name, e)
     report.revert = {"runs": res.get("runs") or [], "dry_run": dry_run}
     if res.get("outcome") == "refused":
         return _fail(report, "; ".join(res.get("refused") or []))
@@ -121,7 +123,3 @@ def hold(transport: Transport, run_id: str, ttl: float, run_root: str, sudo: boo
     finally:
         for sig, h in previous.items():
             signal.signal(sig, h)
-
-
-def _host_error(name: str, e: MlaDoctorError) -> HostReport:
-    return HostReport.failed(name, e)
