@@ -1234,7 +1234,7 @@ def _take_lock(root, run_id):
     info = {"run_id": run_id, "pid": os.getpid(), "since": _now(), "host": socket.gethostname()}
     for _attempt in range(2):
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            _create_complete(path, json.dumps(info))
         except OSError as e:
             if e.errno != errno.EEXIST:
                 raise
@@ -1258,10 +1258,34 @@ def _take_lock(root, run_id):
             raise Refusal("another mla-doctor run holds this host: %s (state %s, since %s); wait for it, or "
                           "undo it with `mla-doctor revert --run %s`" % (other, state, held.get("since"), other)
                           ) from None
-        with os.fdopen(fd, "w") as f:
-            json.dump(info, f)
         return
     raise Refusal("could not take the host lock %s" % path)
+
+
+def _create_complete(path, text):
+    """Create `path` only if it does not exist, with all its content at once (a reader never sees it
+    empty): write a private temp file, then hard-link it into place (EEXIST if someone was first)."""
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except OSError as e:
+            if e.errno in (errno.EEXIST,):
+                raise
+            # no hard links on this filesystem: exclusive create, then write
+            fd2 = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd2, "w") as f2:
+                f2.write(text)
+    finally:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
 
 
 def _holder_alive(held, path):
