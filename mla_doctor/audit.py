@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from mla_doctor import rules
 from mla_doctor.agent_runner import run_agent
@@ -31,41 +31,62 @@ def static_plan(kb: Knowledge, opts: AuditOptions) -> dict[str, Any]:
             "symbols": req["symbols"], "index": req["index"], "log_patterns": req["log_patterns"]}
 
 
-def audit_host(target: str | None, conn: ConnectOptions, opts: AuditOptions,
-               kb: Knowledge | None = None, transport: Transport | None = None) -> HostReport:
-    """Audit one host; never raises for host problems: they become the report's status."""
-    kb = kb or load_knowledge()
-    name = "localhost" if conn.local else (target or "?")
+def host_label(target: str | None, conn: ConnectOptions) -> str:
+    return "localhost" if conn.local else (target or "?")
+
+
+def transport_summary(conn: ConnectOptions, transport: Transport) -> dict[str, Any]:
+    st = transport.stats
+    return {"kind": "local" if conn.local else "ssh", "connections": st.connections, "executions": st.executions,
+            "hops": st.hops, "bytes_sent": st.bytes_sent, "bytes_received": st.bytes_received}
+
+
+def on_host(target: str | None, conn: ConnectOptions,
+            fn: Callable[[Transport, str], HostReport]) -> tuple[HostReport, Transport | None]:
+    """Open the one connection and run fn(transport, name) on it; host failures become the report's
+    status, a bad ssh_config or option is raised (the user's to fix). The caller closes the transport."""
+    name = host_label(target, conn)
     t0 = time.monotonic()
-    own = transport is None
     try:
-        if transport is None:
-            transport = open_transport(target, conn)
+        transport = open_transport(target, conn)
     except UsageError:
-        raise  # a bad ssh_config or option is the user's to fix, not a host's state
+        raise
     except MlaDoctorError as e:
-        return _failed(name, e, t0)
+        return HostReport.failed(name, e, timings={"total_s": round(time.monotonic() - t0, 4)}), None
+    connect_s = time.monotonic() - t0
+    report = fn(transport, name)
+    report.transport = transport_summary(conn, transport)
+    report.timings.setdefault("connect_s", round(connect_s, 4))
+    report.timings["total_s"] = round(time.monotonic() - t0, 4)
+    return report, transport
+
+
+def static_on(transport: Transport, name: str, conn: ConnectOptions, opts: AuditOptions,
+              kb: Knowledge) -> HostReport:
+    """The static audit over an open connection: one remote execution."""
     try:
-        t1 = time.monotonic()
         raw = run_agent(transport, static_plan(kb, opts), python=opts.python, sudo=conn.sudo,
                         timeout=conn.command_timeout)
-        report = build_static_report(name, raw, kb)
-        report.timings.update(connect_s=round(t1 - t0, 4), agent_s=raw.get("_elapsed_s", 0.0))
     except MlaDoctorError as e:
-        report = _failed(name, e, t0)
-    finally:
-        stats = transport.stats
-        if own:
-            transport.close()
-    report.transport = {"kind": "local" if conn.local else "ssh", "connections": stats.connections,
-                        "executions": stats.executions, "hops": stats.hops,
-                        "bytes_sent": stats.bytes_sent, "bytes_received": stats.bytes_received}
-    report.timings["total_s"] = round(time.monotonic() - t0, 4)
+        return HostReport.failed(name, e)
+    report = build_static_report(name, raw, kb)
+    report.timings["agent_s"] = raw.get("_elapsed_s", 0.0)
     return report
 
 
-def _failed(name: str, e: MlaDoctorError, t0: float) -> HostReport:
-    return HostReport.failed(name, e, timings={"total_s": round(time.monotonic() - t0, 4)})
+def audit_host(target: str | None, conn: ConnectOptions, opts: AuditOptions,
+               kb: Knowledge | None = None, transport: Transport | None = None) -> HostReport:
+    """Audit one host; never raises for host problems: they become the report's status.
+    With `transport`, audit over that open connection (a fleet job's) and leave it open."""
+    kb = kb or load_knowledge()
+    if transport is not None:
+        report = static_on(transport, host_label(target, conn), conn, opts, kb)
+        report.transport = transport_summary(conn, transport)
+        return report
+    report, opened = on_host(target, conn, lambda tr, name: static_on(tr, name, conn, opts, kb))
+    if opened is not None:
+        opened.close()
+    return report
 
 
 def build_static_report(name: str, raw: dict[str, Any], kb: Knowledge) -> HostReport:

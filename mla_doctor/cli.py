@@ -125,46 +125,21 @@ def cli():
 def static(fmt, output, model, log, **kw):
     """Read-only audit of one host: vLLM version, MLA code paths, integrity, server, model, log."""
     conn = _conn(kw)
-    from mla_doctor.audit import AuditOptions, audit_host
+    from mla_doctor.audit import AuditOptions, static_on
+    from mla_doctor.knowledge import load_knowledge
 
-    t0 = time.monotonic()
-    report = RunReport(command="static")
-    report.hosts.append(audit_host(kw.get("host"), conn, AuditOptions(python=kw.get("python"), model=model,
-                                                                         log=log)))
-    report.duration_s = time.monotonic() - t0
-    _emit(report, fmt, output)
-    sys.exit(int(report.exit_status()))
-
-
-def _host_name(conn: ConnectOptions, host: str | None) -> str:
-    return "localhost" if conn.local else (host or "?")
-
-
-def _on_host(host: str | None, conn: ConnectOptions, fn):
-    """Open the one connection, run fn(transport, name), close; host failures become a report."""
-    from mla_doctor.results import HostReport
-    from mla_doctor.transport import open_transport
-
-    name = _host_name(conn, host)
-    t0 = time.monotonic()
-    try:
-        transport = open_transport(host, conn)
-    except UsageError:
-        raise
-    except MlaDoctorError as e:
-        return HostReport.failed(name, e), None
-    report = fn(transport, name)
-    report.transport = {"kind": "local" if conn.local else "ssh", "connections": transport.stats.connections,
-                        "executions": transport.stats.executions, "hops": transport.stats.hops}
-    report.timings["total_s"] = round(time.monotonic() - t0, 4)
-    return report, transport
+    opts = AuditOptions(python=kw.get("python"), model=model, log=log)
+    _one_host_command("static", kw, conn, lambda tr, name: static_on(tr, name, conn, opts, load_knowledge()),
+                      fmt, output)
 
 
 def _one_host_command(command: str, kw: dict, conn: ConnectOptions, fn, fmt: str, output: str | None) -> None:
     """Run fn(transport, name) on the one host over one connection, report, exit with its status."""
+    from mla_doctor.audit import on_host
+
     t0 = time.monotonic()
     report = RunReport(command=command)
-    host, transport = _on_host(kw.get("host"), conn, fn)
+    host, transport = on_host(kw.get("host"), conn, fn)
     if transport is not None:
         transport.close()
     report.hosts.append(host)
@@ -212,7 +187,9 @@ def patch(fmt, output, run_root, dry_run, ttl, method, hold, targets, templates,
     t0 = time.monotonic()
     report = RunReport(command="patch")
     aopts = AuditOptions(python=kw.get("python"))
-    host, transport = _on_host(kw.get("host"), conn, lambda tr, name: patch_host(tr, name, conn, aopts, popts))
+    from mla_doctor.audit import on_host
+
+    host, transport = on_host(kw.get("host"), conn, lambda tr, name: patch_host(tr, name, conn, aopts, popts))
     report.hosts.append(host)
     try:
         if hold and transport is not None and (host.patch or {}).get("outcome") == "patched":

@@ -1704,8 +1704,7 @@ def op_revert(plan):
 
 
 def op_renew(plan):
-    root = plan.get("run_root") or DEFAULT_RUN_ROOT
-    run_dir = os.path.join(root, "runs", plan["run_id"])
+    run_dir = _run_dir(plan)
     m = _read_json(os.path.join(run_dir, "manifest.json"))
     if m.get("state") != "patched":
         return {"agent_version": AGENT_VERSION, "op": "renew", "renewed": False, "state": m.get("state")}
@@ -1715,8 +1714,7 @@ def op_renew(plan):
 
 def op_records(plan):
     """Read back probe records (JSONL) of a run: the verdict's input."""
-    root = plan.get("run_root") or DEFAULT_RUN_ROOT
-    rdir = os.path.join(root, "runs", plan["run_id"], "records")
+    rdir = os.path.join(_run_dir(plan), "records")
     records = []
     offsets = dict(plan.get("offset_bytes") or {})
     for p in sorted(glob.glob(os.path.join(rdir, "*.jsonl"))):
@@ -1732,7 +1730,7 @@ def op_records(plan):
                 continue
     out = {"agent_version": AGENT_VERSION, "op": "records", "records": records, "offsets": offsets}
     if plan.get("new_epoch") is not None:  # the next prompt's window: the probe resets its detail budget
-        run_dir = os.path.join(root, "runs", plan["run_id"])
+        run_dir = _run_dir(plan)
         lease = _read_json(_lease_path(run_dir))
         out["lease"] = write_lease(run_dir, lease.get("ttl") or 0, int(plan["new_epoch"]))
     return out
@@ -1880,14 +1878,6 @@ def descendants(pid):
     return out
 
 
-def _alive(pid):
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def _limits(pid):
     out = {}
     try:
@@ -1973,22 +1963,22 @@ def stop_server(pid, grace=30.0, port=None, bind_host=None):
         except OSError:
             pass
     deadline = _now() + grace
-    while _now() < deadline and any(_alive(p) for p in victims):
+    while _now() < deadline and any(_pid_running(p) for p in victims):
         time.sleep(0.1)
-    killed = [p for p in victims if _alive(p)]
+    killed = [p for p in victims if _pid_running(p)]
     for p in killed:
         try:
             os.kill(p, signal.SIGKILL)
         except OSError:
             pass
     deadline2 = _now() + 10
-    while _now() < deadline2 and any(_alive(p) for p in victims):
+    while _now() < deadline2 and any(_pid_running(p) for p in victims):
         time.sleep(0.1)
     host = bind_host if bind_host not in (None, "", "0.0.0.0", "::") else "127.0.0.1"
     deadline3 = _now() + 10
     while port and _now() < deadline3 and _port_open(host, port):
         time.sleep(0.1)
-    return {"stopped": [p for p in victims], "killed": killed, "left": [p for p in victims if _alive(p)]}
+    return {"stopped": [p for p in victims], "killed": killed, "left": [p for p in victims if _pid_running(p)]}
 
 
 def gpu_busy():
@@ -2141,7 +2131,7 @@ def restore_server(run_dir, note=lambda m: None):
         cur = _command_launch(spec, run_dir, int(current.get("launch", 0)) + 1, {}, "original")
         note("server restarted with its own start command")
         return {"restored": True, "log": cur["log"], "log_offset": cur["log_offset"]}
-    if current.get("mode") == "original" and current.get("pid") and _alive(current["pid"]):
+    if current.get("mode") == "original" and current.get("pid") and _pid_running(current["pid"]):
         return {"restored": True, "pid": current["pid"], "already": True}
     if current.get("pid"):
         stop_server(current["pid"], 30.0, spec["port"], spec.get("bind_host"))
@@ -2178,7 +2168,7 @@ def op_tick(plan):
         out["pid"] = found[0]["pid"] if found else None
         out["alive"] = bool(found)
     else:
-        out["alive"] = bool(cur.get("pid")) and _alive(cur["pid"])
+        out["alive"] = bool(cur.get("pid")) and _pid_running(cur["pid"])
     log = plan.get("log") or cur.get("log")
     if log and os.path.exists(log):
         with open(log, "rb") as f:
