@@ -71,6 +71,7 @@ class _Run:
         self.armed: list[dict[str, Any]] = []
         self.startup: list[dict[str, Any]] = []  # records before the first prompt: warm-up, capture
         self.epoch = 0  # the probe's window; prompt i of a pass gets its own epoch
+        self.log_patterns = dict(kb.log_patterns(), exception_line=EXCEPTION_LINE)  # built once, sent per tick
 
     def keep_lease(self) -> threading.Event:
         """Renew the lease every ttl/3 in the background: a slow completion must not let the host's
@@ -94,9 +95,8 @@ class _Run:
         return run_agent(self.tr, plan, sudo=self.conn.sudo, timeout=timeout or self.conn.command_timeout)
 
     def tick(self) -> dict[str, Any]:
-        patterns = dict(self.kb.agent_request()["log_patterns"], exception_line=EXCEPTION_LINE)
         res = self.agent({"op": "tick", "run_id": self.run_id, "run_root": self.ropts.run_root,
-                          "ttl": self.ropts.ttl, "log_offset": self.log_offset, "log_patterns": patterns})
+                          "ttl": self.ropts.ttl, "log_offset": self.log_offset, "log_patterns": self.log_patterns})
         if res.get("log_offset") is not None:
             base = self.log_offset
             for ln in res.get("log_lines") or []:
