@@ -300,7 +300,8 @@ def _run_step(step: Step, report: FleetHostReport, transport: Transport, host, c
                            prompts=tuple(o.get("prompts") or ("short", "long")),
                            second_pass=tuple(o.get("second_pass") or ()),
                            start_command=(rt.get("commands") or {}).get("start"),
-                           stop_command=(rt.get("commands") or {}).get("stop"), log_file=hv.get("log"))
+                           stop_command=(rt.get("commands") or {}).get("stop"), log_file=hv.get("log"),
+                           unit=rt.get("unit"))
         for k in ("ready_timeout", "ttl"):
             if k in o:
                 setattr(ropts, k, float(o[k]))

@@ -29,7 +29,7 @@ from mla_doctor.tunnel import HostHTTP
 BASELINE_PROMPT = "mla-doctor restore check: the quick brown fox"
 # the line that names a crash's cause (after a traceback), with or without vLLM's process prefix
 EXCEPTION_LINE = r"^(\(\S+ pid=\d+\) )?[A-Za-z_][\w.]*(Error|Exception|Exit)(: .*)?$"
-RUNTIMES = ("process", "command")
+RUNTIMES = ("process", "systemd", "command")
 
 
 @dataclass
@@ -50,6 +50,7 @@ class RunOptions:
     start_command: str | None = None  # runtime "command": the user's own start/stop commands
     stop_command: str | None = None
     log_file: str | None = None  # where the start command's server logs
+    unit: str | None = None  # runtime "systemd": the unit (default: the one the server runs in)
 
 
 Progress = Callable[[str, str], None]
@@ -65,7 +66,7 @@ class _Run:
         self.run_id: str | None = None
         self.patched = False
         self.restarted = False
-        self.log_offset = 0
+        self.log_offset: int | str = 0  # bytes into a log file, or a journal cursor (systemd)
         self.log_lines: list[dict[str, Any]] = []
         self.records_offsets: dict[str, int] = {}
         self.armed: list[dict[str, Any]] = []
@@ -98,7 +99,7 @@ class _Run:
         res = self.agent({"op": "tick", "run_id": self.run_id, "run_root": self.ropts.run_root,
                           "ttl": self.ropts.ttl, "log_offset": self.log_offset, "log_patterns": self.log_patterns})
         if res.get("log_offset") is not None:
-            base = self.log_offset
+            base = self.log_offset if isinstance(self.log_offset, int) else len(self.log_lines)
             for ln in res.get("log_lines") or []:
                 self.log_lines.append(dict(ln, n=ln["n"] + base))
             self.log_offset = res["log_offset"]
@@ -192,6 +193,16 @@ def run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Audit
         report.error = "no running vLLM server found on the host (vllm serve / api_server): nothing to diagnose"
         return report
     server = servers[0]
+    if ropts.runtime == "systemd" and not (ropts.unit or (server.get("supervisor") or {}).get("unit")):
+        report.status, report.error_kind = HostStatus.ERROR, "NoUnit"
+        report.error = (f"--runtime systemd: the server (pid {server.get('pid')}) does not run in a systemd unit; "
+                        "name it with --unit, or use --runtime process")
+        return report
+    if ropts.runtime == "process" and server.get("process_runtime_refusal"):
+        # before anything changes: a supervisor would restart the server behind our back
+        report.status, report.error_kind = HostStatus.ERROR, "WrongRuntime"
+        report.error = server["process_runtime_refusal"]
+        return report
     facts = kb.for_version(report.vllm["version"])
     http = HostHTTP(transport, server["port"], server.get("bind_host"), ropts.api_key_env)
     http.sudo = conn.sudo
@@ -250,7 +261,7 @@ def run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Audit
         if rr.get("outcome") == "refused":
             raise RemoteError("; ".join(rr.get("refused") or []))
         run.restarted = True
-        run.log_offset = int(rr.get("log_offset") or 0)  # a new run log, or only the new part of the user's
+        run.log_offset = rr.get("log_offset") or 0  # a new run log, the new part of the user's, a journal cursor
         live["debug_pid"], live["server_log"] = rr.get("pid"), rr.get("log")
         run.step("wait for the server (model load)")
         ok, why, info = wait_ready(run, http, facts, ropts.ready_timeout)
@@ -268,7 +279,7 @@ def run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Audit
                            timeout=conn.command_timeout + 120)
             if rr.get("outcome") == "refused":
                 raise RemoteError("; ".join(rr.get("refused") or []))
-            run.log_offset = int(rr.get("log_offset") or 0)
+            run.log_offset = rr.get("log_offset") or 0
             mark = len(run.log_lines)
             ok, why, info = wait_ready(run, http, facts, ropts.ready_timeout)
             second = send_prompts(run, http, info["model"], facts, report, raw, "second-pass") if ok else []
@@ -302,6 +313,9 @@ def _restart_plan(run: _Run, server: dict[str, Any], env: dict[str, str], mode: 
                               "with the user's own command line")
         return dict(base, op="command_restart", start=ropts.start_command, stop=ropts.stop_command,
                     log=ropts.log_file, port=server["port"], bind_host=server.get("bind_host"))
+    if ropts.runtime == "systemd":
+        return dict(base, op="systemd_restart", unit=ropts.unit or server["supervisor"]["unit"],
+                    port=server["port"], bind_host=server.get("bind_host"), add_args=list(add_args))
     return dict(base, op="server_restart", pid=server["pid"], add_args=list(add_args))
 
 
@@ -382,7 +396,7 @@ def restore(run: _Run, http: HostHTTP, report: HostReport, live: dict[str, Any])
             rs = run.agent({"op": "server_restore", "run_id": run.run_id, "run_root": run.ropts.run_root},
                            timeout=run.conn.command_timeout + 120)
             live["restored_pid"] = rs.get("pid")
-            run.log_offset = int(rs.get("log_offset") or 0)  # it appends to its original log: read only new lines
+            run.log_offset = rs.get("log_offset") or 0  # it appends to its original log: read only new lines
             ok, why, _info = wait_ready(run, http, run.kb.for_version((report.vllm or {}).get("version")),
                                         run.ropts.ready_timeout)
             if not ok:

@@ -7,6 +7,7 @@ recorded under `accept-new`.
 """
 from __future__ import annotations
 
+import logging
 import os
 import select
 import shlex
@@ -22,6 +23,10 @@ from mla_doctor.errors import AuthError, HostKeyError, RemoteError, UnreachableE
 from mla_doctor.sshconfig import HostParams, SSHConfigFile, default_config_path, parse_jump
 
 HOST_KEY_POLICIES = ("strict", "accept-new", "off")
+
+# paramiko logs a refused tunnel channel ("Secsh channel N open FAILED") at ERROR; while a restarted
+# server loads, every readiness poll is one. Its failures reach us as exceptions: keep stderr clean.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 @dataclass

@@ -120,6 +120,14 @@ class Fleet:
             raise FleetError(f"ssh {name} {command!r}: exit {r.returncode}\n{r.stdout}{r.stderr}")
         return r
 
+    def start_service_host(self, name: str, index: int, docker: bool = False) -> None:
+        """One more host whose PID 1 is systemd (sshd, and dockerd with ``docker``, are its units):
+        tests/fleet/service-host.sh. It is in ssh_config and known_hosts, not in ``hosts``."""
+        _run_script("service-host.sh", self.dir, ["up", name, str(index)] + (["--docker"] if docker else []))
+
+    def stop_service_host(self, name: str) -> None:
+        _run_script("service-host.sh", self.dir, ["down", name])
+
     def rekey(self, name: str) -> None:
         """Give ``name`` a new host key and restart only its sshd (known_hosts untouched)."""
         _run_script("rekey.sh", self.dir, [name])
