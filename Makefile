@@ -17,10 +17,13 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # sshd and iproute2 for the test fleet, sudo for the non-root host, chromium to render the HTML report
-# (headless, offline). Installed only when missing and root.
+# (headless, offline), systemd and docker.io (dockerd) for the service host of the systemd/docker runtimes
+# (tests/fleet/service-host.sh). Installed only when missing and root.
 system-packages:
 	@missing=""; \
 	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
+	[ -x /lib/systemd/systemd ] || missing="$$missing systemd"; \
+	command -v dockerd >/dev/null 2>&1 || missing="$$missing docker.io"; \
 	command -v ip >/dev/null 2>&1 || missing="$$missing iproute2"; \
 	command -v sudo >/dev/null 2>&1 || missing="$$missing sudo"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \

@@ -10,25 +10,11 @@ import json
 import shlex
 from importlib import resources
 
+from mla_doctor.agent.remote_agent import BOOTSTRAP, OLD_PYTHON_RC, PLAN_SEPARATOR
 from mla_doctor.errors import NoPythonError, RemoteError, SudoError
 from mla_doctor.transport import Transport
 
-PLAN_SEPARATOR = b"\n#--mla-doctor-plan--\n"
 NO_PYTHON_RC = 127
-OLD_PYTHON_RC = 97
-
-BOOTSTRAP = (
-    "import sys\n"
-    "if sys.version_info < (3, 8):\n"
-    "    sys.stderr.write('mla-doctor: the agent needs Python 3.8+, %s is %d.%d\\n' % "
-    "((sys.executable,) + tuple(sys.version_info[:2])))\n"
-    f"    sys.exit({OLD_PYTHON_RC})\n"
-    "d = sys.stdin.buffer.read()\n"
-    f"s, _, p = d.partition({PLAN_SEPARATOR!r})\n"
-    "g = {'__name__': 'mla_doctor_agent'}\n"
-    "exec(compile(s, 'mla_doctor_agent.py', 'exec'), g)\n"
-    "sys.exit(g['main'](p))\n"
-)
 
 
 def agent_source() -> bytes:

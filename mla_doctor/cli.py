@@ -226,12 +226,14 @@ def revert(fmt, output, run_root, dry_run, run_id, **kw):
 
 @cli.command("run")
 @connection_options
-@click.option("--runtime", type=click.Choice(["process", "systemd", "command"]), default="process",
+@click.option("--runtime", type=click.Choice(["process", "systemd", "docker", "command"]), default="process",
               show_default=True,
               help="How the server is stopped and started: process (found in /proc, relaunched detached as "
-                   "found), systemd (a runtime drop-in + systemctl, logs from the journal) or command (your "
+                   "found), systemd (a runtime drop-in + systemctl, logs from the journal), docker (files patched "
+                   "inside the container via docker exec, docker restart, docker logs) or command (your "
                    "--start-command / --stop-command).")
 @click.option("--unit", metavar="UNIT", help="runtime systemd: the unit (default: the unit the server runs in).")
+@click.option("--container", metavar="NAME", help="runtime docker: the container (default: the one running vLLM).")
 @click.option("--start-command", metavar="CMD", help="runtime command: starts the server (run with /bin/sh -c; "
               "the run's settings arrive in its environment).")
 @click.option("--stop-command", metavar="CMD", help="runtime command: stops the server.")
@@ -256,8 +258,8 @@ def revert(fmt, output, run_root, dry_run, run_id, **kw):
 @click.option("--run-root", default="/var/tmp/mla-doctor", show_default=True)
 @output_options
 @handle_errors("run")
-def run_cmd(fmt, output, runtime, unit, start_command, stop_command, log_file, method, yes, force, api_key_env,
-            ready_timeout, ttl, expect, prompts,
+def run_cmd(fmt, output, runtime, unit, container, start_command, stop_command, log_file, method, yes, force,
+            api_key_env, ready_timeout, ttl, expect, prompts,
             max_tokens, second_pass, extra_env, run_root, **kw):
     """The live diagnosis: instrument, restart with debug settings, send calibrated prompts, restore, verdict."""
     conn = _conn(kw)
@@ -291,7 +293,7 @@ def run_cmd(fmt, output, runtime, unit, start_command, stop_command, log_file, m
                        ready_timeout=ready_timeout, ttl=ttl, expect=exp, max_tokens=max_tokens, run_root=run_root,
                        prompts=tuple(p.strip() for p in prompts.split(",") if p.strip()),
                        second_pass=tuple(shlex.split(second_pass or "")), start_command=start_command,
-                       stop_command=stop_command, log_file=log_file, unit=unit)
+                       stop_command=stop_command, log_file=log_file, unit=unit, container=container)
     quiet = fmt == "json"
 
     def progress(host, msg):

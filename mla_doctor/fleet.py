@@ -301,7 +301,7 @@ def _run_step(step: Step, report: FleetHostReport, transport: Transport, host, c
                            second_pass=tuple(o.get("second_pass") or ()),
                            start_command=(rt.get("commands") or {}).get("start"),
                            stop_command=(rt.get("commands") or {}).get("stop"), log_file=hv.get("log"),
-                           unit=rt.get("unit"))
+                           unit=rt.get("unit"), container=rt.get("container"))
         for k in ("ready_timeout", "ttl"):
             if k in o:
                 setattr(ropts, k, float(o[k]))

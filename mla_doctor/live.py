@@ -7,6 +7,7 @@ it with the same greedy completion → evidence → verdict.
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 import time
@@ -15,7 +16,8 @@ from typing import Any, Callable
 
 from mla_doctor.agent_runner import run_agent
 from mla_doctor.audit import AuditOptions
-from mla_doctor.errors import MlaDoctorError, RemoteError
+from mla_doctor.container import ContainerTransport
+from mla_doctor.errors import MlaDoctorError, RemoteError, UsageError
 from mla_doctor.evidence import PromptObservation
 from mla_doctor.exit_codes import ExitStatus
 from mla_doctor.instrument import PatchOptions, Templates, load_targets, prepare_patch
@@ -29,7 +31,7 @@ from mla_doctor.tunnel import HostHTTP
 BASELINE_PROMPT = "mla-doctor restore check: the quick brown fox"
 # the line that names a crash's cause (after a traceback), with or without vLLM's process prefix
 EXCEPTION_LINE = r"^(\(\S+ pid=\d+\) )?[A-Za-z_][\w.]*(Error|Exception|Exit)(: .*)?$"
-RUNTIMES = ("process", "systemd", "command")
+RUNTIMES = ("process", "systemd", "docker", "command")
 
 
 @dataclass
@@ -51,6 +53,7 @@ class RunOptions:
     stop_command: str | None = None
     log_file: str | None = None  # where the start command's server logs
     unit: str | None = None  # runtime "systemd": the unit (default: the one the server runs in)
+    container: str | None = None  # runtime "docker": the container (default: the one running vLLM)
 
 
 Progress = Callable[[str, str], None]
@@ -63,6 +66,10 @@ class _Run:
                  ropts: RunOptions, kb: Knowledge, progress: Progress):
         self.tr, self.name, self.conn, self.aopts, self.ropts, self.kb = transport, name, conn, aopts, ropts, kb
         self.progress = progress
+        # where the server's lifecycle is handled (restart, tick, restore): the host itself, also when
+        # the files live in a container (then self.tr runs the agent inside it)
+        self.host_tr, self.host_sudo = transport, conn.sudo
+        self.host_lease = False  # the host holds a lease of its own (docker: the host's watchdog)
         self.run_id: str | None = None
         self.patched = False
         self.restarted = False
@@ -83,6 +90,8 @@ class _Run:
             while not stop.wait(max(1.0, self.ropts.ttl / 3)):
                 try:
                     renew(self.tr, self.run_id, self.ropts.ttl, self.ropts.run_root, self.conn.sudo)
+                    if self.host_lease:
+                        renew(self.host_tr, self.run_id, self.ropts.ttl, self.ropts.run_root, self.host_sudo)
                 except MlaDoctorError:
                     return
 
@@ -92,12 +101,15 @@ class _Run:
     def step(self, msg: str) -> None:
         self.progress(self.name, msg)
 
-    def agent(self, plan: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+    def agent(self, plan: dict[str, Any], timeout: float | None = None, host: bool = False) -> dict[str, Any]:
+        if host:
+            return run_agent(self.host_tr, plan, sudo=self.host_sudo, timeout=timeout or self.conn.command_timeout)
         return run_agent(self.tr, plan, sudo=self.conn.sudo, timeout=timeout or self.conn.command_timeout)
 
     def tick(self) -> dict[str, Any]:
         res = self.agent({"op": "tick", "run_id": self.run_id, "run_root": self.ropts.run_root,
-                          "ttl": self.ropts.ttl, "log_offset": self.log_offset, "log_patterns": self.log_patterns})
+                          "ttl": self.ropts.ttl, "log_offset": self.log_offset, "log_patterns": self.log_patterns},
+                         host=True)
         if res.get("log_offset") is not None:
             base = self.log_offset if isinstance(self.log_offset, int) else len(self.log_lines)
             for ln in res.get("log_lines") or []:
@@ -177,7 +189,18 @@ def run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Audit
              kb: Knowledge | None = None, progress: Progress | None = None) -> HostReport:
     kb = kb or load_knowledge()
     progress = progress or (lambda host, msg: None)
+    host_tr, host_sudo, container = transport, conn.sudo, None
+    if ropts.runtime == "docker":
+        progress(name, "find the container")
+        try:
+            container = find_container(transport, conn, ropts)
+        except MlaDoctorError as e:
+            return HostReport.failed(name, e)
+        # files are audited, patched and reverted inside the container, as root there
+        transport = ContainerTransport(host_tr, container["id"], sudo=conn.sudo)
+        conn = dataclasses.replace(conn, sudo=False)
     run = _Run(transport, name, conn, aopts, ropts, kb, progress)
+    run.host_tr, run.host_sudo = host_tr, host_sudo
     popts = PatchOptions(ttl=ropts.ttl, method=ropts.method, run_root=ropts.run_root)
     run.step("audit")
     tset = load_targets(popts.targets)
@@ -193,6 +216,13 @@ def run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Audit
         report.error = "no running vLLM server found on the host (vllm serve / api_server): nothing to diagnose"
         return report
     server = servers[0]
+    if container is not None:  # seen from inside, a container's server looks like a plain process
+        server["supervisor"] = report.server["supervisor"] = {
+            "kind": "docker", "container": container["id"], "name": container.get("name"),
+            "image": container.get("image"), "restart_policy": container.get("restart_policy"),
+            "network_mode": container.get("network_mode")}
+        server["process_runtime_refusal"] = None
+        server["python"] = (report.vllm or {}).get("python")  # the interpreter inside the container
     if ropts.runtime == "systemd" and not (ropts.unit or (server.get("supervisor") or {}).get("unit")):
         report.status, report.error_kind = HostStatus.ERROR, "NoUnit"
         report.error = (f"--runtime systemd: the server (pid {server.get('pid')}) does not run in a systemd unit; "
@@ -204,8 +234,12 @@ def run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Audit
         report.error = server["process_runtime_refusal"]
         return report
     facts = kb.for_version(report.vllm["version"])
-    http = HostHTTP(transport, server["port"], server.get("bind_host"), ropts.api_key_env)
-    http.sudo = conn.sudo
+    http = HostHTTP(host_tr, server["port"], server.get("bind_host"), ropts.api_key_env)
+    http.sudo = host_sudo
+    if container is not None and container.get("network_mode") != "host":
+        # the container's own loopback is not the host's: ask from inside the container
+        http = HostHTTP(transport, server["port"], server.get("bind_host"), ropts.api_key_env)
+        http.via_agent = True
     live: dict[str, Any] = {"run_id": None, "runtime": ropts.runtime, "method": ropts.method,
                             "configuration": "production", "settings": dict(ropts.debug_env)}
     report.live = live
@@ -249,6 +283,13 @@ def run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Audit
         run.patched = True
         lease_keeper = run.keep_lease()
         env = dict(ropts.debug_env)
+        if ropts.runtime == "docker":
+            # `docker restart` keeps the container's environment (only re-creating it could change it);
+            # the patched probe does not need any, and the report says what was not applied
+            live["settings_not_applied"] = env
+            live["settings_note"] = ("docker restart keeps the container's environment: the run's settings "
+                                     "were not applied; the probe works without them")
+            env = {}
         if ropts.method == "plugin":
             penv = res["plugin"]["env"]
             old_pp = (server.get("env") or {}).get("PYTHONPATH")
@@ -257,10 +298,11 @@ def run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Audit
                 env["VLLM_PLUGINS"] = server["env"]["VLLM_PLUGINS"] + "," + penv["VLLM_PLUGINS_ADD"]
         live["settings"] = env
         run.step("restart the server with debug settings")
-        rr = run.agent(_restart_plan(run, server, env, "debug", ()), timeout=conn.command_timeout + 120)
+        rr = run.agent(_restart_plan(run, server, env, "debug", ()), timeout=conn.command_timeout + 120, host=True)
         if rr.get("outcome") == "refused":
             raise RemoteError("; ".join(rr.get("refused") or []))
         run.restarted = True
+        run.host_lease = ropts.runtime == "docker"
         run.log_offset = rr.get("log_offset") or 0  # a new run log, the new part of the user's, a journal cursor
         live["debug_pid"], live["server_log"] = rr.get("pid"), rr.get("log")
         run.step("wait for the server (model load)")
@@ -276,7 +318,7 @@ def run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Audit
             # an explicit second configuration (settings that change which path runs), reported apart
             run.step("restart for the second pass: " + " ".join(ropts.second_pass))
             rr = run.agent(_restart_plan(run, server, env, "debug-second-pass", ropts.second_pass),
-                           timeout=conn.command_timeout + 120)
+                           timeout=conn.command_timeout + 120, host=True)
             if rr.get("outcome") == "refused":
                 raise RemoteError("; ".join(rr.get("refused") or []))
             run.log_offset = rr.get("log_offset") or 0
@@ -303,6 +345,29 @@ def run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Audit
     return report
 
 
+def find_container(transport: Transport, conn: ConnectOptions, ropts: RunOptions) -> dict[str, Any]:
+    """The running container to diagnose: --container, else the only one running a vLLM server."""
+    if ropts.method == "plugin":
+        raise UsageError("--method plugin needs the server's environment, which `docker restart` keeps as it is: "
+                         "use --method patch with --runtime docker")
+    if ropts.second_pass:
+        raise UsageError("--second-pass needs the process or systemd runtime: `docker restart` keeps the "
+                         "container's command line")
+    res = run_agent(transport, {"op": "docker_find", "container": ropts.container}, sudo=conn.sudo,
+                    timeout=conn.command_timeout)
+    if res.get("outcome") == "refused":
+        raise RemoteError("; ".join(res.get("refused") or []), host=transport.name)
+    found = [c for c in res.get("containers") or [] if c.get("running")]
+    if not found:
+        what = f"container {ropts.container} is not running" if ropts.container else \
+            "no running container with a vLLM server on this host (name one with --container)"
+        raise RemoteError(what, host=transport.name)
+    if len(found) > 1:
+        names = ", ".join(c.get("name") or c["id"][:12] for c in found)
+        raise UsageError(f"several containers run a vLLM server: {names} (name one with --container)")
+    return found[0]
+
+
 def _restart_plan(run: _Run, server: dict[str, Any], env: dict[str, str], mode: str,
                   add_args: tuple[str, ...]) -> dict[str, Any]:
     ropts = run.ropts
@@ -313,6 +378,12 @@ def _restart_plan(run: _Run, server: dict[str, Any], env: dict[str, str], mode: 
                               "with the user's own command line")
         return dict(base, op="command_restart", start=ropts.start_command, stop=ropts.stop_command,
                     log=ropts.log_file, port=server["port"], bind_host=server.get("bind_host"))
+    if ropts.runtime == "docker":
+        if add_args:
+            raise RemoteError("--second-pass needs the process or systemd runtime: `docker restart` keeps the "
+                              "container's command line")
+        return dict(base, op="docker_restart", container=server["supervisor"]["container"], port=server["port"],
+                    container_python=server.get("python"), container_run_root=ropts.run_root, ttl=ropts.ttl)
     if ropts.runtime == "systemd":
         return dict(base, op="systemd_restart", unit=ropts.unit or server["supervisor"]["unit"],
                     port=server["port"], bind_host=server.get("bind_host"), add_args=list(add_args))
@@ -394,7 +465,7 @@ def restore(run: _Run, http: HostHTTP, report: HostReport, live: dict[str, Any])
         run.step("restart the server as found")
         try:
             rs = run.agent({"op": "server_restore", "run_id": run.run_id, "run_root": run.ropts.run_root},
-                           timeout=run.conn.command_timeout + 120)
+                           timeout=run.conn.command_timeout + 120, host=True)
             live["restored_pid"] = rs.get("pid")
             run.log_offset = rs.get("log_offset") or 0  # it appends to its original log: read only new lines
             ok, why, _info = wait_ready(run, http, run.kb.for_version((report.vllm or {}).get("version")),

@@ -33,6 +33,24 @@ import sys
 import time
 
 AGENT_VERSION = 1
+# How the controller runs this file: source + PLAN_SEPARATOR + JSON plan on stdin of `python -B -c
+# BOOTSTRAP` (mla_doctor/agent_runner.py). Defined here so the agent can start itself the same way
+# elsewhere (inside a container, from the host's watchdog) with AGENT_SOURCE, which BOOTSTRAP provides.
+PLAN_SEPARATOR = b"\n#--mla-doctor-plan--\n"
+OLD_PYTHON_RC = 97
+BOOTSTRAP = (
+    "import sys\n"
+    "if sys.version_info < (3, 8):\n"
+    "    sys.stderr.write('mla-doctor: the agent needs Python 3.8+, %%s is %%d.%%d\\n' %% "
+    "((sys.executable,) + tuple(sys.version_info[:2])))\n"
+    "    sys.exit(%d)\n"
+    "d = sys.stdin.buffer.read()\n"
+    "s, _, p = d.partition(%r)\n"
+    "g = {'__name__': 'mla_doctor_agent', 'AGENT_SOURCE': s}\n"
+    "exec(compile(s, 'mla_doctor_agent.py', 'exec'), g)\n"
+    "sys.exit(g['main'](p))\n"
+) % (OLD_PYTHON_RC, PLAN_SEPARATOR)
+AGENT_SOURCE = globals().get("AGENT_SOURCE")  # bytes when started through BOOTSTRAP
 
 # Server processes we recognise in /proc/<pid>/cmdline.
 SERVER_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server")
@@ -1707,6 +1725,10 @@ def op_revert(plan):
 
 def op_renew(plan):
     run_dir = _run_dir(plan)
+    if not os.path.exists(os.path.join(run_dir, "manifest.json")) and os.path.exists(_server_paths(run_dir)[0]):
+        # the host side of a container run (docker runtime): only its lease, for the host's watchdog
+        return {"agent_version": AGENT_VERSION, "op": "renew", "renewed": True,
+                "lease": write_lease(run_dir, plan.get("ttl") or 0)}
     m = _read_json(os.path.join(run_dir, "manifest.json"))
     if m.get("state") != "patched":
         return {"agent_version": AGENT_VERSION, "op": "renew", "renewed": False, "state": m.get("state")}
@@ -1773,6 +1795,11 @@ def _stop_watchdog(run_dir):
 def start_watchdog(root, run_id, plan):
     """A detached process that reverts the run when the controller stops renewing its lease."""
     agent_pid = os.getpid()
+    return start_daemon(lambda: watchdog_loop(root, run_id, float(plan.get("watchdog_poll", 1.0)), agent_pid))
+
+
+def start_daemon(fn):
+    """Run fn in a detached process (new session, not our child, no inherited fds); return its pid."""
     r, w = os.pipe()
     pid = os.fork()
     if pid:
@@ -1799,7 +1826,7 @@ def start_watchdog(root, run_id, plan):
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     try:
-        watchdog_loop(root, run_id, float(plan.get("watchdog_poll", 1.0)), agent_pid)
+        fn()
     finally:
         os._exit(0)
 
@@ -2128,6 +2155,12 @@ def restore_server(run_dir, note=lambda m: None):
     current = _read_json(cur_path) if os.path.exists(cur_path) else {}
     if spec.get("runtime") == "systemd":
         return _systemd_restore(spec, run_dir, current, note)
+    if spec.get("runtime") == "docker":
+        if current.get("mode") == "original":
+            return {"restored": True, "already": True, "pid": current.get("pid")}
+        cur = _docker_restart(spec, run_dir, int(current.get("launch", 0)) + 1, "original")
+        note("container %s restarted" % spec["name"])
+        return {"restored": True, "pid": cur["pid"], "log": "docker:" + spec["name"], "log_offset": 0}
     if spec.get("runtime") == "command":
         if current.get("mode") == "original" and _server_on_port(spec["port"]):
             return {"restored": True, "already": True}
@@ -2169,6 +2202,8 @@ def op_tick(plan):
     out["pid"] = cur.get("pid")
     if cur.get("runtime") == "systemd":
         return _systemd_tick(cur, plan, out)
+    if cur.get("runtime") == "docker":
+        return _docker_tick(cur, plan, out)
     if cur.get("runtime") == "command":  # no pid of ours: the server is whatever serves the port
         found = _server_on_port(cur.get("port"))
         out["pid"] = found[0]["pid"] if found else None
@@ -2458,6 +2493,176 @@ def _systemd_tick(cur, plan, out):
     return out
 
 
+# ---- the `docker` runtime. Files are audited, patched and reverted by this agent run *inside* the
+# container (docker exec); this part runs on the host: it restarts the container (`docker restart`
+# keeps its writable layer, so the patched files stay, and its environment, which cannot change
+# without re-creating it), reads `docker logs --since`, and watches the run's lease. A restart ends
+# every process in the container, the in-container watchdog too: the host's watchdog then reverts
+# the files through `docker exec` and restarts the container if the controller goes away.
+
+def _docker(args, timeout=60, stdin=None):
+    try:
+        p = subprocess.run(["docker"] + list(args), input=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           timeout=timeout)
+    except OSError as e:
+        raise Refusal("docker: %s (is the docker CLI installed on the host?)" % e) from None
+    except subprocess.TimeoutExpired:
+        raise Refusal("docker %s: timed out after %ds" % (args[0], timeout)) from None
+    return p.returncode, p.stdout, p.stderr
+
+
+def docker_inspect(container):
+    rc, out, err = _docker(["inspect", "--type", "container", container], timeout=30)
+    if rc != 0:
+        raise Refusal("docker inspect %s: %s" % (container, err.decode("utf-8", "replace").strip()[-300:]))
+    d = json.loads(out.decode("utf-8", "replace"))[0]
+    st = d.get("State") or {}
+    return {"id": d.get("Id"), "name": (d.get("Name") or "").lstrip("/"), "image": (d.get("Config") or {}).get("Image"),
+            "running": bool(st.get("Running")), "restarting": bool(st.get("Restarting")), "pid": st.get("Pid"),
+            "started_at": st.get("StartedAt"), "restart_count": d.get("RestartCount", 0),
+            "restart_policy": ((d.get("HostConfig") or {}).get("RestartPolicy") or {}).get("Name") or "no",
+            "network_mode": (d.get("HostConfig") or {}).get("NetworkMode")}
+
+
+def op_docker_find(plan):
+    """The container to diagnose: the one named, else every container that runs a vLLM server."""
+    out = {"agent_version": AGENT_VERSION, "op": "docker_find", "containers": []}
+    if plan.get("container"):
+        info = docker_inspect(plan["container"])
+        out["containers"].append(info)
+        return out
+    seen = {}
+    for srv in find_servers():
+        sup = srv.get("supervisor") or {}
+        if sup.get("kind") in ("docker", "kubernetes") and sup.get("container"):
+            seen.setdefault(sup["container"], []).append(srv["pid"])
+    for cid, pids in sorted(seen.items()):
+        try:
+            info = docker_inspect(cid)
+        except Refusal as e:
+            info = {"id": cid, "error": str(e)}
+        info["server_pids"] = pids
+        out["containers"].append(info)
+    return out
+
+
+def _docker_log_lines(container, since):
+    rc, out, err = _docker(["logs", "--since", since, container], timeout=60)
+    if rc != 0:
+        return []
+    # the server's stdout and stderr both: vLLM logs to stderr
+    return (out + err).decode("utf-8", "replace").splitlines()
+
+
+def _docker_now():
+    # docker logs --since takes RFC 3339 with fractions; a little before now, never after
+    t = time.time() - 0.5
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + (".%06dZ" % int((t % 1) * 1e6))
+
+
+def _docker_restart(spec, run_dir, n, mode):
+    since = _docker_now()
+    rc, out, err = _docker(["restart", "-t", str(int(spec.get("grace_s", 30))), spec["id"]],
+                           timeout=int(spec.get("grace_s", 30)) + 120)
+    if rc != 0:
+        raise Refusal("docker restart %s failed: %s" % (spec["name"], err.decode("utf-8", "replace").strip()[-300:]))
+    info = docker_inspect(spec["id"])
+    cur = {"runtime": "docker", "container": spec["id"], "launch": n, "mode": mode, "since": since,
+           "pid": info.get("pid"), "restart_count": info.get("restart_count", 0), "started": _now(),
+           "port": spec["port"]}
+    _write_private(_server_paths(run_dir)[1], cur)
+    return cur
+
+
+def op_docker_restart(plan):
+    run_dir = _run_dir(plan)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    if not os.path.isdir(run_dir):
+        os.makedirs(run_dir, mode=0o700)
+    orig_path, cur_path = _server_paths(run_dir)
+    if os.path.exists(orig_path):
+        spec = _read_json(orig_path)
+        current = _read_json(cur_path) if os.path.exists(cur_path) else {}
+    else:
+        info = docker_inspect(plan["container"])
+        if not info["running"]:
+            raise Refusal("container %s is not running" % info["name"])
+        spec = dict(info, runtime="docker", port=int(plan["port"]), grace_s=plan.get("grace_s", 30),
+                    python=plan.get("container_python"), container_run_root=plan.get("container_run_root"),
+                    run_id=plan["run_id"], captured=_now())
+        _write_private(orig_path, spec)
+        current = {}
+    write_lease(run_dir, plan.get("ttl") or 120)
+    cur = _docker_restart(spec, run_dir, int(current.get("launch", 0)) + 1, plan.get("mode", "debug"))
+    wd = _watchdog_pid(run_dir)
+    if not wd and AGENT_SOURCE:
+        wd = start_daemon(lambda: docker_watchdog_loop(run_dir, float(plan.get("watchdog_poll", 1.0))))
+    return {"agent_version": AGENT_VERSION, "op": "docker_restart", "container": spec["name"], "pid": cur["pid"],
+            "log": "docker:" + spec["name"], "log_offset": 0, "port": spec["port"], "watchdog_pid": wd}
+
+
+def _container_agent(spec, plan, timeout=300):
+    """This agent, run inside the container with one plan (the host watchdog's revert)."""
+    py = spec.get("python") or "python3"
+    rc, out, err = _docker(["exec", "-i", "-u", "0", spec["id"], py, "-B", "-c", BOOTSTRAP], timeout=timeout,
+                           stdin=AGENT_SOURCE + PLAN_SEPARATOR + json.dumps(plan).encode())
+    try:
+        return json.loads(out.decode("utf-8", "replace"))
+    except ValueError:
+        return {"fatal": "exit %d: %s" % (rc, err.decode("utf-8", "replace")[-300:])}
+
+
+def docker_watchdog_loop(run_dir, poll):
+    log = os.path.join(run_dir, "watchdog.log")
+
+    def note(msg):
+        with open(log, "a") as f:
+            f.write("%s %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), msg))
+
+    with open(os.path.join(run_dir, "watchdog.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    note("host watchdog pid %d watching container run %s" % (os.getpid(), os.path.basename(run_dir)))
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    orig_path, cur_path = _server_paths(run_dir)
+    while not stop:
+        try:
+            cur = _read_json(cur_path)
+        except (OSError, ValueError):
+            cur = {}
+        if cur.get("mode") == "original":
+            note("container restored: exiting")
+            return
+        if lease_expired(run_dir):
+            spec = _read_json(orig_path)
+            note("lease expired: reverting the container's files")
+            res = _container_agent(spec, {"op": "revert", "run_id": spec["run_id"], "reason": "host watchdog: lease "
+                                          "expired", "run_root": spec.get("container_run_root"),
+                                          "restore_server": False})
+            note("revert: %s" % ([r.get("state") for r in res.get("runs") or []] or res))
+            try:
+                note("server: %s" % restore_server(run_dir, note))
+            except Exception as e:
+                note("restart failed: %s: %s" % (type(e).__name__, e))
+            return
+        time.sleep(poll)
+    note("stopped by SIGTERM")
+
+
+def _docker_tick(cur, plan, out):
+    info = docker_inspect(cur["container"])
+    out["pid"] = info.get("pid")
+    restarted = int(info.get("restart_count") or 0) > int(cur.get("restart_count") or 0)
+    out["alive"] = info["running"] and not info["restarting"] and not restarted
+    lines = _docker_log_lines(cur["container"], cur["since"])
+    seen = plan.get("log_offset") if isinstance(plan.get("log_offset"), int) else 0
+    out["log_offset"] = len(lines)
+    out["log_lines"] = _filter_lines(lines[seen:], plan.get("log_patterns") or {}, "docker:" + cur["container"])[
+        "lines"]
+    return out
+
+
 def op_http(plan):
     """One HTTP request to the server's loopback port, made on the host: the fallback when the host's
     sshd refuses TCP forwarding. Headers (an API key) arrive on stdin, never on a command line."""
@@ -2483,7 +2688,8 @@ def op_http(plan):
 OPS = {"static": op_static, "index": op_index, "patch": op_patch, "revert": op_revert,
        "renew": op_renew, "records": op_records, "server_restart": op_server_restart,
        "server_restore": op_server_restore, "tick": op_tick, "http": op_http,
-       "command_restart": op_command_restart, "systemd_restart": op_systemd_restart}
+       "command_restart": op_command_restart, "systemd_restart": op_systemd_restart,
+       "docker_find": op_docker_find, "docker_restart": op_docker_restart}
 
 
 def main(plan_bytes):
