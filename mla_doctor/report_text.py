@@ -96,9 +96,12 @@ def render_patch(h: HostReport) -> list[str]:
 
 def render_live(h: HostReport) -> list[str]:
     live = h.live or {}
-    settings = ", ".join(f"{k}={v}" for k, v in (live.get("settings") or {}).items())
+    settings = ", ".join(f"{k}={v}" for k, v in (live.get("settings") or {}).items()) or "its own settings only"
     out = [f"   run {live.get('run_id')}: method {live.get('method')}, runtime {live.get('runtime')}, "
            f"configuration {live.get('configuration')} ({settings})"]
+    if live.get("settings_not_applied"):
+        skipped = ", ".join(f"{k}={v}" for k, v in live["settings_not_applied"].items())
+        out.append(f"   not applied: {skipped} — {live.get('settings_note')}")
     if h.prompts:
         out.append(f"   {'prompt':<13}{'tokens':>7}  {'forward_mha calls/tokens':>25}  {'forward_mqa calls/tokens':>25}"
                    f"  expected -> observed")

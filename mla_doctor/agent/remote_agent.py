@@ -2547,25 +2547,34 @@ def op_docker_find(plan):
 
 
 def _docker_log_lines(container, since):
-    rc, out, err = _docker(["logs", "--since", since, container], timeout=60)
-    if rc != 0:
+    # the server's stdout and stderr (vLLM logs to stderr) through one pipe: in the order written, so a
+    # line count stays a position from one tick to the next
+    try:
+        p = subprocess.run(["docker", "logs", "--since", since, container], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
         return []
-    # the server's stdout and stderr both: vLLM logs to stderr
-    return (out + err).decode("utf-8", "replace").splitlines()
+    return p.stdout.decode("utf-8", "replace").splitlines() if p.returncode == 0 else []
 
 
 def _docker_now():
-    # docker logs --since takes RFC 3339 with fractions; a little before now, never after
-    t = time.time() - 0.5
+    # docker logs --since takes RFC 3339 with fractions
+    t = time.time()
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + (".%06dZ" % int((t % 1) * 1e6))
 
 
 def _docker_restart(spec, run_dir, n, mode):
-    since = _docker_now()
-    rc, out, err = _docker(["restart", "-t", str(int(spec.get("grace_s", 30))), spec["id"]],
-                           timeout=int(spec.get("grace_s", 30)) + 120)
+    """`docker restart`, as stop then start: the old server's dying words (EngineDeadError on SIGTERM)
+    are logged before `since`, so they are never read as the new server's."""
+    grace = int(spec.get("grace_s", 30))
+    rc, _out, err = _docker(["stop", "-t", str(grace), spec["id"]], timeout=grace + 120)
     if rc != 0:
-        raise Refusal("docker restart %s failed: %s" % (spec["name"], err.decode("utf-8", "replace").strip()[-300:]))
+        raise Refusal("docker stop %s failed: %s" % (spec["name"], err.decode("utf-8", "replace").strip()[-300:]))
+    _gpu_free_or_refuse(spec)
+    since = _docker_now()
+    rc, _out, err = _docker(["start", spec["id"]], timeout=120)
+    if rc != 0:
+        raise Refusal("docker start %s failed: %s" % (spec["name"], err.decode("utf-8", "replace").strip()[-300:]))
     info = docker_inspect(spec["id"])
     cur = {"runtime": "docker", "container": spec["id"], "launch": n, "mode": mode, "since": since,
            "pid": info.get("pid"), "restart_count": info.get("restart_count", 0), "started": _now(),

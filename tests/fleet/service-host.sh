@@ -160,7 +160,12 @@ ip -n "$netns" link set eth0 up
 # script joins them for the launch only, then goes back)
 for h in /sys/fs/cgroup/*/; do
   [ -f "$h/cgroup.procs" ] || continue
-  mkdir -p "$h/mla-$name" && { echo $$ > "$h/mla-$name/cgroup.procs"; } 2>/dev/null || true
+  mkdir -p "$h/mla-$name" || continue
+  # a new cpuset cgroup has no CPUs or memory nodes: no task may join it until it inherits them
+  for f in cpuset.cpus cpuset.mems; do
+    if [ -f "$h/$f" ]; then cat "$h/$f" > "$h/mla-$name/$f" 2>/dev/null || true; fi
+  done
+  { echo $$ > "$h/mla-$name/cgroup.procs"; } 2>/dev/null || true
 done
 setsid ip netns exec "$netns" unshare --mount --uts --pid --cgroup --fork --mount-proc --kill-child=KILL \
     sh "$hd/start.sh" >> "$hd/systemd.log" 2>&1 < /dev/null &
