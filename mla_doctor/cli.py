@@ -1,6 +1,7 @@
 """Thin click front end: parse options, call the library, render, exit with the documented status."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import shlex
@@ -213,15 +214,27 @@ def patch(fmt, output, run_root, dry_run, ttl, method, hold, targets, templates,
 @connection_options
 @instrument_options
 @click.option("--run", "run_id", metavar="ID", help="Only this run (default: every run that left changes).")
+@click.option("--container", metavar="NAME", help="Revert inside this container (docker exec), as root there.")
 @output_options
 @handle_errors("revert")
-def revert(fmt, output, run_root, dry_run, run_id, **kw):
-    """Undo what mla-doctor runs left on a host: restore files byte-for-byte, never clobber later edits."""
+def revert(fmt, output, run_root, dry_run, run_id, container, **kw):
+    """Undo what mla-doctor runs left on a host: restore files byte-for-byte, never clobber later edits.
+
+    The host's own runs include docker-runtime runs: their container's files are reverted through docker exec
+    and the container restarted. --container reverts a run that never got that far, inside the container."""
     conn = _conn(kw)
     from mla_doctor.patching import revert_host
 
-    _one_host_command("revert", kw, conn, lambda tr, name: revert_host(tr, name, conn, run_id, dry_run, run_root),
-                      fmt, output)
+    def one(tr, name):
+        if container:
+            from mla_doctor.container import ContainerTransport
+
+            inner = dataclasses.replace(conn, sudo=False)
+            return revert_host(ContainerTransport(tr, container, sudo=conn.sudo), name, inner, run_id, dry_run,
+                               run_root)
+        return revert_host(tr, name, conn, run_id, dry_run, run_root)
+
+    _one_host_command("revert", kw, conn, one, fmt, output)
 
 
 @cli.command("run")

@@ -1720,6 +1720,23 @@ def op_revert(plan):
                 res["server"] = {"restored": False, "error": "%s: %s" % (type(e).__name__, e)}
         _release_lock(root, m.get("run_id"))
         out["runs"].append(res)
+    # the host side of container runs (docker runtime): their files are inside the container
+    for d in sorted(glob.glob(os.path.join(root, "runs", "*"))) if os.path.isdir(root) else []:
+        orig, cur_path = _server_paths(d)
+        if os.path.exists(os.path.join(d, "manifest.json")) or not os.path.exists(orig):
+            continue
+        spec = _read_json(orig)
+        cur = _read_json(cur_path) if os.path.exists(cur_path) else {}
+        if spec.get("runtime") != "docker" or (plan.get("run_id") and spec.get("run_id") != plan["run_id"]):
+            continue
+        if cur.get("mode") == "original" and not plan.get("run_id"):
+            continue
+        if plan.get("dry_run"):
+            out["runs"].append({"run_id": spec.get("run_id"), "container": spec.get("name"), "dry_run": True,
+                                "state": "container " + str(cur.get("mode"))})
+            continue
+        _stop_watchdog(d)
+        out["runs"].append(docker_revert_and_restore(d, plan.get("reason") or "mla-doctor revert"))
     return out
 
 
@@ -2622,6 +2639,27 @@ def _container_agent(spec, plan, timeout=300):
         return {"fatal": "exit %d: %s" % (rc, err.decode("utf-8", "replace")[-300:])}
 
 
+def docker_revert_and_restore(run_dir, reason, note=lambda m: None):
+    """The container's files reverted (this agent inside it), then the container restarted as found."""
+    spec = _read_json(_server_paths(run_dir)[0])
+    res = _container_agent(spec, {"op": "revert", "run_id": spec["run_id"], "reason": reason,
+                                  "run_root": spec.get("container_run_root"), "restore_server": False})
+    runs = res.get("runs") or []
+    note("revert: %s" % ([r.get("state") for r in runs] or res))
+    out = {"run_id": spec["run_id"], "container": spec.get("name"),
+           "files": [f for r in runs for f in r.get("files", [])],
+           "state": "reverted" if runs and all(r.get("state") == "reverted" for r in runs) else "revert-incomplete"}
+    if res.get("fatal") or res.get("outcome") == "refused":
+        out["error"] = res.get("fatal") or "; ".join(res.get("refused") or [])
+    try:
+        out["server"] = restore_server(run_dir, note)
+        note("server: %s" % out["server"])
+    except Exception as e:
+        out["server"] = {"restored": False, "error": "%s: %s" % (type(e).__name__, e)}
+        note("restart failed: %s" % out["server"]["error"])
+    return out
+
+
 def docker_watchdog_loop(run_dir, poll):
     log = os.path.join(run_dir, "watchdog.log")
 
@@ -2644,16 +2682,8 @@ def docker_watchdog_loop(run_dir, poll):
             note("container restored: exiting")
             return
         if lease_expired(run_dir):
-            spec = _read_json(orig_path)
             note("lease expired: reverting the container's files")
-            res = _container_agent(spec, {"op": "revert", "run_id": spec["run_id"], "reason": "host watchdog: lease "
-                                          "expired", "run_root": spec.get("container_run_root"),
-                                          "restore_server": False})
-            note("revert: %s" % ([r.get("state") for r in res.get("runs") or []] or res))
-            try:
-                note("server: %s" % restore_server(run_dir, note))
-            except Exception as e:
-                note("restart failed: %s: %s" % (type(e).__name__, e))
+            docker_revert_and_restore(run_dir, "host watchdog: lease expired", note)
             return
         time.sleep(poll)
     note("stopped by SIGTERM")

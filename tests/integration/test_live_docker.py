@@ -207,3 +207,42 @@ def test_controller_killed_mid_run_host_watchdog_restores_the_container(fleet, d
     assert "revert: ['reverted']" in log, log
     wait_ready(fleet, 240)
     assert_container_as_found(fleet, docker_host)
+
+
+def test_manual_revert_after_a_lost_controller(fleet, docker_host):
+    """The README's undo: `revert --container` restores the files inside the container, then `revert` on the
+    host restarts the container as found (long lease: no watchdog acts in between)."""
+    run_root = "/var/tmp/mla-live-docker-manual"
+    base = [sys.executable, "-m", "mla_doctor"]
+    conn = ["--host", HOST, "--ssh-config", str(fleet.ssh_config), "--run-root", run_root, "--format", "json"]
+    proc = subprocess.Popen(base + ["run", *conn, "--yes", "--ttl", "600", "--runtime", "docker"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT, stdin=subprocess.DEVNULL)
+    runs = Path(run_root) / "runs"
+    deadline = time.time() + 180
+    cur = []
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            cur = list(runs.glob("*/server-current.json"))
+            if cur and json.loads(cur[0].read_text()).get("mode") == "debug":
+                break
+            time.sleep(0.2)
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert cur, "the run never reached the container restart"
+    run_id = cur[0].parent.name
+    assert container_state(fleet) != docker_host["state"]  # patched, probe installed
+    p = subprocess.run(base + ["revert", *conn, "--container", NAME, "--run", run_id], capture_output=True,
+                       text=True, timeout=300, cwd=ROOT, stdin=subprocess.DEVNULL)
+    doc = json.loads(p.stdout)
+    assert p.returncode == 0 and doc["hosts"][0]["revert"]["runs"][0]["state"] == "reverted", p.stdout + p.stderr
+    assert container_state(fleet) == docker_host["state"]  # files back while the debug server still runs
+    p = subprocess.run(base + ["revert", *conn], capture_output=True, text=True, timeout=600, cwd=ROOT,
+                       stdin=subprocess.DEVNULL)
+    doc = json.loads(p.stdout)
+    runs_out = doc["hosts"][0]["revert"]["runs"]
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert [r["run_id"] for r in runs_out] == [run_id] and runs_out[0]["server"]["restored"] is True
+    assert json.loads(cur[0].read_text())["mode"] == "original"
+    wait_ready(fleet, 240)
+    assert_container_as_found(fleet, docker_host)
