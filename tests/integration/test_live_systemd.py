@@ -137,11 +137,26 @@ def test_process_runtime_refuses_a_unit_that_restarts(fleet, sd_host):
     assert vllm_tree_state() == before
 
 
+TRICKY = 'a "b" $HOME 50% \\x \'q\''
+
+
+def wait_for_environ(fleet, timeout: float = 30) -> list[str]:
+    """The environment of the unit's main process once the debug instance runs."""
+    deadline = time.time() + timeout
+    while True:
+        r = ssh(fleet, f"pid=$(systemctl show -p MainPID --value {UNIT}); tr '\\0' '\\n' < /proc/$pid/environ")
+        env = r.stdout.splitlines()
+        if any(e.startswith("MLA_DOCTOR_QUOTING=") for e in env) or time.time() > deadline:
+            return env
+        time.sleep(0.3)
+
+
 def test_controller_killed_mid_run_watchdog_removes_drop_in(fleet, sd_host):
     before = vllm_tree_state()
     run_root = "/var/tmp/mla-live-sd-kill"
     argv = [sys.executable, "-m", "mla_doctor", "run", "--host", HOST, "--ssh-config", str(fleet.ssh_config),
-            "--yes", "--format", "json", "--run-root", run_root, "--ttl", "15", "--runtime", "systemd"]
+            "--yes", "--format", "json", "--run-root", run_root, "--ttl", "15", "--runtime", "systemd",
+            "--env", "MLA_DOCTOR_QUOTING=" + TRICKY]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
                             stdin=subprocess.DEVNULL)
     runs = Path(run_root) / "runs"  # /var/tmp is the machine's: shared with the service host
@@ -152,6 +167,9 @@ def test_controller_killed_mid_run_watchdog_removes_drop_in(fleet, sd_host):
             cur = list(runs.glob("*/server-current.json"))
             if cur and json.loads(cur[0].read_text()).get("mode") == "debug":
                 assert ssh(fleet, f"ls /run/systemd/system/{UNIT}.d/").stdout.strip().startswith("zz-mla-doctor-")
+                # the drop-in's quoting: the value reaches the server exactly as given
+                environ = wait_for_environ(fleet)
+                assert "MLA_DOCTOR_QUOTING=" + TRICKY in environ and "VLLM_LOGGING_LEVEL=DEBUG" in environ
                 os.kill(proc.pid, signal.SIGKILL)
                 killed = True
                 break
