@@ -404,10 +404,10 @@ def _check_var(path: str, line: int | None, what: str, key: str, value: Any, str
         if bad:
             raise ConfigFileError(path, line,
                                   f"{what}: runtime has unknown key {bad[0]!r} ({', '.join(sorted(allowed))})")
-        if kind_ == "systemd" and not value.get("unit"):
-            raise ConfigFileError(path, line, f"{what}: runtime systemd needs 'unit'")
-        if kind_ == "docker" and not value.get("container"):
-            raise ConfigFileError(path, line, f"{what}: runtime docker needs 'container'")
+        # unit / container: optional, the one the server runs in is found on the host
+        for k in ("unit", "container"):
+            if k in value and not (isinstance(value[k], str) and value[k]):
+                raise ConfigFileError(path, line, f"{what}: runtime {k} must be a name (a non-empty string)")
         cmds = value.get("commands")
         if kind_ == "commands" and not isinstance(cmds, dict):
             raise ConfigFileError(path, line, f"{what}: runtime commands needs 'commands: {{stop: ..., start: ...}}'")

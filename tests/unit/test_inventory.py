@@ -97,7 +97,7 @@ server_port=8000
     ("hosts:\n  a:\n    port: twenty\n", 3, "port must be int"),
     ("hosts:\n  a:\n    api_key_env: sk-live-123\n", 3, "never the key itself"),
     ("hosts:\n  a:\n    runtime: {kind: k8s}\n", 3, "runtime kind 'k8s'"),
-    ("hosts:\n  a:\n    runtime: {kind: systemd}\n", 3, "needs 'unit'"),
+    ("hosts:\n  a:\n    runtime: {kind: systemd, unit: 5}\n", 3, "runtime unit must be a name"),
     ("hosts:\n  a:\n    expect: {prefill: dense}\n", 3, "expect prefill is one of"),
     ("hosts:\n  a:\n    expect: {vllm: 'about 0.10'}\n", 3, "version specifier"),
     ("hosts:\n  a:\n    expect: {colour: red}\n", 3, "unknown key 'colour'"),
