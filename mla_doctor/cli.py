@@ -261,7 +261,10 @@ def revert(fmt, output, run_root, dry_run, run_id, container, **kw):
               help="Lease seconds; renewed while the run is alive, the host's watchdog restores after it.")
 @click.option("--expect", "expect", metavar="prefill=mha,decode=mqa",
               help="Runbook expectations: unmet ones are a fault (exit 1).")
-@click.option("--prompts", default="short,long", show_default=True, help="Prompt set (short,long).")
+@click.option("--prompts", default="short,long,chunked", show_default=True,
+              help="Prompt set: short (1 token), long (above every decode threshold), chunked (beyond "
+                   "max_num_batched_tokens, sent only where chunked prefill is on); sparse prompts on both sides "
+                   "of index_topk are added where the release switches there.")
 @click.option("--max-tokens", type=int, default=3, show_default=True, help="Output tokens per prompt.")
 @click.option("--second-pass", "second_pass", metavar="ARGS",
               help="An explicit second configuration, e.g. '--enforce-eager': restart with these server arguments "

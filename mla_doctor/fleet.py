@@ -297,7 +297,7 @@ def _run_step(step: Step, report: FleetHostReport, transport: Transport, host, c
                            debug_env={str(k): str(v) for k, v in (o.get("debug") or
                                                                    {"VLLM_LOGGING_LEVEL": "DEBUG"}).items()},
                            expect=expect, max_tokens=int(o.get("max_tokens", 3)),
-                           prompts=tuple(o.get("prompts") or ("short", "long")),
+                           prompts=tuple(o.get("prompts") or RunOptions.prompts),
                            second_pass=tuple(o.get("second_pass") or ()),
                            start_command=(rt.get("commands") or {}).get("start"),
                            stop_command=(rt.get("commands") or {}).get("stop"), log_file=hv.get("log"),

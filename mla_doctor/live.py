@@ -23,7 +23,7 @@ from mla_doctor.exit_codes import ExitStatus
 from mla_doctor.instrument import PatchOptions, Templates, load_targets, prepare_patch
 from mla_doctor.knowledge import Knowledge, load_knowledge
 from mla_doctor.patching import audit_for_patch, renew
-from mla_doctor.prompts import FILLER, fill_tokens, plan_prompts
+from mla_doctor.prompts import FILLER, chunked_prefill, fill_tokens, plan_prompts
 from mla_doctor.results import Finding, HostReport, HostStatus, Severity, plain
 from mla_doctor.transport import ConnectOptions, Transport
 from mla_doctor.tunnel import HostHTTP
@@ -45,7 +45,7 @@ class RunOptions:
     expect: dict[str, str] = field(default_factory=dict)
     max_tokens: int = 3
     run_root: str = "/var/tmp/mla-doctor"
-    prompts: tuple[str, ...] = ("short", "long")
+    prompts: tuple[str, ...] = ("short", "long", "chunked")  # chunked: only where chunked prefill is on
     debug_env: dict[str, str] = field(default_factory=lambda: {"VLLM_LOGGING_LEVEL": "DEBUG"})
     second_pass: tuple[str, ...] = ()  # e.g. ("--enforce-eager",): an explicit second configuration
     keep_going_on_fail: bool = False
@@ -390,6 +390,11 @@ def _restart_plan(run: _Run, server: dict[str, Any], env: dict[str, str], mode: 
     return dict(base, op="server_restart", pid=server["pid"], add_args=list(add_args))
 
 
+def server_argv(raw: dict[str, Any]) -> list[str]:
+    servers = raw.get("servers") or []
+    return list((servers[0] if servers else {}).get("argv") or [])
+
+
 def send_prompts(run: _Run, http: HostHTTP, model: dict[str, Any], facts, report: HostReport,
                  raw: dict[str, Any], configuration: str) -> list[tuple[PromptObservation, list[dict[str, Any]]]]:
     ropts = run.ropts
@@ -402,9 +407,18 @@ def send_prompts(run: _Run, http: HostHTTP, model: dict[str, Any], facts, report
             thresholds += [x for plat in v.values() if isinstance(plat, dict) for x in plat.values()
                            if isinstance(x, int)]
     sparse_at_topk = facts.sparse_mode in ("mha_if_short",)
+    chunk = chunked_prefill(run.log_lines, server_argv(raw))
     specs = plan_prompts(max_model_len=model.get("max_model_len"), max_tokens=ropts.max_tokens,
                          thresholds=thresholds, index_topk=cfg.get("index_topk"),
-                         sparse_switches_at_topk=sparse_at_topk, names=ropts.prompts)
+                         sparse_switches_at_topk=sparse_at_topk, names=ropts.prompts,
+                         max_num_batched_tokens=chunk.max_num_batched_tokens, chunked_prefill=bool(chunk.enabled))
+    live = report.live if report.live is not None else {}
+    live["chunked_prefill"] = {"enabled": chunk.enabled, "max_num_batched_tokens": chunk.max_num_batched_tokens,
+                               "source": chunk.source}
+    if "chunked" in ropts.prompts and not any(sp.name == "chunked" for sp in specs):
+        why = ("chunked prefill is off" if chunk.enabled is False else
+               "the prompt would not fit max_model_len" if chunk.enabled else "no max_num_batched_tokens known")
+        live.setdefault("prompts_skipped", {})[f"chunked ({configuration})"] = f"{why}: {chunk.source}"
     pool = http.json("POST", "/tokenize", {"model": model["id"], "prompt": FILLER * 8,
                                            "add_special_tokens": False})["tokens"]
     rng = random.Random()

@@ -99,6 +99,8 @@ def render_live(h: HostReport) -> list[str]:
     settings = ", ".join(f"{k}={v}" for k, v in (live.get("settings") or {}).items()) or "its own settings only"
     out = [f"   run {live.get('run_id')}: method {live.get('method')}, runtime {live.get('runtime')}, "
            f"configuration {live.get('configuration')} ({settings})"]
+    for name, why in (live.get("prompts_skipped") or {}).items():
+        out.append(f"   not sent: prompt {name}: {why}")
     if live.get("settings_not_applied"):
         skipped = ", ".join(f"{k}={v}" for k, v in live["settings_not_applied"].items())
         out.append(f"   not applied: {skipped} — {live.get('settings_note')}")

@@ -763,11 +763,33 @@ def rule_prompt_problems(ev: LiveEvidence) -> list[Finding]:
     return out
 
 
+def rule_chunked_prefill(ev: LiveEvidence) -> list[Finding]:
+    """The `chunked` prompt (beyond max_num_batched_tokens): its prefill should take several steps, each
+    through forward_mha; the later chunks carry the earlier ones as chunked context."""
+    out = []
+    for p in ev.prompts:
+        if p.name != "chunked":
+            continue
+        obs = observed_path(p)
+        evid = [p.purpose, f"observed: prefill={obs['prefill']} decode={obs['decode']} ({obs['why']})"]
+        if obs["mha_steps"] >= 2:
+            out.append(Finding("CHUNKED_PREFILL_OBSERVED", INFO,
+                               f"{_prompt_label(p)}: the prefill was split into {obs['mha_steps']} chunks, each "
+                               "through forward_mha (later chunks attend to the earlier ones as chunked context)",
+                               evid))
+        elif obs["mha_steps"] == 1:
+            out.append(Finding("CHUNKED_PREFILL_NOT_SPLIT", INFO,
+                               f"{_prompt_label(p)}: the prefill ran in one step, not split as "
+                               "max_num_batched_tokens suggests", evid,
+                               "check the scheduler settings the server really runs with (--max-num-batched-tokens)"))
+    return out
+
+
 RULES = (rule_not_restored, rule_server_failed, rule_probe_not_loaded, rule_probe_loaded_not_called,
          rule_files_modified_live, rule_expectations, rule_backends_selected, rule_mla_not_in_use,
          rule_config_log_disagree, rule_dsa_without_index_topk, rule_short_prompt_decode_only, rule_sparse_all_mqa,
          rule_decode_hidden, rule_path_unexpected, rule_prefill_mha_observed, rule_decode_mqa_observed,
-         rule_tp_ranks, rule_drafter_layers, rule_prompt_problems)
+         rule_chunked_prefill, rule_tp_ranks, rule_drafter_layers, rule_prompt_problems)
 _ORDER = {FAIL: 0, WARN: 1, INFO: 2}
 
 

@@ -153,6 +153,9 @@ def test_run_reports_paths_and_restores(fleet, live_host, method):
     assert "PREFILL_MHA_OBSERVED" in f and "DECODE_MQA_OBSERVED" in f
     ev = h["evidence"]
     assert ev["decode_backend"] == "CPU_MLA" and ev["prefill_backend"] == "CPU_SDPA_MLA"
+    # the CPU platform forces chunked prefill off for MLA: the chunked prompt is not sent, and the log line says why
+    assert h["live"]["chunked_prefill"]["enabled"] is False and "chunked" not in prompts
+    assert "non-GPU platform" in h["live"]["prompts_skipped"]["chunked (production)"]
     assert ev["engine"] == "V1"
     assert code == 0, err[-2000:]
     if method == "plugin":

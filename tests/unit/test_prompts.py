@@ -41,3 +41,34 @@ def test_fill_tokens_exact_length_with_nonce_first(n):
 def test_fill_tokens_needs_a_tokenizer_answer():
     with pytest.raises(ValueError):
         fill_tokens(PromptSpec("x", 3, ""), [], random.Random(0))
+
+
+def test_chunked_prompt_only_where_chunked_prefill_is_on_and_every_chunk_above_the_threshold():
+    names = ("short", "long", "chunked")
+    specs = plan_prompts(max_model_len=32768, max_tokens=3, thresholds=[1, 512], names=names,
+                         max_num_batched_tokens=2048, chunked_prefill=True)
+    assert {s.name: s.tokens for s in specs}["chunked"] == 2048 + 576
+    assert "chunked" not in [s.name for s in plan_prompts(max_model_len=32768, max_tokens=3, thresholds=[1],
+                                                           names=names, max_num_batched_tokens=2048)]
+    assert "chunked" not in [s.name for s in plan_prompts(max_model_len=2048, max_tokens=3, thresholds=[1],
+                                                           names=names, max_num_batched_tokens=2048,
+                                                           chunked_prefill=True)]  # does not fit
+    assert "chunked" not in [s.name for s in plan_prompts(max_model_len=32768, max_tokens=3, thresholds=[1],
+                                                           max_num_batched_tokens=2048, chunked_prefill=True)]
+
+
+def test_chunked_prefill_facts_log_first_then_argv():
+    from mla_doctor.prompts import chunked_prefill
+
+    on = {"ids": ["chunked_on"], "text": "(APIServer pid=1) INFO 01-01 [scheduler.py:240] Chunked prefill is "
+                                         "enabled with max_num_batched_tokens=8192."}
+    off = {"ids": ["mla_non_gpu"], "text": "INFO MLA is enabled on a non-GPU platform; forcing chunked prefill and "
+                                           "prefix caching to be disabled."}
+    c = chunked_prefill([on], ["--max-num-batched-tokens", "4096"])
+    assert (c.enabled, c.max_num_batched_tokens) == (True, 8192) and "8192" in c.source  # the log wins
+    c = chunked_prefill([on, off], [])
+    assert c.enabled is False and "non-GPU" in c.source  # a platform override wins over the config line
+    c = chunked_prefill([], ["--enable-chunked-prefill", "--max-num-batched-tokens=1024"])
+    assert (c.enabled, c.max_num_batched_tokens) == (True, 1024)
+    assert chunked_prefill([], ["--no-enable-chunked-prefill"]).enabled is False
+    assert chunked_prefill([], []).enabled is None
