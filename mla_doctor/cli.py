@@ -1,7 +1,6 @@
 """Thin click front end: parse options, call the library, render, exit with the documented status."""
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import shlex
@@ -121,17 +120,23 @@ def cli():
 @connection_options
 @click.option("--model", "model", metavar="PATH", help="Model directory or config.json (default: the server's).")
 @click.option("--log", "log", metavar="PATH", help="Server log file (default: journal, container or stdout file).")
+@click.option("--container", metavar="NAME", help="Audit the vLLM inside this container (docker exec, read-only).")
 @output_options
 @handle_errors("static")
-def static(fmt, output, model, log, **kw):
+def static(fmt, output, model, log, container, **kw):
     """Read-only audit of one host: vLLM version, MLA code paths, integrity, server, model, log."""
     conn = _conn(kw)
     from mla_doctor.audit import AuditOptions, static_on
+    from mla_doctor.container import inside
     from mla_doctor.knowledge import load_knowledge
 
     opts = AuditOptions(python=kw.get("python"), model=model, log=log)
-    _one_host_command("static", kw, conn, lambda tr, name: static_on(tr, name, conn, opts, load_knowledge()),
-                      fmt, output)
+
+    def one(tr, name):
+        tr, c = inside(tr, conn, container)
+        return static_on(tr, name, c, opts, load_knowledge())
+
+    _one_host_command("static", kw, conn, one, fmt, output)
 
 
 def _one_host_command(command: str, kw: dict, conn: ConnectOptions, fn, fmt: str, output: str | None) -> None:
@@ -226,13 +231,10 @@ def revert(fmt, output, run_root, dry_run, run_id, container, **kw):
     from mla_doctor.patching import revert_host
 
     def one(tr, name):
-        if container:
-            from mla_doctor.container import ContainerTransport
+        from mla_doctor.container import inside
 
-            inner = dataclasses.replace(conn, sudo=False)
-            return revert_host(ContainerTransport(tr, container, sudo=conn.sudo), name, inner, run_id, dry_run,
-                               run_root)
-        return revert_host(tr, name, conn, run_id, dry_run, run_root)
+        tr, c = inside(tr, conn, container)
+        return revert_host(tr, name, c, run_id, dry_run, run_root)
 
     _one_host_command("revert", kw, conn, one, fmt, output)
 

@@ -5,9 +5,10 @@ container's own filesystem; the host keeps the container's lifecycle (restart, l
 """
 from __future__ import annotations
 
+import dataclasses
 import shlex
 
-from mla_doctor.transport import CommandResult, Transport
+from mla_doctor.transport import CommandResult, ConnectOptions, Transport
 
 
 class ContainerTransport(Transport):
@@ -27,3 +28,11 @@ class ContainerTransport(Transport):
 
     def run(self, command: str, stdin: bytes | None = None, timeout: float | None = None) -> CommandResult:
         return self.host.run(self.exec_command(command), stdin=stdin, timeout=timeout)
+
+
+def inside(transport: Transport, conn: ConnectOptions, container: str | None) -> tuple[Transport, ConnectOptions]:
+    """The transport and options for agent runs inside ``container`` (unchanged when None): root in the
+    container through docker exec, sudo (if the login needs it) only for docker on the host."""
+    if not container:
+        return transport, conn
+    return ContainerTransport(transport, container, sudo=conn.sudo), dataclasses.replace(conn, sudo=False)

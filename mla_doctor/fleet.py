@@ -278,6 +278,12 @@ def _run_step(step: Step, report: FleetHostReport, transport: Transport, host, c
     aopts = AuditOptions(python=o.get("python") or hv.get("python") or default_python,
                          model=o.get("model") or hv.get("model"), log=o.get("log") or hv.get("log"))
     if step.kind == "audit":
+        rt = hv.get("runtime") or {}
+        if rt.get("kind") == "docker" and rt.get("container"):
+            # the vLLM that runs is the container's: audit it there (read-only, docker exec)
+            from mla_doctor.container import inside
+
+            transport, conn = inside(transport, conn, rt["container"])
         r = audit_host(host.target, conn, aopts, kb, transport=transport)
         _adopt(report, r)
     elif step.kind == "expect":

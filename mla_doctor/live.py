@@ -7,7 +7,6 @@ it with the same greedy completion → evidence → verdict.
 """
 from __future__ import annotations
 
-import dataclasses
 import random
 import threading
 import time
@@ -16,7 +15,7 @@ from typing import Any, Callable
 
 from mla_doctor.agent_runner import run_agent
 from mla_doctor.audit import AuditOptions
-from mla_doctor.container import ContainerTransport
+from mla_doctor.container import inside
 from mla_doctor.errors import MlaDoctorError, RemoteError, UsageError
 from mla_doctor.evidence import PromptObservation
 from mla_doctor.exit_codes import ExitStatus
@@ -197,8 +196,7 @@ def run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Audit
         except MlaDoctorError as e:
             return HostReport.failed(name, e)
         # files are audited, patched and reverted inside the container, as root there
-        transport = ContainerTransport(host_tr, container["id"], sudo=conn.sudo)
-        conn = dataclasses.replace(conn, sudo=False)
+        transport, conn = inside(host_tr, conn, container["id"])
     run = _Run(transport, name, conn, aopts, ropts, kb, progress)
     run.host_tr, run.host_sudo = host_tr, host_sudo
     popts = PatchOptions(ttl=ropts.ttl, method=ropts.method, run_root=ropts.run_root)

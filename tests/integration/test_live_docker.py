@@ -162,6 +162,27 @@ def test_docker_runtime_patches_inside_the_container_and_restores(fleet, docker_
     assert_container_as_found(fleet, docker_host)
 
 
+def test_static_audit_inside_the_container_cli_and_inventory(fleet, docker_host, tmp_path):
+    """Read-only: `static --container` and a fleet audit whose inventory says runtime docker audit the
+    container's own vLLM (not the host's), and change nothing."""
+    base = [sys.executable, "-m", "mla_doctor"]
+    p = subprocess.run(base + ["static", "--host", HOST, "--ssh-config", str(fleet.ssh_config), "--container", NAME,
+                               "--format", "json"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    h = json.loads(p.stdout)["hosts"][0]
+    assert p.returncode == 0 and h["status"] == "ok", p.stdout[-2000:] + p.stderr[-2000:]
+    assert h["vllm"]["path"] == f"{APP_SITE}/vllm" and h["vllm"]["located_by"] == "running server"
+    assert h["static"]["integrity"] == "checked" and h["static"]["modified_files"] == []
+    assert h["server"]["running"] and h["server"]["pid"] == 1  # pid 1 of the container's own namespace
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(f"hosts:\n  {HOST}:\n    runtime: {{kind: docker, container: {NAME}}}\n")
+    p = subprocess.run(base + ["audit", "-i", str(inv), "--ssh-config", str(fleet.ssh_config), "--format", "json",
+                               "--progress", "none"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    fh = json.loads(p.stdout)["hosts"][0]
+    assert p.returncode == 0 and fh["status"] == "ok", p.stdout[-2000:] + p.stderr[-2000:]
+    assert fh["vllm"]["path"] == f"{APP_SITE}/vllm"
+    assert container_state(fleet) == docker_host["state"]
+
+
 def test_docker_runtime_refuses_the_plugin_method_before_any_change(fleet, docker_host):
     started = inspect(fleet)["State"]["StartedAt"]
     code, doc, _err = run_cli(fleet, "--method", "plugin", timeout=120)
