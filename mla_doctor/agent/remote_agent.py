@@ -1974,8 +1974,11 @@ def supervised_refusal(sup):
     if kind == "systemd" and (sup.get("restart") or "no") != "no":
         return ("the server is systemd unit %s with Restart=%s: it would be restarted behind our back; "
                 "use --runtime systemd" % (sup.get("unit"), sup.get("restart")))
-    if kind in ("docker", "kubernetes"):
-        return "the server runs in a %s container; use --runtime docker (or command)" % kind
+    if kind == "docker":
+        return "the server runs in a docker container; use --runtime docker (or command)"
+    if kind == "kubernetes":
+        return ("the server runs in a Kubernetes pod: the kubelet would restart it; use --runtime command with "
+                "your own stop/start commands (kubectl)")
     if kind == "supervisord":
         return "the server is managed by supervisord; use --runtime command with supervisorctl"
     return None
