@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -193,6 +194,7 @@ def test_docker_runtime_refuses_the_plugin_method_before_any_change(fleet, docke
 
 def test_controller_killed_mid_run_host_watchdog_restores_the_container(fleet, docker_host):
     run_root = "/var/tmp/mla-live-docker-kill"
+    shutil.rmtree(run_root, ignore_errors=True)  # /var/tmp is the controller's too: no earlier run's dirs
     argv = [sys.executable, "-m", "mla_doctor", "run", "--host", HOST, "--ssh-config", str(fleet.ssh_config),
             "--yes", "--format", "json", "--run-root", run_root, "--ttl", "15", "--runtime", "docker"]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
@@ -234,6 +236,7 @@ def test_manual_revert_after_a_lost_controller(fleet, docker_host):
     """The README's undo: `revert --container` restores the files inside the container, then `revert` on the
     host restarts the container as found (long lease: no watchdog acts in between)."""
     run_root = "/var/tmp/mla-live-docker-manual"
+    shutil.rmtree(run_root, ignore_errors=True)  # /var/tmp is the controller's too: no earlier run's dirs
     base = [sys.executable, "-m", "mla_doctor"]
     conn = ["--host", HOST, "--ssh-config", str(fleet.ssh_config), "--run-root", run_root, "--format", "json"]
     proc = subprocess.Popen(base + ["run", *conn, "--yes", "--ttl", "600", "--runtime", "docker"],
