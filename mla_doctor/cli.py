@@ -268,9 +268,10 @@ def revert(fmt, output, run_root, dry_run, run_id, container, **kw):
                    "max_num_batched_tokens, sent only where chunked prefill is on); sparse prompts on both sides "
                    "of index_topk are added where the release switches there.")
 @click.option("--max-tokens", type=int, default=3, show_default=True, help="Output tokens per prompt.")
-@click.option("--second-pass", "second_pass", metavar="ARGS",
-              help="An explicit second configuration, e.g. '--enforce-eager': restart with these server arguments "
-                   "and send the prompts again; reported apart from the production pass.")
+@click.option("--second-pass", "second_pass", metavar="ARGS|SETTINGS",
+              help="An explicit second configuration: restart with it and send the prompts again, reported apart "
+                   "from the production pass. Server arguments ('--enforce-eager') or settings by name, written "
+                   "in the form the installed release accepts ('enforce_eager=on,prefix_caching=off').")
 @click.option("--env", "extra_env", multiple=True, metavar="KEY=VALUE",
               help="Extra environment for the instrumented server (besides VLLM_LOGGING_LEVEL=DEBUG).")
 @click.option("--run-root", default="/var/tmp/mla-doctor", show_default=True)
@@ -307,10 +308,11 @@ def run_cmd(fmt, output, runtime, unit, container, start_command, stop_command, 
         if not sep or not k.isidentifier():
             raise UsageError(f"--env {item!r}: expected KEY=VALUE")
         debug_env[k] = v
+    second_args, second_settings = _second_pass(second_pass)
     ropts = RunOptions(runtime=runtime, method=method, force=force, api_key_env=api_key_env, debug_env=debug_env,
                        ready_timeout=ready_timeout, ttl=ttl, expect=exp, max_tokens=max_tokens, run_root=run_root,
                        prompts=tuple(p.strip() for p in prompts.split(",") if p.strip()),
-                       second_pass=tuple(shlex.split(second_pass or "")), start_command=start_command,
+                       second_pass=second_args, second_pass_settings=second_settings, start_command=start_command,
                        stop_command=stop_command, log_file=log_file, unit=unit, container=container)
     quiet = fmt == "json"
 
@@ -321,6 +323,24 @@ def run_cmd(fmt, output, runtime, unit, container, start_command, stop_command, 
     aopts = AuditOptions(python=kw.get("python"))
     _one_host_command("run", kw, conn, lambda tr, name: run_host(tr, name, conn, aopts, ropts, progress=progress),
                       fmt, output)
+
+
+def _second_pass(text: str | None) -> tuple[tuple[str, ...], dict[str, str]]:
+    """'--enforce-eager --max-num-seqs 8' (arguments) or 'enforce_eager=on,prefix_caching=off' (settings)."""
+    text = (text or "").strip()
+    if not text or text.startswith("-"):
+        return tuple(shlex.split(text)), {}
+    from mla_doctor.knowledge import load_knowledge
+
+    known = load_knowledge().server_setting_names()
+    settings = {}
+    for item in text.split(","):
+        k, sep, v = item.strip().partition("=")
+        if not sep or k not in known or v.lower() not in ("on", "off", "true", "false"):
+            raise UsageError(f"--second-pass {item.strip()!r}: expected NAME=on|off with NAME one of "
+                             f"{', '.join(known)}, or server arguments starting with '-'")
+        settings[k] = v
+    return (), settings
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -304,7 +304,10 @@ def _run_step(step: Step, report: FleetHostReport, transport: Transport, host, c
                                                                    {"VLLM_LOGGING_LEVEL": "DEBUG"}).items()},
                            expect=expect, max_tokens=int(o.get("max_tokens", 3)),
                            prompts=tuple(o.get("prompts") or RunOptions.prompts),
-                           second_pass=tuple(o.get("second_pass") or ()),
+                           second_pass=tuple(o.get("second_pass") or ()) if isinstance(
+                               o.get("second_pass") or [], list) else (),
+                           second_pass_settings={str(k): str(v) for k, v in (
+                               o["second_pass"].items() if isinstance(o.get("second_pass"), dict) else [])},
                            start_command=(rt.get("commands") or {}).get("start"),
                            stop_command=(rt.get("commands") or {}).get("stop"), log_file=hv.get("log"),
                            unit=rt.get("unit"), container=rt.get("container"))

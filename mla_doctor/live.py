@@ -7,6 +7,7 @@ it with the same greedy completion → evidence → verdict.
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 import time
@@ -47,6 +48,8 @@ class RunOptions:
     prompts: tuple[str, ...] = ("short", "long", "chunked")  # chunked: only where chunked prefill is on
     debug_env: dict[str, str] = field(default_factory=lambda: {"VLLM_LOGGING_LEVEL": "DEBUG"})
     second_pass: tuple[str, ...] = ()  # e.g. ("--enforce-eager",): an explicit second configuration
+    # the same by name ({"enforce_eager": "on", "prefix_caching": "off"}), in the form the release accepts
+    second_pass_settings: dict[str, str] = field(default_factory=dict)
     keep_going_on_fail: bool = False
     start_command: str | None = None  # runtime "command": the user's own start/stop commands
     stop_command: str | None = None
@@ -232,6 +235,17 @@ def run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Audit
         report.error = server["process_runtime_refusal"]
         return report
     facts = kb.for_version(report.vllm["version"])
+    if ropts.second_pass_settings:
+        try:
+            args = [a for k, v in ropts.second_pass_settings.items()
+                    for a in kb.setting_args(report.vllm["version"], k, v)]
+        except ValueError as e:
+            report.status, report.error_kind = HostStatus.ERROR, "BadSetting"
+            report.error = f"second pass: {e}"
+            return report
+        ropts = dataclasses.replace(ropts, second_pass=tuple(ropts.second_pass) + tuple(
+            a for a in args if a not in ropts.second_pass))
+        run.ropts = ropts
     http = HostHTTP(host_tr, server["port"], server.get("bind_host"), ropts.api_key_env)
     http.sudo = host_sudo
     if container is not None and container.get("network_mode") != "host":
@@ -240,6 +254,8 @@ def run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Audit
         http.via_agent = True
     live: dict[str, Any] = {"run_id": None, "runtime": ropts.runtime, "method": ropts.method,
                             "configuration": "production", "settings": dict(ropts.debug_env)}
+    if ropts.second_pass:
+        live["second_pass"] = {"settings": dict(ropts.second_pass_settings), "args": list(ropts.second_pass)}
     report.live = live
     report.restored = None
     # -- before anything changes: idle, answering, baseline ------------------------------------
@@ -348,7 +364,7 @@ def find_container(transport: Transport, conn: ConnectOptions, ropts: RunOptions
     if ropts.method == "plugin":
         raise UsageError("--method plugin needs the server's environment, which `docker restart` keeps as it is: "
                          "use --method patch with --runtime docker")
-    if ropts.second_pass:
+    if ropts.second_pass or ropts.second_pass_settings:
         raise UsageError("--second-pass needs the process or systemd runtime: `docker restart` keeps the "
                          "container's command line")
     res = run_agent(transport, {"op": "docker_find", "container": ropts.container}, sudo=conn.sudo,

@@ -42,7 +42,7 @@ STEP_OPTIONS: dict[str, dict[str, Any]] = {
     "expect": {k: (str, bool) for k in EXPECT_KEYS},
     "live": {"method": str, "prompts": (list, str), "max_tokens": int, "ready_timeout": _NUM, "ttl": _NUM,
              "debug": dict, "force": bool, "api_key_env": str, "expect": dict, "run_root": str,
-             "second_pass": list},
+             "second_pass": (list, dict)},  # raw server arguments, or settings {enforce_eager: on, ...}
     "revert": {"run": str, "dry_run": bool, "run_root": str},
     "command": {"run": (str, list), "timeout": _NUM, "restarts": bool, "expect_rc": int},
 }

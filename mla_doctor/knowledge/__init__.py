@@ -236,6 +236,24 @@ class Knowledge:
         below = [x for x in self.inspected if Version(x.base_version) <= v]
         return str(below[-1] if below else self.inspected[0])
 
+    def setting_args(self, version: Optional[str], name: str, value: str) -> list:
+        """The command-line arguments that set ``name`` on/off in this release (ValueError if unknown)."""
+        table = self.data.get("server_settings") or {}
+        if name not in table:
+            raise ValueError(f"unknown server setting {name!r} (known: {', '.join(sorted(table))})")
+        want = {"on": "on", "true": "on", "yes": "on", "1": "on", "off": "off", "false": "off", "no": "off",
+                "0": "off"}.get(str(value).strip().lower())
+        if want is None:
+            raise ValueError(f"setting {name}={value!r}: use on or off")
+        v = parse_version(version)
+        found = _one(table[name], v) if v is not None else (table[name][-1] if table[name] else None)
+        if found is None:
+            raise ValueError(f"setting {name} is not known for vLLM {version}")
+        return list(found.get(want) or [])
+
+    def server_setting_names(self) -> list:
+        return sorted(self.data.get("server_settings") or {})
+
     def for_version(self, version: Optional[str]) -> ReleaseFacts:
         v = parse_version(version)
         known = v is not None and self._known(v)

@@ -289,3 +289,18 @@ def test_log_formats_occur_in_sources(dist, version):
         assert path.is_file(), (lf.id, lf.file)
         text = path.read_text(encoding="utf-8")
         assert lf.format in text or any(lf.format in s for s in _string_templates(text)), (lf.id, lf.file, lf.format)
+
+
+@pytest.mark.parametrize("dist, version", RELEASES)
+def test_server_settings_are_flags_each_release_accepts(dist, version):
+    """The second pass's settings, as knowledge turns them into arguments, exist in each wheel's arg parser."""
+    tree, _, _, _ = _run(dist, version)
+    kb = load_knowledge()
+    text = (tree / "vllm" / "engine" / "arg_utils.py").read_text(encoding="utf-8")
+    for name in kb.server_setting_names():
+        for value in ("on", "off"):
+            for arg in kb.setting_args(version, name, value):
+                flag = arg[len("--no-"):] if arg.startswith("--no-") else arg[2:]
+                assert f'"--{flag}"' in text or f"'--{flag}'" in text, (version, arg)
+                if arg.startswith("--no-"):  # only argparse's BooleanOptionalAction makes --no-X
+                    assert "BooleanOptionalAction" in text, (version, arg)

@@ -127,10 +127,18 @@ def codes(h):
 @pytest.mark.parametrize("method", ["patch", "plugin"])
 def test_run_reports_paths_and_restores(fleet, live_host, method):
     before = vllm_tree_state()
-    code, doc, err = run_cli(fleet, "--method", method)
+    # the patch run also takes an explicit second configuration (server arguments as given)
+    extra = ("--second-pass", "--no-enable-prefix-caching") if method == "patch" else ()
+    code, doc, err = run_cli(fleet, "--method", method, *extra)
     h = doc["hosts"][0]
     assert h["status"] == "ok", (h["error"], err[-2000:])
-    prompts = {p["name"]: p for p in h["prompts"]}
+    if extra:
+        second = [p for p in h["prompts"] if p["configuration"] == "second-pass"]
+        assert [p["name"] for p in second] == ["short", "long"]
+        assert second[1]["observed"]["prefill"] == "mha" and second[0]["observed"]["prefill"] == "mqa"
+        run_dir = Path(f"/var/tmp/mla-live-{HOST}/runs/{h['live']['run_id']}")
+        assert "'enable_prefix_caching': False" in (run_dir / "server-2.log").read_text()  # relaunched with it
+    prompts = {p["name"]: p for p in h["prompts"] if p["configuration"] == "production"}
     short, long_ = prompts["short"], prompts["long"]
     # short: 1 prompt token, decode-only through MQA, never MHA — with the explanation
     assert short["prompt_tokens"] == 1

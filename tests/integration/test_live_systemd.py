@@ -104,13 +104,20 @@ def assert_unit_as_found(fleet, found: dict) -> None:
 def test_systemd_runtime_drop_in_journal_and_restore(fleet, sd_host):
     before = vllm_tree_state()
     debug_before = ssh(fleet, f"journalctl -u {UNIT} --no-pager -o cat | grep -c ' DEBUG '").stdout.strip()
-    code, doc, err = run_cli(fleet, "--runtime", "systemd")
+    code, doc, err = run_cli(fleet, "--runtime", "systemd", "--second-pass", "prefix_caching=off")
     h = doc["hosts"][0]
     assert h["status"] == "ok", (h.get("error"), err[-3000:])
+    # the second pass by setting name, in the form 0.32 accepts, through an ExecStart= override in the drop-in
+    assert h["live"]["second_pass"] == {"settings": {"prefix_caching": "off"}, "args": ["--no-enable-prefix-caching"]}
+    second = [p for p in h["prompts"] if p["configuration"] == "second-pass"]
+    assert {p["name"] for p in second} == {"short", "long"}
+    assert all(p["observed"]["prefill"] == p["expected"]["prefill"] for p in second)
+    parsed = ssh(fleet, f"journalctl -u {UNIT} --no-pager -o cat | grep -c \"'enable_prefix_caching': False\"")
+    assert int(parsed.stdout.strip() or 0) >= 1  # vLLM parsed the extra argument
     assert h["server"]["supervisor"]["kind"] == "systemd" and h["server"]["supervisor"]["unit"] == UNIT
     assert h["live"]["runtime"] == "systemd" and h["live"]["settings"]["VLLM_LOGGING_LEVEL"] == "DEBUG"
     assert h["live"]["server_log"] == "journal:" + UNIT
-    prompts = {p["name"]: p for p in h["prompts"]}
+    prompts = {p["name"]: p for p in h["prompts"] if p["configuration"] == "production"}
     n = prompts["long"]["prompt_tokens"]
     assert prompts["long"]["calls"]["forward_mha"]["tokens_per_layer"] == {
         "model.layers.0.self_attn.attn": n, "model.layers.1.self_attn.attn": n}

@@ -51,3 +51,25 @@ def test_docker_since_is_rfc3339_with_fractions():
     ts = agent._docker_now()
     assert len(ts) == 27 and ts.endswith("Z") and ts[10] == "T" and ts[19] == "."
     assert subprocess.run(["date", "-d", ts.replace("Z", "+00:00")], capture_output=True).returncode == 0
+
+
+def test_second_pass_arguments_or_settings_by_name():
+    import pytest
+
+    from mla_doctor.cli import _second_pass
+    from mla_doctor.errors import UsageError
+    from mla_doctor.knowledge import load_knowledge
+
+    assert _second_pass("--enforce-eager --max-num-seqs 8") == (("--enforce-eager", "--max-num-seqs", "8"), {})
+    assert _second_pass("enforce_eager=on,prefix_caching=off") == ((), {"enforce_eager": "on",
+                                                                         "prefix_caching": "off"})
+    with pytest.raises(UsageError, match="prefix_caching"):
+        _second_pass("prefix_cache=off")
+    kb = load_knowledge()
+    assert kb.setting_args("0.32.0+cpu", "prefix_caching", "off") == ["--no-enable-prefix-caching"]
+    assert kb.setting_args("0.7.3", "enforce_eager", "true") == ["--enforce-eager"]
+    assert kb.setting_args("0.20.2", "enforce_eager", "off") == []
+    with pytest.raises(ValueError, match="unknown server setting"):
+        kb.setting_args("0.20.2", "cuda_graphs", "off")
+    with pytest.raises(ValueError, match="on or off"):
+        kb.setting_args("0.20.2", "enforce_eager", "maybe")
