@@ -1848,9 +1848,9 @@ def start_daemon(fn):
         os._exit(0)
 
 
-def watchdog_loop(root, run_id, poll, agent_pid=None):
-    run_dir = os.path.join(root, "runs", run_id)
-    manifest_path = os.path.join(run_dir, "manifest.json")
+def _watchdog_start(run_dir, what):
+    """A watchdog's first steps: its pid file (for _stop_watchdog), its log, SIGTERM as a stop request.
+    Returns (note, stop): note(msg) appends to watchdog.log; stop is non-empty once asked to stop."""
     log = os.path.join(run_dir, "watchdog.log")
 
     def note(msg):
@@ -1859,9 +1859,16 @@ def watchdog_loop(root, run_id, poll, agent_pid=None):
 
     with open(os.path.join(run_dir, "watchdog.pid"), "w") as f:
         f.write(str(os.getpid()))
-    note("watchdog pid %d watching run %s" % (os.getpid(), run_id))
+    note("%s pid %d watching %s" % (what, os.getpid(), os.path.basename(run_dir)))
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    return note, stop
+
+
+def watchdog_loop(root, run_id, poll, agent_pid=None):
+    run_dir = os.path.join(root, "runs", run_id)
+    manifest_path = os.path.join(run_dir, "manifest.json")
+    note, stop = _watchdog_start(run_dir, "watchdog")
     while not stop:
         try:
             state = _read_json(manifest_path).get("state")
@@ -2038,6 +2045,19 @@ def gpu_busy():
     return [g for g in info["gpus"] if (g.get("memory_used_mib") or 0) > 1024]
 
 
+def _gpu_free_or_refuse(plan):
+    busy = []
+    deadline = _now() + float(plan.get("gpu_free_timeout_s", 60))
+    while True:
+        busy = gpu_busy()
+        if not busy or _now() > deadline:
+            break
+        time.sleep(1)
+    if busy:
+        raise Refusal("GPU memory is still in use after the server stopped (another server on this GPU?): %s"
+                      % ", ".join("%s %s MiB" % (g["index"], g["memory_used_mib"]) for g in busy))
+
+
 def _resolve_exe(spec):
     a0 = spec["argv"][0]
     if os.path.isabs(a0) and os.access(a0, os.X_OK):
@@ -2123,44 +2143,49 @@ def _write_private(path, obj):
     os.rename(path + ".tmp", path)
 
 
-def op_server_restart(plan):
-    """Stop the server found at plan["pid"] and relaunch it with the run's debug settings."""
+def _restart_state(plan, capture, make_run_dir=False):
+    """Every runtime's restart starts here: (run_dir, spec, current). The spec (how the server ran as
+    found) is captured by capture() on the run's first restart and kept 0600 in the run directory;
+    later restarts and the restore read it back. Hang-ups are ignored: a lost controller must not stop
+    a restart half-way."""
     run_dir = _run_dir(plan)
     if not os.path.isdir(run_dir):
-        raise Refusal("run %s has no run directory on this host (patch first)" % plan["run_id"])
-    orig_path, cur_path = _server_paths(run_dir)
+        if not make_run_dir:
+            raise Refusal("run %s has no run directory on this host (patch first)" % plan["run_id"])
+        os.makedirs(run_dir, mode=0o700)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    orig_path, cur_path = _server_paths(run_dir)
     if os.path.exists(orig_path):
-        spec = _read_json(orig_path)
-        current = _read_json(cur_path) if os.path.exists(cur_path) else {"pid": spec["pid"]}
-    else:
-        spec = capture_server(plan["pid"])
-        why = supervised_refusal(spec["supervisor"])
-        if why and not plan.get("force_runtime"):
-            raise Refusal(why)
-        _write_private(orig_path, spec)
-        current = {"pid": spec["pid"]}
+        return run_dir, _read_json(orig_path), _read_json(cur_path) if os.path.exists(cur_path) else {}
+    spec = capture()
+    _write_private(orig_path, spec)
+    return run_dir, spec, {}
+
+
+def _capture_process(plan):
+    spec = capture_server(plan["pid"])
+    why = supervised_refusal(spec["supervisor"])
+    if why and not plan.get("force_runtime"):
+        raise Refusal(why)
+    return spec
+
+
+def op_server_restart(plan):
+    """Stop the server found at plan["pid"] and relaunch it with the run's debug settings."""
+    run_dir, spec, current = _restart_state(plan, lambda: _capture_process(plan))
+    current = current or {"pid": spec["pid"]}
     stopped = stop_server(current["pid"], float(plan.get("grace_s", 30)), spec["port"], spec.get("bind_host"))
     if stopped["left"]:
         raise Refusal("processes survived SIGKILL: %s" % stopped["left"])
-    busy = []
-    deadline = _now() + float(plan.get("gpu_free_timeout_s", 60))
-    while True:
-        busy = gpu_busy()
-        if not busy or _now() > deadline:
-            break
-        time.sleep(1)
-    if busy:
-        raise Refusal("GPU memory is still in use after the server stopped (another server on this GPU?): %s"
-                      % ", ".join("%s %s MiB" % (g["index"], g["memory_used_mib"]) for g in busy))
+    _gpu_free_or_refuse(plan)
     n = int(current.get("launch", 0)) + 1
     log_path = os.path.join(run_dir, "server-%d.log" % n)
     pid, argv, exe = launch_server(spec, log_path, plan.get("env") or {}, plan.get("add_args") or [],
                                    plan.get("drop_env") or [])
     cur = {"pid": pid, "launch": n, "log": log_path, "started": _now(), "mode": plan.get("mode", "debug"),
            "added_args": plan.get("add_args") or [], "added_env": sorted((plan.get("env") or {}).keys())}
-    _write_private(cur_path, cur)
+    _write_private(_server_paths(run_dir)[1], cur)
     return {"agent_version": AGENT_VERSION, "op": "server_restart", "pid": pid, "log": log_path,
             "stopped": stopped, "argv": redact_argv(argv), "exe": exe, "port": spec["port"],
             "bind_host": spec.get("bind_host"), "user": spec["user"], "previous_pid": current["pid"]}
@@ -2284,20 +2309,9 @@ def _command_stop(spec):
 
 
 def op_command_restart(plan):
-    run_dir = _run_dir(plan)
-    if not os.path.isdir(run_dir):
-        raise Refusal("run %s has no run directory on this host (patch first)" % plan["run_id"])
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    orig_path, cur_path = _server_paths(run_dir)
-    if os.path.exists(orig_path):
-        spec = _read_json(orig_path)
-        current = _read_json(cur_path) if os.path.exists(cur_path) else {}
-    else:
-        spec = {"runtime": "command", "start": plan["start"], "stop": plan["stop"], "log": plan.get("log"),
-                "port": int(plan["port"]), "bind_host": plan.get("bind_host"), "timeout": plan.get("timeout", 120)}
-        _write_private(orig_path, spec)
-        current = {}
+    run_dir, spec, current = _restart_state(plan, lambda: {
+        "runtime": "command", "start": plan["start"], "stop": plan["stop"], "log": plan.get("log"),
+        "port": int(plan["port"]), "bind_host": plan.get("bind_host"), "timeout": plan.get("timeout", 120)})
     _command_stop(spec)
     cur = _command_launch(spec, run_dir, int(current.get("launch", 0)) + 1, plan.get("env") or {},
                           plan.get("mode", "debug"))
@@ -2355,26 +2369,24 @@ def render_dropin(env, exec_argv=None):
     return "\n".join(lines) + "\n"
 
 
+def _journal(unit, args, timeout):
+    """journalctl -u UNIT ARGS as message lines, and the cursor of the last entry shown (None: none)."""
+    rc, out, _err = _run(["journalctl", "-u", unit, "-o", "cat", "--no-pager", "-q", "--show-cursor"] + args,
+                         timeout=timeout)
+    lines = out.splitlines()
+    if lines and lines[-1].startswith("-- cursor: "):
+        return lines[:-1], lines[-1][len("-- cursor: "):].strip()
+    return lines, None
+
+
 def journal_cursor(unit):
     """The journal's position now for this unit (None: no entry yet, every later one is ours)."""
-    rc, out, _err = _run(["journalctl", "-u", unit, "-n", "1", "--show-cursor", "-o", "cat", "--no-pager", "-q"],
-                         timeout=30)
-    for line in reversed(out.splitlines()):
-        if line.startswith("-- cursor: "):
-            return line[len("-- cursor: "):].strip()
-    return None
+    return _journal(unit, ["-n", "1"], 30)[1]
 
 
 def journal_since(unit, cursor, limit_lines=20000):
-    argv = ["journalctl", "-u", unit, "-o", "cat", "--no-pager", "-q", "--show-cursor"]
-    if cursor:
-        argv += ["--after-cursor", cursor]
-    rc, out, _err = _run(argv, timeout=60)
-    lines = out.splitlines()
-    new_cursor = cursor
-    if lines and lines[-1].startswith("-- cursor: "):
-        new_cursor = lines.pop()[len("-- cursor: "):].strip()
-    return lines[-limit_lines:], new_cursor
+    lines, new_cursor = _journal(unit, ["--after-cursor", cursor] if cursor else [], 60)
+    return lines[-limit_lines:], new_cursor or cursor
 
 
 def _unit_wait(unit, want, timeout):
@@ -2437,45 +2449,25 @@ def _systemd_stop(spec):
         raise Refusal("unit %s is still %s after systemctl stop" % (unit, info.get("ActiveState")))
 
 
-def _gpu_free_or_refuse(plan):
-    busy = []
-    deadline = _now() + float(plan.get("gpu_free_timeout_s", 60))
-    while True:
-        busy = gpu_busy()
-        if not busy or _now() > deadline:
-            break
-        time.sleep(1)
-    if busy:
-        raise Refusal("GPU memory is still in use after the server stopped (another server on this GPU?): %s"
-                      % ", ".join("%s %s MiB" % (g["index"], g["memory_used_mib"]) for g in busy))
+def _capture_unit(plan):
+    unit = plan["unit"]
+    info = unit_show(unit)
+    if info.get("LoadState") != "loaded":
+        raise Refusal("systemd unit %s is %s" % (unit, info.get("LoadState") or "unknown"))
+    if info.get("ActiveState") != "active":
+        raise Refusal("systemd unit %s is %s, not active: nothing to restart" % (unit, info.get("ActiveState")))
+    main = int(info.get("MainPID") or 0)
+    spec = {"runtime": "systemd", "unit": info.get("Id") or unit, "main_pid": main,
+            "argv": _proc_cmdline(main) if main else None, "port": int(plan["port"]),
+            "bind_host": plan.get("bind_host"), "restart": info.get("Restart"), "type": info.get("Type"),
+            "fragment": info.get("FragmentPath"), "dropins_before": info.get("DropInPaths"),
+            "timeout": plan.get("timeout", 120), "captured": _now()}
+    spec["dropin"] = systemd_dropin(spec["unit"], plan["run_id"])
+    return spec
 
 
 def op_systemd_restart(plan):
-    run_dir = _run_dir(plan)
-    if not os.path.isdir(run_dir):
-        raise Refusal("run %s has no run directory on this host (patch first)" % plan["run_id"])
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    orig_path, cur_path = _server_paths(run_dir)
-    if os.path.exists(orig_path):
-        spec = _read_json(orig_path)
-        current = _read_json(cur_path) if os.path.exists(cur_path) else {}
-    else:
-        unit = plan["unit"]
-        info = unit_show(unit)
-        if info.get("LoadState") != "loaded":
-            raise Refusal("systemd unit %s is %s" % (unit, info.get("LoadState") or "unknown"))
-        if info.get("ActiveState") != "active":
-            raise Refusal("systemd unit %s is %s, not active: nothing to restart" % (unit, info.get("ActiveState")))
-        main = int(info.get("MainPID") or 0)
-        spec = {"runtime": "systemd", "unit": info.get("Id") or unit, "main_pid": main,
-                "argv": _proc_cmdline(main) if main else None, "port": int(plan["port"]),
-                "bind_host": plan.get("bind_host"), "restart": info.get("Restart"), "type": info.get("Type"),
-                "fragment": info.get("FragmentPath"), "dropins_before": info.get("DropInPaths"),
-                "timeout": plan.get("timeout", 120), "captured": _now()}
-        spec["dropin"] = systemd_dropin(spec["unit"], plan["run_id"])
-        _write_private(orig_path, spec)
-        current = {}
+    run_dir, spec, current = _restart_state(plan, lambda: _capture_unit(plan))
     _systemd_stop(spec)
     _gpu_free_or_refuse(plan)
     cur = _systemd_start(spec, run_dir, int(current.get("launch", 0)) + 1, plan.get("env") or {},
@@ -2603,25 +2595,18 @@ def _docker_restart(spec, run_dir, n, mode):
     return cur
 
 
+def _capture_container(plan):
+    info = docker_inspect(plan["container"])
+    if not info["running"]:
+        raise Refusal("container %s is not running" % info["name"])
+    return dict(info, runtime="docker", port=int(plan["port"]), grace_s=plan.get("grace_s", 30),
+                python=plan.get("container_python"), container_run_root=plan.get("container_run_root"),
+                run_id=plan["run_id"], captured=_now())
+
+
 def op_docker_restart(plan):
-    run_dir = _run_dir(plan)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    if not os.path.isdir(run_dir):
-        os.makedirs(run_dir, mode=0o700)
-    orig_path, cur_path = _server_paths(run_dir)
-    if os.path.exists(orig_path):
-        spec = _read_json(orig_path)
-        current = _read_json(cur_path) if os.path.exists(cur_path) else {}
-    else:
-        info = docker_inspect(plan["container"])
-        if not info["running"]:
-            raise Refusal("container %s is not running" % info["name"])
-        spec = dict(info, runtime="docker", port=int(plan["port"]), grace_s=plan.get("grace_s", 30),
-                    python=plan.get("container_python"), container_run_root=plan.get("container_run_root"),
-                    run_id=plan["run_id"], captured=_now())
-        _write_private(orig_path, spec)
-        current = {}
+    # the host side of a container run has no patch run directory: this is its first write
+    run_dir, spec, current = _restart_state(plan, lambda: _capture_container(plan), make_run_dir=True)
     write_lease(run_dir, plan.get("ttl") or 120)
     cur = _docker_restart(spec, run_dir, int(current.get("launch", 0)) + 1, plan.get("mode", "debug"))
     wd = _watchdog_pid(run_dir)
@@ -2664,18 +2649,8 @@ def docker_revert_and_restore(run_dir, reason, note=lambda m: None):
 
 
 def docker_watchdog_loop(run_dir, poll):
-    log = os.path.join(run_dir, "watchdog.log")
-
-    def note(msg):
-        with open(log, "a") as f:
-            f.write("%s %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), msg))
-
-    with open(os.path.join(run_dir, "watchdog.pid"), "w") as f:
-        f.write(str(os.getpid()))
-    note("host watchdog pid %d watching container run %s" % (os.getpid(), os.path.basename(run_dir)))
-    stop = []
-    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
-    orig_path, cur_path = _server_paths(run_dir)
+    note, stop = _watchdog_start(run_dir, "host watchdog (container run)")
+    _orig_path, cur_path = _server_paths(run_dir)
     while not stop:
         try:
             cur = _read_json(cur_path)
