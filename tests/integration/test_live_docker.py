@@ -8,20 +8,17 @@ changes is in the container's writable layer: the agent runs inside it through `
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import shutil
-import signal
 import subprocess
 import sys
 import tarfile
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.integration.test_live_fleet import READY_SCRIPT, vllm_tree_state
 from tests.support import vllm_cpu
+from tests.support.live_runs import run_until_debug_restart, wait_restored
 
 pytestmark = [pytest.mark.fleet, pytest.mark.vllm]
 
@@ -194,38 +191,14 @@ def test_docker_runtime_refuses_the_plugin_method_before_any_change(fleet, docke
 
 def test_controller_killed_mid_run_host_watchdog_restores_the_container(fleet, docker_host):
     run_root = "/var/tmp/mla-live-docker-kill"
-    shutil.rmtree(run_root, ignore_errors=True)  # /var/tmp is the controller's too: no earlier run's dirs
     argv = [sys.executable, "-m", "mla_doctor", "run", "--host", HOST, "--ssh-config", str(fleet.ssh_config),
             "--yes", "--format", "json", "--run-root", run_root, "--ttl", "15", "--runtime", "docker"]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
-                            stdin=subprocess.DEVNULL)
-    runs = Path(run_root) / "runs"  # the host side of the run: /var/tmp is the machine's, shared
-    deadline = time.time() + 180
-    killed = False
-    cur = []
-    try:
-        while time.time() < deadline and proc.poll() is None:
-            cur = list(runs.glob("*/server-current.json"))
-            if cur and json.loads(cur[0].read_text()).get("mode") == "debug":
-                assert container_state(fleet)["probe-modules"], "the probe is not installed in the container"
-                os.kill(proc.pid, signal.SIGKILL)
-                killed = True
-                break
-            time.sleep(0.2)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
-    assert killed, "the run never reached the container restart"
-    run_dir = cur[0].parent
-    deadline = time.time() + 15 + 150
-    cur_state = {}
-    while time.time() < deadline:
-        cur_state = json.loads((run_dir / "server-current.json").read_text())
-        if cur_state.get("mode") == "original":
-            break
-        time.sleep(1)
-    log = (run_dir / "watchdog.log").read_text() if (run_dir / "watchdog.log").exists() else "(no watchdog.log)"
+
+    def on_debug():
+        assert container_state(fleet)["probe-modules"], "the probe is not installed in the container"
+
+    run_dir = run_until_debug_restart(argv, run_root, ROOT, on_debug, timeout=180)
+    _m, cur_state, log = wait_restored(run_dir, 15 + 150)
     assert cur_state.get("mode") == "original", log
     assert "revert: ['reverted']" in log, log
     wait_ready(fleet, 240)
@@ -236,25 +209,11 @@ def test_manual_revert_after_a_lost_controller(fleet, docker_host):
     """The README's undo: `revert --container` restores the files inside the container, then `revert` on the
     host restarts the container as found (long lease: no watchdog acts in between)."""
     run_root = "/var/tmp/mla-live-docker-manual"
-    shutil.rmtree(run_root, ignore_errors=True)  # /var/tmp is the controller's too: no earlier run's dirs
     base = [sys.executable, "-m", "mla_doctor"]
     conn = ["--host", HOST, "--ssh-config", str(fleet.ssh_config), "--run-root", run_root, "--format", "json"]
-    proc = subprocess.Popen(base + ["run", *conn, "--yes", "--ttl", "600", "--runtime", "docker"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT, stdin=subprocess.DEVNULL)
-    runs = Path(run_root) / "runs"
-    deadline = time.time() + 180
-    cur = []
-    try:
-        while time.time() < deadline and proc.poll() is None:
-            cur = list(runs.glob("*/server-current.json"))
-            if cur and json.loads(cur[0].read_text()).get("mode") == "debug":
-                break
-            time.sleep(0.2)
-    finally:
-        proc.kill()
-        proc.wait(10)
-    assert cur, "the run never reached the container restart"
-    run_id = cur[0].parent.name
+    run_dir = run_until_debug_restart(base + ["run", *conn, "--yes", "--ttl", "600", "--runtime", "docker"],
+                                      run_root, ROOT, timeout=180)
+    run_id = run_dir.name
     assert container_state(fleet) != docker_host["state"]  # patched, probe installed
     p = subprocess.run(base + ["revert", *conn, "--container", NAME, "--run", run_id], capture_output=True,
                        text=True, timeout=300, cwd=ROOT, stdin=subprocess.DEVNULL)
@@ -267,6 +226,6 @@ def test_manual_revert_after_a_lost_controller(fleet, docker_host):
     runs_out = doc["hosts"][0]["revert"]["runs"]
     assert p.returncode == 0, p.stdout + p.stderr
     assert [r["run_id"] for r in runs_out] == [run_id] and runs_out[0]["server"]["restored"] is True
-    assert json.loads(cur[0].read_text())["mode"] == "original"
+    assert json.loads((run_dir / "server-current.json").read_text())["mode"] == "original"
     wait_ready(fleet, 240)
     assert_container_as_found(fleet, docker_host)

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -16,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import vllm_cpu
+from tests.support.live_runs import run_until_debug_restart, wait_restored
 
 pytestmark = [pytest.mark.fleet, pytest.mark.vllm]
 
@@ -247,33 +245,12 @@ def test_command_runtime_with_the_users_start_and_stop_commands(fleet, live_host
 def test_controller_killed_mid_run_watchdog_restores(fleet, live_host):
     before = vllm_tree_state()
     run_root = f"/var/tmp/mla-live-kill-{HOST}"
-    shutil.rmtree(run_root, ignore_errors=True)  # /var/tmp is the controller's too: no earlier run's dirs
     argv = [sys.executable, "-m", "mla_doctor", "run", "--host", HOST, "--ssh-config", str(fleet.ssh_config),
             "--yes", "--format", "json", "--run-root", run_root, "--ttl", "15"]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
-                            stdin=subprocess.DEVNULL)
-    runs = Path(run_root) / "runs"  # /var/tmp is shared with the fleet hosts
-    deadline = time.time() + 120
-    killed = False
-    while time.time() < deadline and proc.poll() is None:
-        cur = list(runs.glob("*/server-current.json"))
-        if cur and json.loads(cur[0].read_text()).get("mode") == "debug":
-            os.kill(proc.pid, signal.SIGKILL)
-            killed = True
-            break
-        time.sleep(0.2)
-    proc.wait(10)
-    assert killed, "the run never reached the debug restart"
-    run_dir = cur[0].parent
-    deadline = time.time() + 15 + 120
-    while time.time() < deadline:
-        m = json.loads((run_dir / "manifest.json").read_text())
-        cur_state = json.loads((run_dir / "server-current.json").read_text())
-        if m.get("state") == "reverted" and cur_state.get("mode") == "original":
-            break
-        time.sleep(1)
-    assert m.get("state") == "reverted", (run_dir / "watchdog.log").read_text()
-    assert cur_state.get("mode") == "original", (run_dir / "watchdog.log").read_text()
+    run_dir = run_until_debug_restart(argv, run_root, ROOT)
+    m, cur_state, log = wait_restored(run_dir, 15 + 120)
+    assert m.get("state") == "reverted", log
+    assert cur_state.get("mode") == "original", log
     wait_ready(fleet, 240)
     assert vllm_tree_state() == before
     pids = host_server_pids(fleet)

@@ -7,9 +7,6 @@ journal, and afterwards the drop-in must be gone and the unit running its own Ex
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -19,6 +16,7 @@ import pytest
 
 from tests.integration.test_live_fleet import READY_SCRIPT, vllm_tree_state
 from tests.support import vllm_cpu
+from tests.support.live_runs import run_until_debug_restart, wait_restored
 
 pytestmark = [pytest.mark.fleet, pytest.mark.vllm]
 
@@ -162,42 +160,18 @@ def wait_for_environ(fleet, timeout: float = 30) -> list[str]:
 def test_controller_killed_mid_run_watchdog_removes_drop_in(fleet, sd_host):
     before = vllm_tree_state()
     run_root = "/var/tmp/mla-live-sd-kill"
-    shutil.rmtree(run_root, ignore_errors=True)  # /var/tmp is the controller's too: no earlier run's dirs
     argv = [sys.executable, "-m", "mla_doctor", "run", "--host", HOST, "--ssh-config", str(fleet.ssh_config),
             "--yes", "--format", "json", "--run-root", run_root, "--ttl", "15", "--runtime", "systemd",
             "--env", "MLA_DOCTOR_QUOTING=" + TRICKY]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
-                            stdin=subprocess.DEVNULL)
-    runs = Path(run_root) / "runs"  # /var/tmp is the machine's: shared with the service host
-    deadline = time.time() + 120
-    killed = False
-    try:
-        while time.time() < deadline and proc.poll() is None:
-            cur = list(runs.glob("*/server-current.json"))
-            if cur and json.loads(cur[0].read_text()).get("mode") == "debug":
-                assert ssh(fleet, f"ls /run/systemd/system/{UNIT}.d/").stdout.strip().startswith("zz-mla-doctor-")
-                # the drop-in's quoting: the value reaches the server exactly as given
-                environ = wait_for_environ(fleet)
-                assert "MLA_DOCTOR_QUOTING=" + TRICKY in environ and "VLLM_LOGGING_LEVEL=DEBUG" in environ
-                os.kill(proc.pid, signal.SIGKILL)
-                killed = True
-                break
-            time.sleep(0.2)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
-    assert killed, "the run never reached the debug restart"
-    run_dir = cur[0].parent
-    deadline = time.time() + 15 + 150
-    m, cur_state = {}, {}
-    while time.time() < deadline:
-        m = json.loads((run_dir / "manifest.json").read_text())
-        cur_state = json.loads((run_dir / "server-current.json").read_text())
-        if m.get("state") == "reverted" and cur_state.get("mode") == "original":
-            break
-        time.sleep(1)
-    log = (run_dir / "watchdog.log").read_text() if (run_dir / "watchdog.log").exists() else ""
+
+    def on_debug():
+        assert ssh(fleet, f"ls /run/systemd/system/{UNIT}.d/").stdout.strip().startswith("zz-mla-doctor-")
+        # the drop-in's quoting: the value reaches the server exactly as given
+        environ = wait_for_environ(fleet)
+        assert "MLA_DOCTOR_QUOTING=" + TRICKY in environ and "VLLM_LOGGING_LEVEL=DEBUG" in environ
+
+    run_dir = run_until_debug_restart(argv, run_root, ROOT, on_debug)
+    m, cur_state, log = wait_restored(run_dir, 15 + 150)
     assert m.get("state") == "reverted" and cur_state.get("mode") == "original", log
     assert "without the run's drop-in" in log
     wait_ready(fleet, 240)
