@@ -83,3 +83,42 @@ fleet_reap() {
     done
   done
 }
+
+# fleet_sshd_extra SSHD: the sshd options only this sshd's version needs: OpenSSH >= 9.8 penalises
+# sources (127.0.0.1 included) that fail auth or drop early, which a test fleet does on purpose.
+fleet_sshd_extra() {
+  local version
+  version=$("$1" -V 2>&1 | head -1 || true)   # e.g. "OpenSSH_9.2p1 Debian-2+deb12u10, ..." (sshd -V may exit 1)
+  if printf '%s' "$version" | grep -Eq 'OpenSSH_(9\.(8|9)|[1-9][0-9])'; then echo "PerSourcePenalties no"; fi
+}
+
+# fleet_sshd_config HOSTDIR NAME ADDR PORT LOGIN FWD EXTRA: write HOSTDIR/sshd_config (host key
+# HOSTDIR/ssh_host_ed25519_key; LOGIN: who may log in and how; FWD: the AllowTcpForwarding line;
+# EXTRA: options only some OpenSSH versions know, may be empty). Shared by up.sh and service-host.sh.
+fleet_sshd_config() {
+  cat > "$1/sshd_config" <<EOF
+Port $4
+ListenAddress $3
+AddressFamily inet
+HostKey $1/ssh_host_ed25519_key
+PidFile none
+$5
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+UseDNS no
+$6
+MaxStartups 200:30:400
+MaxSessions 100
+LoginGraceTime 30
+LogLevel VERBOSE
+PrintMotd no
+PrintLastLog no
+Subsystem sftp internal-sftp
+AcceptEnv LANG LC_*
+SetEnv MLA_FLEET_HOST=$2
+$7
+EOF
+}

@@ -81,34 +81,16 @@ NETNS=$netns
 OWN_NETNS=1
 VETH=$veth
 EOF
-cat > "$hd/sshd_config" <<EOF
-Port 22
-ListenAddress $addr
-AddressFamily inet
-HostKey $hd/ssh_host_ed25519_key
-PidFile none
-PermitRootLogin prohibit-password
-AuthorizedKeysFile $FLEET_DIR/authorized_keys
-PubkeyAuthentication yes
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-UsePAM no
-StrictModes no
-UseDNS no
-AllowTcpForwarding local
-MaxStartups 200:30:400
-LogLevel VERBOSE
-PrintMotd no
-Subsystem sftp internal-sftp
-SetEnv MLA_FLEET_HOST=$name
-EOF
+# the same sshd settings as every fleet host (lib.sh)
+fleet_sshd_config "$hd" "$name" "$addr" 22 "PermitRootLogin prohibit-password
+AuthorizedKeysFile $FLEET_DIR/authorized_keys" "AllowTcpForwarding local" "$(fleet_sshd_extra "$SSHD")"
 want="systemd-journald.socket systemd-journald-dev-log.socket systemd-journald.service mla-sshd.service"
 cat > "$hd/units/mla-sshd.service" <<EOF
 [Unit]
 Description=fleet host sshd
 DefaultDependencies=no
 [Service]
-ExecStart=$(command -v sshd || echo /usr/sbin/sshd) -D -e -f $hd/sshd_config
+ExecStart=$SSHD -D -e -f $hd/sshd_config
 StandardOutput=append:$hd/sshd.log
 StandardError=append:$hd/sshd.log
 KillMode=process

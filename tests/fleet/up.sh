@@ -186,10 +186,7 @@ ssh-keygen -q -t ed25519 -N '' -C mla-fleet-client -f "$FLEET_DIR/id_ed25519"
 cp "$FLEET_DIR/id_ed25519.pub" "$FLEET_DIR/authorized_keys"
 chmod 644 "$FLEET_DIR/authorized_keys"
 
-VERSION=$("$SSHD" -V 2>&1 | head -1 || true)   # e.g. "OpenSSH_9.2p1 Debian-2+deb12u10, ..."
-EXTRA=""
-# OpenSSH >= 9.8 penalises sources (127.0.0.1 included) that fail auth or drop early.
-if printf '%s' "$VERSION" | grep -Eq 'OpenSSH_(9\.(8|9)|[1-9][0-9])'; then EXTRA="PerSourcePenalties no"; fi
+EXTRA=$(fleet_sshd_extra "$SSHD")
 
 if [ "$MODE" = netns ]; then
   # note: `ip netns add` self-bind-mounts /run/netns and leaves it behind; down.sh undoes it
@@ -261,31 +258,7 @@ NETNS=$netns
 OWN_NETNS=$own
 VETH=$veth
 EOF
-  cat > "$hd/sshd_config" <<EOF
-Port $port
-ListenAddress $addr
-AddressFamily inet
-HostKey $hd/ssh_host_ed25519_key
-PidFile none
-$login
-PubkeyAuthentication yes
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-UsePAM no
-StrictModes no
-UseDNS no
-$fwd
-MaxStartups 200:30:400
-MaxSessions 100
-LoginGraceTime 30
-LogLevel VERBOSE
-PrintMotd no
-PrintLastLog no
-Subsystem sftp internal-sftp
-AcceptEnv LANG LC_*
-SetEnv MLA_FLEET_HOST=$name
-$EXTRA
-EOF
+  fleet_sshd_config "$hd" "$name" "$addr" "$port" "$login" "$fwd" "$EXTRA"
   # Runs inside the new namespaces: private bind mounts, hostname, then sshd as PID 1.
   {
     echo '#!/bin/sh'
