@@ -81,10 +81,10 @@ def child_mla_lib(spec: dict) -> dict:
     import resource
 
     t_imp = time.perf_counter()
-    from mla_doctor.audit import AuditOptions, audit_host
-    from mla_doctor.knowledge import load_knowledge
+    from mla_doctor.host.audit import AuditOptions, audit_host
+    from mla_doctor.diagnosis.knowledge import load_knowledge
     from mla_doctor.results import plain
-    from mla_doctor.transport import ConnectOptions
+    from mla_doctor.ssh.transport import ConnectOptions
 
     t0 = time.perf_counter()
     base = _rss_kib()

@@ -31,10 +31,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mla_doctor.agent_runner import PLAN_SEPARATOR, agent_source  # noqa: E402
-from mla_doctor.audit import AuditOptions, audit_host, static_plan  # noqa: E402
-from mla_doctor.knowledge import load_knowledge  # noqa: E402
-from mla_doctor.transport import ConnectOptions  # noqa: E402
+from mla_doctor.remote.runner import PLAN_SEPARATOR, agent_source  # noqa: E402
+from mla_doctor.host.audit import AuditOptions, audit_host, static_plan  # noqa: E402
+from mla_doctor.diagnosis.knowledge import load_knowledge  # noqa: E402
+from mla_doctor.ssh.transport import ConnectOptions  # noqa: E402
 from tests.support import corpus  # noqa: E402
 from tests.support import fleet as fs  # noqa: E402
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mla_doctor import __version__
+from mla_doctor.errors import UnreachableError
 from mla_doctor.exit_codes import ExitStatus, worst
 
 
@@ -63,8 +64,6 @@ class HostReport:
         return report
 
     def fail_with(self, e: Exception, prefix: str = "") -> None:
-        from mla_doctor.errors import UnreachableError
-
         self.status = HostStatus.UNREACHABLE if isinstance(e, UnreachableError) else HostStatus.ERROR
         self.error = prefix + getattr(e, "message", str(e))
         self.error_kind = type(e).__name__
@@ -143,3 +142,14 @@ def host_to_dict(h: HostReport) -> dict[str, Any]:
 
 
 plain = _plain
+
+
+def backend_of(report: HostReport | dict) -> str | None:
+    """The decode backend the server selected, from its log (static) or the live evidence."""
+    d = report if isinstance(report, dict) else {"log": report.log, "evidence": report.evidence}
+    ev = ((d.get("log") or {}).get("evidence") or {})
+    got = ev.get("decode_backend")
+    if not got:
+        lev = d.get("evidence") or {}
+        got = lev.get("decode_backend") if isinstance(lev, dict) else None
+    return got

@@ -5,6 +5,7 @@ same formats as an audit: json, text, markdown, junit, html.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import time
 from collections import Counter
@@ -12,9 +13,11 @@ from typing import Any
 
 from mla_doctor.errors import UsageError
 from mla_doctor.exit_codes import ExitStatus, worst
-from mla_doctor.results import HostReport, RunReport
+from mla_doctor.results import HostReport, RunReport, backend_of
 
 FORMATS = ("text", "json", "junit", "markdown", "html")
+_WRITERS = {"text": "mla_doctor.reports.fleet_text", "junit": "mla_doctor.reports.junit",
+            "markdown": "mla_doctor.reports.markdown", "html": "mla_doctor.reports.html"}
 _OVERALL_ORDER = ("unreachable", "error", "fail", "warn")
 # keys that differ between two runs of the same audit (times, sizes on the wire)
 VOLATILE_HOST_KEYS = ("timings", "transport", "steps")
@@ -56,8 +59,6 @@ def host_version(h: dict) -> str:
 
 
 def host_backend(h: dict) -> str | None:
-    from mla_doctor.fleet import backend_of
-
     return backend_of(h)
 
 
@@ -148,17 +149,10 @@ def comparable(doc: dict) -> dict:
 def render(doc: dict, fmt: str) -> str:
     if fmt == "json":
         return json.dumps(doc, indent=2) + "\n"
-    if fmt == "junit":
-        from mla_doctor.reports.junit import render as r
-    elif fmt == "markdown":
-        from mla_doctor.reports.markdown import render as r
-    elif fmt == "html":
-        from mla_doctor.reports.html import render as r
-    elif fmt == "text":
-        from mla_doctor.reports.text import render as r
-    else:
+    if fmt not in _WRITERS:
         raise UsageError(f"unknown report format {fmt!r} ({', '.join(FORMATS)})")
-    return r(doc)
+    # writers load on demand (jinja2 only for html); each imports its rows from this module
+    return importlib.import_module(_WRITERS[fmt]).render(doc)
 
 
 def load_json(path: str) -> dict:

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from mla_doctor.agent.remote_agent import op_index
-from mla_doctor.knowledge import load_knowledge
-from mla_doctor.verify import verify_static
+from mla_doctor.diagnosis.knowledge import load_knowledge
+from mla_doctor.diagnosis.static_facts import verify_static
 from tests.support import corpus
 
 pytestmark = pytest.mark.corpus

@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 
 from mla_doctor.agent import remote_agent as ra
-from mla_doctor.instrument import load_targets
-from mla_doctor.knowledge import parse_version
+from mla_doctor.host.instrument import load_targets
+from mla_doctor.diagnosis.knowledge import parse_version
 from tests.support import corpus
 from tests.support import fleet as fs
 
@@ -723,12 +723,12 @@ def test_full_target_directory_is_refused(hosts):
 
 
 def test_file_changed_between_audit_and_patch_is_refused(hosts):
-    from mla_doctor.agent_runner import run_agent
-    from mla_doctor.audit import AuditOptions
-    from mla_doctor.instrument import PatchOptions, prepare_patch
-    from mla_doctor.knowledge import load_knowledge
-    from mla_doctor.patching import audit_for_patch
-    from mla_doctor.transport import ConnectOptions, open_transport
+    from mla_doctor.remote.runner import run_agent
+    from mla_doctor.host.audit import AuditOptions
+    from mla_doctor.host.instrument import PatchOptions, prepare_patch
+    from mla_doctor.diagnosis.knowledge import load_knowledge
+    from mla_doctor.host.patch import audit_for_patch
+    from mla_doctor.ssh.transport import ConnectOptions, open_transport
 
     with hosts.use("h12", LATEST, "changed") as h:
         conn = ConnectOptions(ssh_config=str(h.fleet.ssh_config))

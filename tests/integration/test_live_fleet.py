@@ -171,8 +171,8 @@ def test_run_reports_paths_and_restores(fleet, live_host, method):
 
 def test_http_through_the_agent_when_forwarding_is_refused(fleet, live_host):
     """A host whose sshd says AllowTcpForwarding no: the agent makes the request on the host instead."""
-    from mla_doctor.transport import ConnectOptions, open_transport
-    from mla_doctor.tunnel import HostHTTP
+    from mla_doctor.ssh.transport import ConnectOptions, open_transport
+    from mla_doctor.remote.http import HostHTTP
 
     with open_transport(HOST, ConnectOptions(ssh_config=str(fleet.ssh_config))) as tr:
         http = HostHTTP(tr, PORT)

@@ -170,7 +170,7 @@ def test_text_output_names_the_paths(fleet, seeded):
 def test_located_from_running_server_process(fleet, seeded):
     """Without --python: the interpreter and vllm dir of a running `vllm serve`-like process are used;
     its model's config.json and the log its stdout goes to are found and read (zero-patch evidence)."""
-    from mla_doctor.knowledge import load_knowledge
+    from mla_doctor.diagnosis.knowledge import load_knowledge
 
     name = "h09"  # vLLM 0.26.0
     facts = load_knowledge().for_version("0.26.0")

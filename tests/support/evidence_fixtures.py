@@ -27,10 +27,10 @@ from typing import Any
 
 import yaml
 
-from mla_doctor.evidence import LiveEvidence, PromptObservation
-from mla_doctor.evidence_build import build_live_evidence, text_config
-from mla_doctor.knowledge import LogFormat, ReleaseFacts, load_knowledge, parse_version
-from mla_doctor.verdict import parse_expect
+from mla_doctor.diagnosis.evidence import LiveEvidence, PromptObservation
+from mla_doctor.diagnosis.evidence_build import build_live_evidence, text_config
+from mla_doctor.diagnosis.knowledge import LogFormat, ReleaseFacts, load_knowledge, parse_version
+from mla_doctor.diagnosis.live_verdict import parse_expect
 
 FIXTURES_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "evidence"
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from mla_doctor.agent import remote_agent as ra
-from mla_doctor.agent_runner import BOOTSTRAP, PLAN_SEPARATOR, agent_command, agent_source
+from mla_doctor.remote.runner import BOOTSTRAP, PLAN_SEPARATOR, agent_command, agent_source
 
 
 def test_redact_argv_hides_secrets_in_both_forms():
@@ -134,9 +134,9 @@ def test_agent_command_quotes_the_python_path():
 
 def test_no_python_on_the_host_is_a_clear_error(monkeypatch, tmp_path):
     """The real shell script runs; no candidate interpreter exists on this 'host'."""
-    from mla_doctor import agent_runner
+    from mla_doctor.remote import runner as agent_runner
     from mla_doctor.errors import NoPythonError
-    from mla_doctor.transport import LocalTransport
+    from mla_doctor.ssh.transport import LocalTransport
 
     monkeypatch.setattr(agent_runner, "FALLBACK_PYTHONS", (str(tmp_path / "nope3"), str(tmp_path / "nope")))
     monkeypatch.setenv("PATH", str(tmp_path))
@@ -148,9 +148,9 @@ def test_old_python_is_refused_by_the_bootstrap(tmp_path):
     fake = tmp_path / "python3"
     fake.write_text("#!/bin/sh\necho 'mla-doctor: the agent needs Python 3.8+, /x is 3.6' >&2; exit 97\n")
     fake.chmod(0o755)
-    from mla_doctor.agent_runner import run_agent
+    from mla_doctor.remote.runner import run_agent
     from mla_doctor.errors import NoPythonError
-    from mla_doctor.transport import LocalTransport
+    from mla_doctor.ssh.transport import LocalTransport
 
     with pytest.raises(NoPythonError, match="3.8"):
         run_agent(LocalTransport(), {"op": "static"}, python=str(fake))

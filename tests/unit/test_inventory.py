@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from mla_doctor import inventory as inv
+from mla_doctor.fleet import inventory as inv
 from mla_doctor.errors import ConfigFileError, UsageError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,8 +5,8 @@ import re
 
 import pytest
 
-from mla_doctor.knowledge import format_to_regex, load_knowledge, parse_version
-from mla_doctor.verify import classify_model, parse_log, verify_static
+from mla_doctor.diagnosis.knowledge import format_to_regex, load_knowledge, parse_version
+from mla_doctor.diagnosis.static_facts import classify_model, parse_log, verify_static
 
 K = load_knowledge()
 

@@ -428,8 +428,8 @@ def _static_raw(v, tset, version="0.33.0"):
 
 
 def test_plan_from_playbook_and_real_templates_runs_and_records(tmp_path, signals, monkeypatch):
-    from mla_doctor.instrument import PatchOptions, load_targets, prepare_patch
-    from mla_doctor.knowledge import load_knowledge
+    from mla_doctor.host.instrument import PatchOptions, load_targets, prepare_patch
+    from mla_doctor.diagnosis.knowledge import load_knowledge
 
     site, v, book = _standin_install(tmp_path)
     tset = load_targets(str(book))
@@ -481,8 +481,8 @@ def test_plan_from_playbook_and_real_templates_runs_and_records(tmp_path, signal
 
 
 def test_plan_lists_missing_targets_and_plugin_wraps_entries_and_the_dispatch(tmp_path):
-    from mla_doctor.instrument import PatchOptions, load_targets, prepare_patch
-    from mla_doctor.knowledge import load_knowledge
+    from mla_doctor.host.instrument import PatchOptions, load_targets, prepare_patch
+    from mla_doctor.diagnosis.knowledge import load_knowledge
 
     site, v, book = _standin_install(tmp_path)
     (v / "backends" / "triton.py").write_text("class TritonImpl:\n    pass\n")
@@ -501,8 +501,8 @@ def test_plan_lists_missing_targets_and_plugin_wraps_entries_and_the_dispatch(tm
 
 def test_torch_compile_traced_targets_are_refused(tmp_path):
     from mla_doctor.errors import ConfigFileError
-    from mla_doctor.instrument import PatchOptions, load_targets, prepare_patch
-    from mla_doctor.knowledge import load_knowledge
+    from mla_doctor.host.instrument import PatchOptions, load_targets, prepare_patch
+    from mla_doctor.diagnosis.knowledge import load_knowledge
 
     v = tmp_path / "vllm"
     (v / "model_executor" / "models").mkdir(parents=True)

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from mla_doctor import playbook as pb_mod
+from mla_doctor.fleet import playbook as pb_mod
 from mla_doctor.errors import ConfigFileError, UsageError
-from mla_doctor.inventory import Host
+from mla_doctor.fleet.inventory import Host
 
 
 def host(name="gpu-1", **vars):

@@ -3,8 +3,8 @@ import importlib.util
 import json
 import os
 
-from mla_doctor.evidence import PromptObservation, observe
-from mla_doctor.instrument import Templates
+from mla_doctor.diagnosis.evidence import PromptObservation, observe
+from mla_doctor.host.instrument import Templates
 
 
 class Tensor:

@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from mla_doctor.prompts import PromptSpec, fill_tokens, plan_prompts
+from mla_doctor.host.prompts import PromptSpec, fill_tokens, plan_prompts
 
 
 def test_short_and_long_sizes():
@@ -58,7 +58,7 @@ def test_chunked_prompt_only_where_chunked_prefill_is_on_and_every_chunk_above_t
 
 
 def test_chunked_prefill_facts_log_first_then_argv():
-    from mla_doctor.prompts import chunked_prefill
+    from mla_doctor.host.prompts import chunked_prefill
 
     on = {"ids": ["chunked_on"], "text": "(APIServer pid=1) INFO 01-01 [scheduler.py:240] Chunked prefill is "
                                          "enabled with max_num_batched_tokens=8192."}

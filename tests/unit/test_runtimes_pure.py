@@ -7,8 +7,8 @@ import stat
 import subprocess
 
 from mla_doctor.agent import remote_agent as agent
-from mla_doctor.container import ContainerTransport
-from mla_doctor.transport import LocalTransport
+from mla_doctor.ssh.container import ContainerTransport
+from mla_doctor.ssh.transport import LocalTransport
 
 
 def test_dropin_sets_environment_only_by_default():
@@ -56,9 +56,9 @@ def test_docker_since_is_rfc3339_with_fractions():
 def test_second_pass_arguments_or_settings_by_name():
     import pytest
 
-    from mla_doctor.cli import _second_pass
+    from mla_doctor.cli.host import _second_pass
     from mla_doctor.errors import UsageError
-    from mla_doctor.knowledge import load_knowledge
+    from mla_doctor.diagnosis.knowledge import load_knowledge
 
     assert _second_pass("--enforce-eager --max-num-seqs 8") == (("--enforce-eager", "--max-num-seqs", "8"), {})
     assert _second_pass("enforce_eager=on,prefix_caching=off") == ((), {"enforce_eager": "on",

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from mla_doctor.fleet import Scheduler, job_failed, run_fleet
+from mla_doctor.fleet.scheduler import Scheduler, job_failed, run_fleet
 from mla_doctor.results import HostReport, HostStatus
 
 
@@ -89,7 +89,7 @@ def test_runner_bounds_real_concurrency_and_survives_a_crashing_host():
         return _ok(host)
 
     steps = []
-    from mla_doctor.fleet import Events
+    from mla_doctor.fleet.scheduler import Events
 
     results, sched = run_fleet(names(9), job, limit=3, events=Events(step=lambda h, m: steps.append(h)))
     assert state["peak"] == 3 == sched.peak
@@ -133,10 +133,10 @@ def test_runner_max_fail_percent_reports_the_rest_as_not_run():
 
 def test_host_job_runs_steps_in_order_on_one_transport_and_stops_at_a_failure(monkeypatch, tmp_path):
     """execute_host with a local transport: command steps, their records, the first failure ends the host."""
-    from mla_doctor import fleet
-    from mla_doctor import playbook as pb_mod
-    from mla_doctor.inventory import Host
-    from mla_doctor.transport import ConnectOptions, LocalTransport
+    from mla_doctor.fleet import job as fleet
+    from mla_doctor.fleet import playbook as pb_mod
+    from mla_doctor.fleet.inventory import Host
+    from mla_doctor.ssh.transport import ConnectOptions, LocalTransport
 
     opened = []
 

@@ -4,7 +4,7 @@ import os
 import pytest
 
 from mla_doctor.errors import ConfigFileError
-from mla_doctor.sshconfig import SSHConfigFile, expand_includes, parse_jump
+from mla_doctor.ssh.sshconfig import SSHConfigFile, expand_includes, parse_jump
 
 
 def write(p, text):

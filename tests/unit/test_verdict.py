@@ -9,11 +9,11 @@ import copy
 
 import pytest
 
-from mla_doctor.evidence import LiveEvidence, PromptObservation
-from mla_doctor.evidence_build import build_live_evidence, resolve_threshold
-from mla_doctor.knowledge import load_knowledge
+from mla_doctor.diagnosis.evidence import LiveEvidence, PromptObservation
+from mla_doctor.diagnosis.evidence_build import build_live_evidence, resolve_threshold
+from mla_doctor.diagnosis.knowledge import load_knowledge
 from mla_doctor.results import Severity
-from mla_doctor.verdict import (expected_path, observed_path, parse_expect, rule_backends_selected,
+from mla_doctor.diagnosis.live_verdict import (expected_path, observed_path, parse_expect, rule_backends_selected,
                                 rule_config_log_disagree, rule_decode_hidden, rule_decode_mqa_observed,
                                 rule_drafter_layers, rule_dsa_without_index_topk, rule_expectations,
                                 rule_files_modified_live, rule_mla_not_in_use, rule_not_restored,

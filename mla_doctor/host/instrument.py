@@ -17,14 +17,11 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
 from mla_doctor import yamlfile
+from mla_doctor.diagnosis.knowledge import Knowledge, parse_version
 from mla_doctor.errors import ConfigFileError, UsageError
-from mla_doctor.knowledge import Knowledge, parse_version
+from mla_doctor.paths import DEFAULT_RUN_ROOT, PLAYBOOKS_DIR, TEMPLATES_DIR
 
-ROOT = Path(__file__).resolve().parent.parent
-TEMPLATES_DIR = Path(os.environ.get("MLA_DOCTOR_TEMPLATES", ROOT / "templates"))
-PLAYBOOKS_DIR = Path(os.environ.get("MLA_DOCTOR_PLAYBOOKS", ROOT / "playbooks"))
 ROLES = ("prefill", "decode", "sparse", "dispatch", "builder")
-DEFAULT_RUN_ROOT = "/var/tmp/mla-doctor"
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Union
 
-from mla_doctor.knowledge import Entry, ReleaseFacts
+from mla_doctor.diagnosis.knowledge import Entry, ReleaseFacts
 
 __all__ = ["SymbolRef", "StaticAudit", "ModelClass", "LogLine", "LogEvidence",
            "verify_static", "classify_model", "parse_log"]

@@ -7,89 +7,24 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 import time
 
 import click
 
-from mla_doctor import __version__
-from mla_doctor.cli import cli, handle_errors
+from mla_doctor import __version__, reports
+from mla_doctor.cli.common import cli, handle_errors
+from mla_doctor.cli.progress import Progress
+from mla_doctor.diagnosis.knowledge import load_knowledge
 from mla_doctor.errors import UsageError
 from mla_doctor.exit_codes import ExitStatus
-from mla_doctor.transport import HOST_KEY_POLICIES, ConnectOptions
+from mla_doctor.fleet import inventory as inv_mod
+from mla_doctor.fleet import playbook as pb_mod
+from mla_doctor.fleet.job import execute_host
+from mla_doctor.fleet.playbook import catalog
+from mla_doctor.fleet.scheduler import Events, run_fleet
+from mla_doctor.ssh.transport import HOST_KEY_POLICIES, ConnectOptions
 
 _FMT = click.Choice(["text", "json", "junit", "markdown", "html"])
-
-
-# ----------------------------------------------------------------------------------- progress
-
-class Progress:
-    """Live display on a terminal (rich), plain lines otherwise, nothing when quiet."""
-
-    def __init__(self, total: int, mode: str, stream=None):
-        self.total, self.mode = total, mode  # mode: live | plain | quiet
-        self.stream = stream or sys.stderr
-        self.lock = threading.Lock()
-        self.running: dict[str, str] = {}
-        self.done = self.failed = 0
-        self.t0 = time.monotonic()
-        self.live = None
-        if mode == "live":
-            from rich.console import Console
-            from rich.live import Live
-
-            self.live = Live(self._render(), console=Console(file=self.stream), refresh_per_second=8,
-                             transient=False)
-            self.live.start()
-
-    def _render(self):
-        from rich.console import Group
-        from rich.table import Table
-        from rich.text import Text
-
-        head = Text(f"mla-doctor audit: {self.done}/{self.total} done, {self.failed} not ok, "
-                    f"{len(self.running)} running  ({time.monotonic() - self.t0:.0f}s)", style="bold")
-        t = Table(show_edge=False, pad_edge=False)
-        t.add_column("host")
-        t.add_column("current step")
-        for h, step in sorted(self.running.items())[:20]:
-            t.add_row(h, step)
-        if len(self.running) > 20:
-            t.add_row(f"... {len(self.running) - 20} more", "")
-        return Group(head, t) if self.running else head
-
-    def _line(self, text: str) -> None:
-        if self.mode == "plain":
-            self.stream.write(f"[{time.strftime('%H:%M:%S')}] {text}\n")
-            self.stream.flush()
-        elif self.live is not None:
-            self.live.update(self._render())
-
-    def started(self, host: str) -> None:
-        with self.lock:
-            self.running[host] = "start"
-            self._line(f"{host}: start")
-
-    def step(self, host: str, msg: str) -> None:
-        with self.lock:
-            if host in self.running:
-                self.running[host] = msg
-            self._line(f"{host}: {msg}")
-
-    def finished(self, host: str, report) -> None:
-        with self.lock:
-            self.running.pop(host, None)
-            self.done += 1
-            if report.exit_status() != ExitStatus.OK:
-                self.failed += 1
-            why = f" - {report.error}" if report.error else ""
-            self._line(f"{host}: {report.verdict().upper()}{why} ({self.done}/{self.total} done, "
-                       f"{self.failed} not ok)")
-
-    def close(self) -> None:
-        if self.live is not None:
-            self.live.update(self._render())
-            self.live.stop()
 
 
 # ------------------------------------------------------------------------------------- audit
@@ -110,8 +45,6 @@ def _extra_vars(items) -> dict:
 
 
 def _write_extra(doc: dict, outputs: dict) -> None:
-    from mla_doctor import reports
-
     for fmt, path in outputs.items():
         if path:
             reports.write(path, reports.render(doc, fmt))
@@ -170,10 +103,6 @@ def audit_cmd(inventory_path, limit, playbook_name, forks, serial, max_fail_perc
     mla-doctor audit -i inventory.yaml --playbook mla-path --serial 2 --max-fail-percent 10 --yes
     mla-doctor audit -i inventory.yaml --shard 1/4 --format json -o shard1.json
     """
-    from mla_doctor import inventory as inv_mod
-    from mla_doctor import playbook as pb_mod
-    from mla_doctor import reports
-    from mla_doctor.fleet import Events, execute_host, run_fleet
 
     inv = inv_mod.load(inventory_path)
     pb = pb_mod.load(playbook_name)
@@ -214,7 +143,6 @@ def audit_cmd(inventory_path, limit, playbook_name, forks, serial, max_fail_perc
     elif mode == "none":
         mode = "quiet"
     prog = Progress(len(hosts), mode)
-    from mla_doctor.knowledge import load_knowledge
 
     kb = load_knowledge()
     events = Events(started=prog.started, step=prog.step, done=prog.finished)
@@ -245,8 +173,6 @@ def audit_cmd(inventory_path, limit, playbook_name, forks, serial, max_fail_perc
 
 
 def _print_plan(plans, pb, meta, fmt, output, kw) -> None:
-    from mla_doctor import reports
-
     doc = {"tool": "mla-doctor", "version": __version__, "command": "audit", "dry_run": True,
            "fleet": meta, "hosts": []}
     for name, p in plans.items():
@@ -293,8 +219,6 @@ def _print_plan(plans, pb, meta, fmt, output, kw) -> None:
 @handle_errors("playbooks")
 def playbooks_cmd(fmt):
     """List the bundled runbooks (for `audit --playbook`) and patch-target files (for `patch --targets`)."""
-    from mla_doctor.playbook import catalog
-
     items = catalog()
     if fmt == "json":
         click.echo(json.dumps({"playbooks": items}, indent=2))
@@ -335,8 +259,6 @@ def report_group():
 @handle_errors("report merge")
 def report_merge(files, fmt, output, junit_out, md_out, html_out, retry_file):
     """Combine shard reports (`audit --shard I/N --format json`) into one; exit with the worst host's status."""
-    from mla_doctor import reports
-
     doc = reports.merge([(f, reports.load_json(f)) for f in files])
     if retry_file:
         reports.write(retry_file, "".join(f"{h}\n" for h in doc["fleet"]["retry"]))
@@ -356,8 +278,6 @@ def report_merge(files, fmt, output, junit_out, md_out, html_out, retry_file):
 @handle_errors("report render")
 def report_render(file, fmt, output):
     """Render a saved JSON fleet report as text, Markdown, JUnit XML or HTML."""
-    from mla_doctor import reports
-
     doc = reports.load_json(file)
     if "fleet" not in doc:
         doc = reports.finish(doc)

@@ -13,14 +13,14 @@ import socket
 from typing import Any
 
 from mla_doctor.errors import RemoteError
-from mla_doctor.transport import SSHTransport, Transport
+from mla_doctor.remote.runner import run_agent
+from mla_doctor.ssh.transport import SSHTransport, Transport
 
 
 class _ChannelSocket:
     """A paramiko channel as http.client's socket. http.client closes its socket as soon as it has
     read the headers of a `Connection: close` response; for a real socket the body stays readable
     through makefile(), but closing a channel drops it. So close() waits until the body is read."""
-
     def __init__(self, chan):
         self.chan = chan
 
@@ -98,8 +98,6 @@ class HostHTTP:
                 sock.really_close()
 
     def _via_agent(self, method: str, path: str, data: bytes | None, headers: dict, timeout: float):
-        from mla_doctor.agent_runner import run_agent
-
         res = run_agent(self.transport, {"op": "http", "method": method, "host": self.host, "port": self.port,
                                          "path": path, "headers": headers, "timeout": timeout,
                                          "body_b64": base64.b64encode(data).decode() if data else None},

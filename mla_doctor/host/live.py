@@ -14,19 +14,22 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from mla_doctor.agent_runner import run_agent
-from mla_doctor.audit import AuditOptions
-from mla_doctor.container import inside
+from mla_doctor.diagnosis.evidence import PromptObservation
+from mla_doctor.diagnosis.evidence_build import build_live_evidence
+from mla_doctor.diagnosis.knowledge import Knowledge, load_knowledge
+from mla_doctor.diagnosis.live_verdict import expected_path, observed_path, verdict
 from mla_doctor.errors import MlaDoctorError, RemoteError, UsageError
-from mla_doctor.evidence import PromptObservation
 from mla_doctor.exit_codes import ExitStatus
-from mla_doctor.instrument import PatchOptions, Templates, load_targets, prepare_patch
-from mla_doctor.knowledge import Knowledge, load_knowledge
-from mla_doctor.patching import audit_for_patch, renew
-from mla_doctor.prompts import FILLER, chunked_prefill, fill_tokens, plan_prompts
+from mla_doctor.host.audit import AuditOptions
+from mla_doctor.host.instrument import PatchOptions, Templates, load_targets, prepare_patch
+from mla_doctor.host.patch import audit_for_patch, renew
+from mla_doctor.host.prompts import FILLER, chunked_prefill, fill_tokens, plan_prompts
+from mla_doctor.paths import DEFAULT_RUN_ROOT
+from mla_doctor.remote.http import HostHTTP
+from mla_doctor.remote.runner import run_agent
 from mla_doctor.results import Finding, HostReport, HostStatus, Severity, plain
-from mla_doctor.transport import ConnectOptions, Transport
-from mla_doctor.tunnel import HostHTTP
+from mla_doctor.ssh.container import inside
+from mla_doctor.ssh.transport import ConnectOptions, Transport
 
 BASELINE_PROMPT = "mla-doctor restore check: the quick brown fox"
 # the line that names a crash's cause (after a traceback), with or without vLLM's process prefix
@@ -44,7 +47,7 @@ class RunOptions:
     method: str = "patch"
     expect: dict[str, str] = field(default_factory=dict)
     max_tokens: int = 3
-    run_root: str = "/var/tmp/mla-doctor"
+    run_root: str = DEFAULT_RUN_ROOT
     prompts: tuple[str, ...] = ("short", "long", "chunked")  # chunked: only where chunked prefill is on
     debug_env: dict[str, str] = field(default_factory=lambda: {"VLLM_LOGGING_LEVEL": "DEBUG"})
     second_pass: tuple[str, ...] = ()  # e.g. ("--enforce-eager",): an explicit second configuration
@@ -63,7 +66,6 @@ Progress = Callable[[str, str], None]
 
 class _Run:
     """State of one host's run, so every exit path restores."""
-
     def __init__(self, transport: Transport, name: str, conn: ConnectOptions, aopts: AuditOptions,
                  ropts: RunOptions, kb: Knowledge, progress: Progress):
         self.tr, self.name, self.conn, self.aopts, self.ropts, self.kb = transport, name, conn, aopts, ropts, kb
@@ -516,8 +518,6 @@ def restore(run: _Run, http: HostHTTP, report: HostReport, live: dict[str, Any])
 
 
 def _evidence(kb, facts, report, server, run: _Run, prompts_obs, live, start_error, ropts, configuration, lo, hi):
-    from mla_doctor.evidence_build import build_live_evidence
-
     env = live.get("settings") or {}
     settings = {"env": env, "restarted": run.restarted, "enforce_eager": server.get("enforce_eager"),
                 "server_python": (report.vllm or {}).get("python"), "python": (report.vllm or {}).get("python"),
@@ -539,8 +539,6 @@ def _evidence(kb, facts, report, server, run: _Run, prompts_obs, live, start_err
 
 
 def _apply_verdict(report: HostReport, results) -> None:
-    from mla_doctor.verdict import expected_path, observed_path, verdict
-
     findings: list[Finding] = []
     report.prompts = []
     for configuration, ev, prompts_obs, start_error in results:

@@ -11,9 +11,9 @@ import dataclasses
 import re
 from typing import Any
 
-from mla_doctor.evidence import ROLE_KEYS, LiveEvidence, PromptObservation, RoleCount, observe
-from mla_doctor.knowledge import ReleaseFacts
-from mla_doctor.verify import LogEvidence, classify_model, parse_log
+from mla_doctor.diagnosis.evidence import ROLE_KEYS, LiveEvidence, PromptObservation, RoleCount, observe
+from mla_doctor.diagnosis.knowledge import ReleaseFacts
+from mla_doctor.diagnosis.static_facts import LogEvidence, classify_model, parse_log
 
 __all__ = ["build_live_evidence", "resolve_threshold", "text_config"]
 

@@ -12,7 +12,7 @@ from importlib import resources
 
 from mla_doctor.agent.remote_agent import BOOTSTRAP, OLD_PYTHON_RC, PLAN_SEPARATOR
 from mla_doctor.errors import NoPythonError, RemoteError, SudoError
-from mla_doctor.transport import Transport
+from mla_doctor.ssh.transport import Transport
 
 NO_PYTHON_RC = 127
 

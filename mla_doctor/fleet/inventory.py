@@ -18,8 +18,9 @@ from typing import Any
 import yaml
 
 from mla_doctor import yamlfile
+from mla_doctor.diagnosis.live_verdict import EXPECT_VALUES
 from mla_doctor.errors import ConfigFileError, UsageError
-from mla_doctor.transport import HOST_KEY_POLICIES
+from mla_doctor.ssh.transport import HOST_KEY_POLICIES
 
 RUNTIME_KINDS = ("process", "systemd", "docker", "commands")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -420,15 +421,14 @@ def _check_var(path: str, line: int | None, what: str, key: str, value: Any, str
         bad = [k for k in value if k not in EXPECT_KEYS]
         if bad:
             raise ConfigFileError(path, line, f"{what}: expect has unknown key {bad[0]!r} ({', '.join(EXPECT_KEYS)})")
-        check_expectations(value, path, line, what)
+        validate_expectations(value, path, line, what)
     return value
 
 
-def check_expectations(exp: dict, path: str, line: int | None, what: str) -> None:
+def validate_expectations(exp: dict, path: str, line: int | None, what: str) -> None:
     """Validate expectation values (shared by inventories and playbooks)."""
     from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
-    from mla_doctor.verdict import EXPECT_VALUES
 
     for k, v in exp.items():
         if k == "vllm":

@@ -9,13 +9,13 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from mla_doctor import rules
-from mla_doctor.agent_runner import run_agent
+from mla_doctor.diagnosis import static_rules as rules
+from mla_doctor.diagnosis.knowledge import Knowledge, load_knowledge
+from mla_doctor.diagnosis.static_facts import classify_model, parse_log, verify_static
 from mla_doctor.errors import MlaDoctorError, UsageError
-from mla_doctor.knowledge import Knowledge, load_knowledge
+from mla_doctor.remote.runner import run_agent
 from mla_doctor.results import HostReport, HostStatus, plain
-from mla_doctor.transport import ConnectOptions, Transport, open_transport
-from mla_doctor.verify import classify_model, parse_log, verify_static
+from mla_doctor.ssh.transport import ConnectOptions, Transport, open_transport
 
 
 @dataclass

@@ -32,8 +32,8 @@ import jinja2.nativetypes
 
 from mla_doctor import yamlfile
 from mla_doctor.errors import ConfigFileError, UsageError
-from mla_doctor.instrument import PLAYBOOKS_DIR
-from mla_doctor.inventory import EXPECT_KEYS, Host, check_expectations
+from mla_doctor.fleet.inventory import EXPECT_KEYS, Host, validate_expectations
+from mla_doctor.paths import PLAYBOOKS_DIR
 
 _NUM = (int, float)
 # kind -> option -> accepted types
@@ -192,7 +192,7 @@ def _check_options(path: str, line: int | None, what: str, kind: str, opts: dict
             names = "/".join(t.__name__ for t in kinds)
             raise ConfigFileError(path, line, f"{what}: {kind}.{k} must be {names}, not {type(v).__name__} {v!r}")
     if kind == "expect":
-        check_expectations(opts, path, line, what)
+        validate_expectations(opts, path, line, what)
     if kind == "live":
         if "method" in opts and (rendered or not _is_template(opts["method"])) and opts["method"] not in _METHODS:
             raise ConfigFileError(path, line, f"{what}: live.method is one of {', '.join(_METHODS)}")
@@ -201,7 +201,7 @@ def _check_options(path: str, line: int | None, what: str, kind: str, opts: dict
             bad = [k for k in exp if k not in ("prefill", "decode")]
             if bad:
                 raise ConfigFileError(path, line, f"{what}: live.expect takes prefill/decode, not {bad[0]!r}")
-            check_expectations(exp, path, line, what)
+            validate_expectations(exp, path, line, what)
         dbg = opts.get("debug")
         if isinstance(dbg, dict) and not all(isinstance(k, str) and k.isidentifier() for k in dbg):
             raise ConfigFileError(path, line, f"{what}: live.debug maps environment variable names to values")

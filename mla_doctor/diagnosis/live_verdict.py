@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from mla_doctor.evidence import LiveEvidence, PromptObservation, RoleCount
+from mla_doctor.diagnosis.evidence import LiveEvidence, PromptObservation, RoleCount
 from mla_doctor.results import Finding, Severity
 
 INFO, WARN, FAIL = Severity.INFO, Severity.WARN, Severity.FAIL

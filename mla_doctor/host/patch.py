@@ -9,13 +9,14 @@ import threading
 import time
 from typing import Any
 
-from mla_doctor.agent_runner import run_agent
-from mla_doctor.audit import AuditOptions, build_static_report, static_plan
+from mla_doctor.diagnosis.knowledge import Knowledge, load_knowledge
 from mla_doctor.errors import MlaDoctorError, UnreachableError
-from mla_doctor.instrument import PatchOptions, TargetSet, Templates, load_targets, prepare_patch
-from mla_doctor.knowledge import Knowledge, load_knowledge
+from mla_doctor.exit_codes import ExitStatus
+from mla_doctor.host.audit import AuditOptions, build_static_report, static_plan
+from mla_doctor.host.instrument import PatchOptions, TargetSet, Templates, load_targets, prepare_patch
+from mla_doctor.remote.runner import run_agent
 from mla_doctor.results import HostReport, HostStatus
-from mla_doctor.transport import ConnectOptions, Transport
+from mla_doctor.ssh.transport import ConnectOptions, Transport
 
 
 def _fail(report: HostReport, message: str, kind: str = "PatchRefused") -> HostReport:
@@ -88,8 +89,6 @@ def revert_host(transport: Transport, name: str, conn: ConnectOptions, run_id: s
         return _fail(report, f"no run {run_id} under {run_root} on this host", "RunNotFound")
     bad = [r for r in report.revert["runs"] if not dry_run and r.get("state") != "reverted"]
     if bad:
-        from mla_doctor.exit_codes import ExitStatus
-
         report.exit_override = ExitStatus.NOT_RESTORED
         return _fail(report, "not every file could be restored: " + "; ".join(
             f"{f['path']}: {f.get('outcome')}" for r in bad for f in r.get("files", [])

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import paramiko
 
 from mla_doctor.errors import AuthError, HostKeyError, RemoteError, UnreachableError, UsageError
-from mla_doctor.sshconfig import HostParams, SSHConfigFile, default_config_path, parse_jump
+from mla_doctor.ssh.sshconfig import HostParams, SSHConfigFile, default_config_path, parse_jump
 
 HOST_KEY_POLICIES = ("strict", "accept-new", "off")
 

@@ -1,119 +1,33 @@
-"""Thin click front end: parse options, call the library, render, exit with the documented status."""
+"""Commands on one host: `static`, `patch`, `revert`, `run`. Each parses its options, builds the
+library's option objects, runs on the host's one connection and renders the report."""
 from __future__ import annotations
 
-import functools
-import json
 import shlex
 import sys
 import time
 
 import click
 
-from mla_doctor import __version__
-from mla_doctor.errors import MlaDoctorError, UsageError
-from mla_doctor.exit_codes import ExitStatus
+from mla_doctor.cli.common import (
+    cli,
+    conn_options,
+    connection_options,
+    emit,
+    handle_errors,
+    one_host_command,
+    output_options,
+)
+from mla_doctor.diagnosis.knowledge import load_knowledge
+from mla_doctor.diagnosis.live_verdict import parse_expect
+from mla_doctor.errors import UsageError
+from mla_doctor.host.audit import AuditOptions, on_host, static_on
+from mla_doctor.host.instrument import PatchOptions, load_targets
+from mla_doctor.host.live import RunOptions, run_host
+from mla_doctor.host.patch import hold as hold_lease
+from mla_doctor.host.patch import patch_host, revert_host
+from mla_doctor.paths import DEFAULT_RUN_ROOT
 from mla_doctor.results import RunReport
-from mla_doctor.transport import HOST_KEY_POLICIES, ConnectOptions
-
-
-def connection_options(f):
-    """Options shared by every command that touches a host."""
-    opts = [
-        click.option("--host", "host", metavar="[USER@]HOST[:PORT]", help="Host or ssh_config alias."),
-        click.option("--port", type=int, help="SSH port (default: ssh_config, else 22)."),
-        click.option("--user", help="SSH user (default: ssh_config, else $USER)."),
-        click.option("-i", "--identity", multiple=True, type=click.Path(dir_okay=False),
-                     help="Private key file (repeatable)."),
-        click.option("--ssh-config", type=click.Path(dir_okay=False), default=None,
-                     help="ssh_config to read (default ~/.ssh/config; Include and ProxyJump honoured)."),
-        click.option("--known-hosts", type=click.Path(dir_okay=False), help="known_hosts file to verify against."),
-        click.option("--host-key-policy", type=click.Choice(HOST_KEY_POLICIES), default=None,
-                     help="strict: only known keys; accept-new (default): record new keys; off: no checks. "
-                          "A changed key is refused unless off."),
-        click.option("--connect-timeout", type=float, default=10.0, show_default=True, help="Seconds."),
-        click.option("--command-timeout", type=float, default=120.0, show_default=True, help="Seconds."),
-        click.option("--sudo", is_flag=True, help="Run the agent with passwordless `sudo -n` (non-root login)."),
-        click.option("--python", "python", metavar="PATH", help="Interpreter whose site-packages hold vLLM."),
-        click.option("--local", is_flag=True, help="Audit this machine without SSH."),
-    ]
-    for o in reversed(opts):
-        f = o(f)
-    return f
-
-
-def output_options(f):
-    f = click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True),
-                     help="Write the report to FILE instead of stdout.")(f)
-    f = click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)(f)
-    return f
-
-
-def _conn(kw) -> ConnectOptions:
-    if kw.get("local") and kw.get("host"):
-        raise UsageError("--local and --host exclude each other")
-    if not kw.get("local") and not kw.get("host"):
-        raise UsageError("give --host HOST, or --local to audit this machine")
-    return ConnectOptions(
-        port=kw.get("port"), user=kw.get("user"), identity=tuple(kw.get("identity") or ()),
-        ssh_config=kw.get("ssh_config"), known_hosts=kw.get("known_hosts"),
-        host_key_policy=kw.get("host_key_policy"), connect_timeout=kw["connect_timeout"],
-        command_timeout=kw["command_timeout"], sudo=kw.get("sudo", False), local=kw.get("local", False))
-
-
-def _emit(report: RunReport, fmt: str, output: str | None) -> None:
-    if fmt == "json":
-        text = json.dumps(report.to_dict(), indent=2, sort_keys=False) + "\n"
-    else:
-        from mla_doctor.report_text import render
-
-        text = render(report)
-    if output:
-        try:
-            with open(output, "w", encoding="utf-8") as f:
-                f.write(text)
-        except OSError as e:
-            raise UsageError(f"{output}: cannot write report: {e.strerror or e}") from e
-        if fmt == "text":
-            click.echo(text, nl=False)
-        else:
-            click.echo(f"report written to {output}: overall {report.overall()}", err=True)
-    else:
-        click.echo(text, nl=False)
-
-
-def _error_doc(command: str, message: str, status: ExitStatus) -> dict:
-    return {"tool": "mla-doctor", "version": __version__, "command": command, "overall": "error",
-            "exit_status": int(status), "exit_name": status.name, "error": message, "hosts": []}
-
-
-def handle_errors(command: str):
-    """Turn library errors into one clear message, the documented exit code, and parseable JSON."""
-
-    def deco(f):
-        @functools.wraps(f)
-        def wrapper(*args, **kw):
-            try:
-                return f(*args, **kw)
-            except MlaDoctorError as e:
-                if kw.get("fmt") == "json":
-                    click.echo(json.dumps(_error_doc(command, str(e), e.exit_status), indent=2))
-                click.echo(f"mla-doctor: error: {e}", err=True)
-                sys.exit(int(e.exit_status))
-
-        return wrapper
-
-    return deco
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
-@click.version_option(__version__, prog_name="mla-doctor")
-def cli():
-    """Tell which MLA attention path a vLLM server really runs (forward_mha / forward_mqa / sparse), and why.
-
-    \b
-    Exit status: 0 ok, 1 fault found, 2 usage/config error, 3 host unreachable or authentication
-    refused (incl. a changed host key), 4 host reached but not auditable, 5 not restored.
-    """
+from mla_doctor.ssh.container import inside
 
 
 @cli.command()
@@ -125,10 +39,7 @@ def cli():
 @handle_errors("static")
 def static(fmt, output, model, log, container, **kw):
     """Read-only audit of one host: vLLM version, MLA code paths, integrity, server, model, log."""
-    conn = _conn(kw)
-    from mla_doctor.audit import AuditOptions, static_on
-    from mla_doctor.container import inside
-    from mla_doctor.knowledge import load_knowledge
+    conn = conn_options(kw)
 
     opts = AuditOptions(python=kw.get("python"), model=model, log=log)
 
@@ -136,26 +47,11 @@ def static(fmt, output, model, log, container, **kw):
         tr, c = inside(tr, conn, container)
         return static_on(tr, name, c, opts, load_knowledge())
 
-    _one_host_command("static", kw, conn, one, fmt, output)
-
-
-def _one_host_command(command: str, kw: dict, conn: ConnectOptions, fn, fmt: str, output: str | None) -> None:
-    """Run fn(transport, name) on the one host over one connection, report, exit with its status."""
-    from mla_doctor.audit import on_host
-
-    t0 = time.monotonic()
-    report = RunReport(command=command)
-    host, transport = on_host(kw.get("host"), conn, fn)
-    if transport is not None:
-        transport.close()
-    report.hosts.append(host)
-    report.duration_s = time.monotonic() - t0
-    _emit(report, fmt, output)
-    sys.exit(int(report.exit_status()))
+    one_host_command("static", kw, conn, one, fmt, output)
 
 
 def instrument_options(f):
-    f = click.option("--run-root", default="/var/tmp/mla-doctor", show_default=True,
+    f = click.option("--run-root", default=DEFAULT_RUN_ROOT, show_default=True,
                      help="Where runs keep backups, manifests, leases and probe records on the host.")(f)
     f = click.option("--dry-run", is_flag=True, help="Print what would change (unified diffs); change nothing.")(f)
     return f
@@ -177,11 +73,7 @@ def instrument_options(f):
 @handle_errors("patch")
 def patch(fmt, output, run_root, dry_run, ttl, method, hold, targets, templates, run_id, **kw):
     """Instrument the installed vLLM (backups, atomic writes, lease + watchdog) and leave it in place."""
-    conn = _conn(kw)
-    from mla_doctor.audit import AuditOptions
-    from mla_doctor.instrument import PatchOptions, load_targets
-    from mla_doctor.patching import hold as hold_lease
-    from mla_doctor.patching import patch_host, revert_host
+    conn = conn_options(kw)
 
     if ttl < 0:
         raise UsageError("--ttl must be >= 0")
@@ -193,7 +85,6 @@ def patch(fmt, output, run_root, dry_run, ttl, method, hold, targets, templates,
     t0 = time.monotonic()
     report = RunReport(command="patch")
     aopts = AuditOptions(python=kw.get("python"))
-    from mla_doctor.audit import on_host
 
     host, transport = on_host(kw.get("host"), conn, lambda tr, name: patch_host(tr, name, conn, aopts, popts))
     report.hosts.append(host)
@@ -211,7 +102,7 @@ def patch(fmt, output, run_root, dry_run, ttl, method, hold, targets, templates,
         if transport is not None:
             transport.close()
     report.duration_s = time.monotonic() - t0
-    _emit(report, fmt, output)
+    emit(report, fmt, output)
     sys.exit(int(report.exit_status()))
 
 
@@ -227,16 +118,13 @@ def revert(fmt, output, run_root, dry_run, run_id, container, **kw):
 
     The host's own runs include docker-runtime runs: their container's files are reverted through docker exec
     and the container restarted. --container reverts a run that never got that far, inside the container."""
-    conn = _conn(kw)
-    from mla_doctor.patching import revert_host
+    conn = conn_options(kw)
 
     def one(tr, name):
-        from mla_doctor.container import inside
-
         tr, c = inside(tr, conn, container)
         return revert_host(tr, name, c, run_id, dry_run, run_root)
 
-    _one_host_command("revert", kw, conn, one, fmt, output)
+    one_host_command("revert", kw, conn, one, fmt, output)
 
 
 @cli.command("run")
@@ -274,21 +162,17 @@ def revert(fmt, output, run_root, dry_run, run_id, container, **kw):
                    "in the form the installed release accepts ('enforce_eager=on,prefix_caching=off').")
 @click.option("--env", "extra_env", multiple=True, metavar="KEY=VALUE",
               help="Extra environment for the instrumented server (besides VLLM_LOGGING_LEVEL=DEBUG).")
-@click.option("--run-root", default="/var/tmp/mla-doctor", show_default=True)
+@click.option("--run-root", default=DEFAULT_RUN_ROOT, show_default=True)
 @output_options
 @handle_errors("run")
 def run_cmd(fmt, output, runtime, unit, container, start_command, stop_command, log_file, method, yes, force,
             api_key_env, ready_timeout, ttl, expect, prompts,
             max_tokens, second_pass, extra_env, run_root, **kw):
     """The live diagnosis: instrument, restart with debug settings, send calibrated prompts, restore, verdict."""
-    conn = _conn(kw)
-    from mla_doctor.audit import AuditOptions
-    from mla_doctor.live import RunOptions, run_host
+    conn = conn_options(kw)
 
     exp = {}
     if expect:
-        from mla_doctor.verdict import parse_expect
-
         try:
             exp = parse_expect(expect)
         except ValueError as e:
@@ -321,7 +205,7 @@ def run_cmd(fmt, output, runtime, unit, container, start_command, stop_command, 
             click.echo(f"[{time.strftime('%H:%M:%S')}] {host}: {msg}", err=True)
 
     aopts = AuditOptions(python=kw.get("python"))
-    _one_host_command("run", kw, conn, lambda tr, name: run_host(tr, name, conn, aopts, ropts, progress=progress),
+    one_host_command("run", kw, conn, lambda tr, name: run_host(tr, name, conn, aopts, ropts, progress=progress),
                       fmt, output)
 
 
@@ -330,7 +214,6 @@ def _second_pass(text: str | None) -> tuple[tuple[str, ...], dict[str, str]]:
     text = (text or "").strip()
     if not text or text.startswith("-"):
         return tuple(shlex.split(text)), {}
-    from mla_doctor.knowledge import load_knowledge
 
     known = load_knowledge().server_setting_names()
     settings = {}
@@ -341,28 +224,3 @@ def _second_pass(text: str | None) -> tuple[tuple[str, ...], dict[str, str]]:
                              f"{', '.join(known)}, or server arguments starting with '-'")
         settings[k] = v
     return (), settings
-
-
-def main(argv: list[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        cli.main(args=argv, prog_name="mla-doctor", standalone_mode=False)
-    except click.exceptions.Exit as e:
-        sys.exit(e.exit_code)
-    except click.Abort:
-        click.echo("mla-doctor: interrupted", err=True)
-        sys.exit(int(ExitStatus.INTERRUPTED))
-    except click.ClickException as e:
-        # Usage errors: one clear message, exit 2, and JSON that parses when JSON was asked for.
-        if "json" in argv and any(a in ("--format", "--format=json") for a in argv):
-            click.echo(json.dumps(_error_doc(argv[0] if argv else "", e.format_message(), ExitStatus.USAGE),
-                                  indent=2))
-        e.show()
-        sys.exit(int(ExitStatus.USAGE))
-    sys.exit(0)
-
-
-from mla_doctor import cli_fleet  # noqa: E402,F401  (registers audit, playbooks, report on `cli`)
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,77 @@
+"""Progress of a fleet run on stderr: a live table on a terminal (rich), plain lines otherwise."""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+from mla_doctor.exit_codes import ExitStatus
+
+
+class Progress:
+    """Live display on a terminal (rich), plain lines otherwise, nothing when quiet."""
+
+    def __init__(self, total: int, mode: str, stream=None):
+        self.total, self.mode = total, mode  # mode: live | plain | quiet
+        self.stream = stream or sys.stderr
+        self.lock = threading.Lock()
+        self.running: dict[str, str] = {}
+        self.done = self.failed = 0
+        self.t0 = time.monotonic()
+        self.live = None
+        if mode == "live":
+            from rich.console import Console
+            from rich.live import Live
+
+            self.live = Live(self._render(), console=Console(file=self.stream), refresh_per_second=8,
+                             transient=False)
+            self.live.start()
+
+    def _render(self):
+        from rich.console import Group
+        from rich.table import Table
+        from rich.text import Text
+
+        head = Text(f"mla-doctor audit: {self.done}/{self.total} done, {self.failed} not ok, "
+                    f"{len(self.running)} running  ({time.monotonic() - self.t0:.0f}s)", style="bold")
+        t = Table(show_edge=False, pad_edge=False)
+        t.add_column("host")
+        t.add_column("current step")
+        for h, step in sorted(self.running.items())[:20]:
+            t.add_row(h, step)
+        if len(self.running) > 20:
+            t.add_row(f"... {len(self.running) - 20} more", "")
+        return Group(head, t) if self.running else head
+
+    def _line(self, text: str) -> None:
+        if self.mode == "plain":
+            self.stream.write(f"[{time.strftime('%H:%M:%S')}] {text}\n")
+            self.stream.flush()
+        elif self.live is not None:
+            self.live.update(self._render())
+
+    def started(self, host: str) -> None:
+        with self.lock:
+            self.running[host] = "start"
+            self._line(f"{host}: start")
+
+    def step(self, host: str, msg: str) -> None:
+        with self.lock:
+            if host in self.running:
+                self.running[host] = msg
+            self._line(f"{host}: {msg}")
+
+    def finished(self, host: str, report) -> None:
+        with self.lock:
+            self.running.pop(host, None)
+            self.done += 1
+            if report.exit_status() != ExitStatus.OK:
+                self.failed += 1
+            why = f" - {report.error}" if report.error else ""
+            self._line(f"{host}: {report.verdict().upper()}{why} ({self.done}/{self.total} done, "
+                       f"{self.failed} not ok)")
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.update(self._render())
+            self.live.stop()

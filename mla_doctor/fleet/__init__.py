@@ -1,0 +1,1 @@
+"""Fleets: inventories, runbooks (playbooks), expectations, the scheduler and one host's job."""

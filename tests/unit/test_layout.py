@@ -1,0 +1,116 @@
+"""The package layout is an architecture: which layer may import which, no cycles, small modules.
+
+Layers, top to bottom (README, Layout): cli -> fleet -> host -> diagnosis / remote / ssh / reports ->
+the base (errors, exit codes, results, yamlfile, paths). The host agent (`agent/`) is stdlib-only and
+imports nothing of the controller; only `remote/` (which ships it) reads it.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[2] / "mla_doctor"
+BASE = {"mla_doctor", "mla_doctor.errors", "mla_doctor.exit_codes", "mla_doctor.results", "mla_doctor.yamlfile",
+        "mla_doctor.paths"}
+# layer -> the layers it may import (itself always allowed)
+ALLOWED = {
+    "base": set(),
+    "agent": set(),
+    "ssh": {"base"},
+    "diagnosis": {"base"},
+    "remote": {"base", "ssh", "agent"},
+    "reports": {"base", "diagnosis"},
+    "host": {"base", "ssh", "remote", "diagnosis", "reports"},
+    "fleet": {"base", "ssh", "remote", "diagnosis", "reports", "host"},
+    "cli": {"base", "ssh", "remote", "diagnosis", "reports", "host", "fleet"},
+}
+MAX_LINES = 900
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in PKG.rglob("*.py"):
+        rel = p.relative_to(PKG.parent).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = p
+    return out
+
+
+def layer(mod: str) -> str:
+    if mod == "mla_doctor.__main__":  # `python -m mla_doctor`: the command line
+        return "cli"
+    if mod in BASE:
+        return "base"
+    return mod.split(".")[1]
+
+
+def _imports(path: Path, mod: str, top_only: bool = False) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    nodes = tree.body if top_only else list(ast.walk(tree))
+    found = set()
+    pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+    for n in nodes:
+        if isinstance(n, ast.Import):
+            found.update(a.name for a in n.names if a.name.startswith("mla_doctor"))
+        elif isinstance(n, ast.ImportFrom):
+            base = n.module or ""
+            if n.level:
+                up = pkg.split(".")
+                base = ".".join(up[: len(up) - n.level + 1] + ([base] if base else []))
+            if base.startswith("mla_doctor"):
+                found.add(base)
+                found.update(f"{base}.{a.name}" for a in n.names)
+    mods = _modules()
+    return {m for m in found if m in mods}
+
+
+def test_every_module_belongs_to_a_known_layer():
+    assert {layer(m) for m in _modules()} <= set(ALLOWED), sorted({layer(m) for m in _modules()} - set(ALLOWED))
+
+
+def test_layers_import_only_downwards():
+    bad = []
+    for mod, path in _modules().items():
+        me = layer(mod)
+        for dep in _imports(path, mod):
+            other = layer(dep)
+            if other != me and other not in ALLOWED[me]:
+                bad.append(f"{mod} ({me}) imports {dep} ({other})")
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycles_between_modules():
+    mods = _modules()
+    graph = {m: {d for d in _imports(p, m, top_only=True) if d != m} for m, p in mods.items()}
+    # a package's __init__ importing its own submodules is registration, not a cycle
+    graph = {m: {d for d in deps if not d.startswith(m + ".")} for m, deps in graph.items()}
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(m, stack):
+        state[m] = 1
+        for d in graph.get(m, ()):
+            if state.get(d) == 1:
+                cycles.append(" -> ".join(stack[stack.index(d):] + [d]) if d in stack else f"{m} -> {d}")
+            elif not state.get(d):
+                visit(d, stack + [d])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if not state.get(m):
+            visit(m, [m])
+    assert not cycles, "\n".join(cycles)
+
+
+def test_the_agent_imports_nothing_of_the_controller():
+    for mod, path in _modules().items():
+        if layer(mod) == "agent":
+            assert all(layer(d) == "agent" for d in _imports(path, mod)), mod
+
+
+def test_one_default_run_root():
+    hits = [str(p.relative_to(PKG)) for p in PKG.rglob("*.py") if '"/var/tmp/mla-doctor"' in p.read_text()]
+    # the controller's constant, and the agent's own (it imports nothing of the controller)
+    assert len(hits) <= 2 and "paths.py" in hits, hits
