@@ -1,19 +1,22 @@
 # make test  — set up everything from nothing (venv, packages, system packages when root) and run every tier.
-# make demo  — build a local sandbox host with a real vLLM and run mla-doctor against it.
+# make demo  — build a local sandbox host with a real vLLM and run the installed wheel's mla-doctor against it.
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PYTEST  = $(VENV)/bin/pytest
 ARGS   ?=
+# the wheel as a user gets it: built from a clean copy of the tree, installed into its own venv (both ignored)
+DIST       ?= build/dist
+WHEEL_VENV ?= build/venv-wheel
 
-.PHONY: test setup system-packages unit corpus integration lint clean demo
+.PHONY: test setup system-packages unit corpus integration install-tier lint clean demo wheel wheel-venv
 
 setup: $(VENV)/.installed system-packages
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,bench]'
 	touch $@
 
 # sshd and iproute2 for the test fleet, sudo for the non-root host, chromium to render the HTML report
@@ -43,11 +46,28 @@ lint: $(VENV)/.installed
 unit: setup
 	$(PYTEST) -q tests/unit
 
+# builds the wheel, installs it into a fresh venv and drives the installed CLI (needs only python3 + pip)
+install-tier: setup
+	$(PYTEST) -q tests/install
+
 test: setup lint
 	$(PYTEST) -q tests
 
-clean:
-	rm -rf $(VENV) .pytest_cache
+wheel: setup
+	rm -rf $(DIST) && mkdir -p $(DIST) && d=$$(mktemp -d) && \
+	cp -r mla_doctor playbooks templates pyproject.toml README.md $$d/ && \
+	find $$d -name __pycache__ -prune -exec rm -rf {} + && \
+	$(PY) -m pip wheel -q --no-deps -w $(DIST) $$d && rm -rf $$d
+	@ls $(DIST)/mla_doctor-*.whl
 
-demo: setup
-	$(PY) demo/sandbox.py $(ARGS)
+wheel-venv: wheel
+	[ -x $(WHEEL_VENV)/bin/python ] || $(PYTHON) -m venv $(WHEEL_VENV)
+	$(WHEEL_VENV)/bin/python -m pip install -q --disable-pip-version-check $(DIST)/mla_doctor-*.whl
+	$(WHEEL_VENV)/bin/python -m pip install -q --disable-pip-version-check --force-reinstall --no-deps \
+	  $(DIST)/mla_doctor-*.whl
+
+clean:
+	rm -rf $(VENV) .pytest_cache $(DIST) $(WHEEL_VENV)
+
+demo: setup wheel-venv
+	MLA_DOCTOR_BIN=$(CURDIR)/$(WHEEL_VENV)/bin/mla-doctor $(PY) demo/sandbox.py $(ARGS)

@@ -6,6 +6,10 @@ real sshd on a free loopback port as the current user (no root needed when sshd 
 starts the vLLM server as a plain process, runs `mla-doctor run --host USER@127.0.0.1:PORT` with
 the sandbox's own ssh_config and known_hosts, prints the verdict, and removes everything:
 server stopped, sshd stopped, sandbox directory deleted. Extra arguments go to `mla-doctor run`.
+
+`make demo` builds the wheel, installs it into its own venv and sets MLA_DOCTOR_BIN to that
+install's `mla-doctor`, run from the sandbox directory (no source tree on its path): the demo
+shows what a user's install does. Without MLA_DOCTOR_BIN, `python -m mla_doctor` of this tree.
 """
 from __future__ import annotations
 
@@ -79,10 +83,12 @@ def main(argv: list[str]) -> int:
         say(f"sandbox host: sshd on 127.0.0.1:{port}, logging in as {user}")
         with vllm_cpu.local_server(log_path=d / "server.log", ready_timeout=300) as server:
             say(f"vLLM server up on 127.0.0.1:{server.port} (pid {server.proc.pid}) in {server.ready_seconds:.0f}s")
-            cmd = [sys.executable, "-m", "mla_doctor", "run", "--host", "sandbox", "--ssh-config",
-                   str(d / "ssh_config"), "--yes", "--run-root", str(d / "runs"), *argv]
-            say("$ mla-doctor " + " ".join(cmd[3:]))
-            rc = subprocess.call(cmd, cwd=ROOT)
+            exe = os.environ.get("MLA_DOCTOR_BIN")
+            prog = [exe] if exe else [sys.executable, "-m", "mla_doctor"]
+            args = ["run", "--host", "sandbox", "--ssh-config", str(d / "ssh_config"), "--yes",
+                    "--run-root", str(d / "runs"), *argv]
+            say(f"$ {exe or 'mla-doctor'} " + " ".join(args))
+            rc = subprocess.call(prog + args, cwd=d if exe else ROOT)
             leftover = subprocess.run(["grep", "-rl", "mla-doctor run", str(vllm_cpu.venv_dir() / "lib")],
                                       capture_output=True, text=True).stdout.strip()
             say("vLLM files restored: " + ("NO: " + leftover if leftover else "yes (no mla-doctor marker left)"))
