@@ -28,6 +28,7 @@ import pytest
 from mla_doctor import reports
 from tests.support import corpus
 from tests.support import fleet as fs
+from tests.support import scale_out
 
 pytestmark = [pytest.mark.fleet, pytest.mark.corpus]
 
@@ -284,6 +285,27 @@ def test_two_shards_merge_to_the_unsharded_report(seeded, inventory, tmp_path):
                        text=True, timeout=60, cwd=REPO)
     assert m.returncode == 3, m.stderr
     merged = json.loads((tmp_path / "merged.json").read_text())
+    assert reports.comparable(merged) == reports.comparable(json.loads((tmp_path / "whole.json").read_text()))
+
+
+@pytest.mark.parametrize("engine", sorted(scale_out.ENGINES))
+def test_scale_out_example_shards_in_parallel_merge_to_the_unsharded_report(engine, seeded, inventory, tmp_path):
+    """examples/scale-out: the engine's own shard lines, 3 tasks at once, then its merge line."""
+    limit = "mine,ghosts,h05"
+    whole = cli(seeded, "audit", "-i", str(inventory), "--limit", limit, "--format", "json",
+                "-o", str(tmp_path / "whole.json"))
+    assert whole.returncode == 3, whole.stderr[-2000:]
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {"INVENTORY": str(inventory), "OUT": str(out), "KNOWN_HOSTS": str(seeded.known_hosts)}
+    procs = scale_out.start_shards(engine, 3, tmp_path, env,
+                                   ["--limit", limit, "--ssh-config", str(seeded.ssh_config)])
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode in (0, 1, 3), err[-2000:]  # the GitHub line ends in `|| true`
+    m = scale_out.run_merge(engine, tmp_path, env)
+    assert m.returncode == 3, m.stderr[-2000:]  # the worst host's status: unreachable ghosts
+    merged = json.loads(next(p for p in (out / "fleet.json", tmp_path / "fleet.json") if p.exists()).read_text())
     assert reports.comparable(merged) == reports.comparable(json.loads((tmp_path / "whole.json").read_text()))
 
 
