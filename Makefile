@@ -41,7 +41,7 @@ system-packages:
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check mla_doctor tests
-	$(VENV)/bin/vermin --no-tips --violations -t=3.8- mla_doctor/agent/remote_agent.py
+	$(VENV)/bin/vermin --no-tips --violations -t=3.8- mla_doctor/agent
 
 unit: setup
 	$(PYTEST) -q tests/unit

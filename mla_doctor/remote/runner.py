@@ -1,26 +1,20 @@
 """Ship the remote agent over an existing transport and run one phase: one remote execution.
 
-The agent's source and the JSON plan travel on stdin to `python3 -B -c BOOTSTRAP`; nothing is
-written on the host. The interpreter is found on the host by a fixed POSIX sh script whose
-only variable parts are shlex-quoted.
+The agent's payload (its package's sources, framed and compressed: remote/bundle.py) and the JSON
+plan travel on stdin to `python3 -B -c BOOTSTRAP`; nothing is written on the host. The interpreter
+is found on the host by a fixed POSIX sh script whose only variable parts are shlex-quoted.
 """
 from __future__ import annotations
 
 import json
 import shlex
-from importlib import resources
 
-from mla_doctor.agent.remote_agent import BOOTSTRAP, OLD_PYTHON_RC, PLAN_SEPARATOR
+from mla_doctor.agent.protocol import BOOTSTRAP, OLD_PYTHON_RC
 from mla_doctor.errors import NoPythonError, RemoteError, SudoError
+from mla_doctor.remote.bundle import agent_stdin
 from mla_doctor.ssh.transport import Transport
 
 NO_PYTHON_RC = 127
-
-
-def agent_source() -> bytes:
-    return resources.files("mla_doctor.agent").joinpath("remote_agent.py").read_bytes()
-
-
 FALLBACK_PYTHONS = ("python3", "python", "/usr/bin/python3", "/usr/local/bin/python3")
 
 
@@ -43,8 +37,7 @@ def agent_command(python: str | None = None, sudo: bool = False) -> str:
 
 def run_agent(transport: Transport, plan: dict, *, python: str | None = None, sudo: bool = False,
               timeout: float | None = None) -> dict:
-    payload = agent_source() + PLAN_SEPARATOR + json.dumps(plan).encode()
-    res = transport.run(agent_command(python, sudo), stdin=payload, timeout=timeout)
+    res = transport.run(agent_command(python, sudo), stdin=agent_stdin(plan), timeout=timeout)
     err = res.stderr.decode("utf-8", "replace").strip()
     if res.rc == NO_PYTHON_RC and "no Python interpreter" in err:
         raise NoPythonError(err.replace("mla-doctor: ", ""), host=transport.name)

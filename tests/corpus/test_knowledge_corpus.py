@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mla_doctor.agent.remote_agent import op_index
+from mla_doctor.agent.facts.ops import op_index
 from mla_doctor.diagnosis.knowledge import load_knowledge
 from mla_doctor.diagnosis.static_facts import verify_static
 from tests.support import corpus

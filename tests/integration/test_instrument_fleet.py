@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from mla_doctor.agent import remote_agent as ra
+from mla_doctor.agent.facts import targets as ra
 from mla_doctor.host.instrument import load_targets
 from mla_doctor.diagnosis.knowledge import parse_version
 from tests.support import corpus

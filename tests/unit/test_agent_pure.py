@@ -7,21 +7,27 @@ import sys
 
 import pytest
 
-from mla_doctor.agent import remote_agent as ra
-from mla_doctor.remote.runner import BOOTSTRAP, PLAN_SEPARATOR, agent_command, agent_source
+from mla_doctor.agent.change.inserts import apply_inserts
+from mla_doctor.agent.facts import install
+from mla_doctor.agent.facts import integrity
+from mla_doctor.agent.facts import model
+from mla_doctor.agent.facts import processes
+from mla_doctor.agent.facts import symbols
+from mla_doctor.remote.bundle import agent_stdin
+from mla_doctor.remote.runner import BOOTSTRAP, agent_command
 
 
 def test_redact_argv_hides_secrets_in_both_forms():
     argv = ["vllm", "serve", "m", "--api-key", "sk-123", "--hf-token=hf_abc", "--port", "8000"]
-    out = ra.redact_argv(argv)
+    out = processes.redact_argv(argv)
     assert "sk-123" not in out and "--hf-token=hf_abc" not in out
     assert out[:4] == ["vllm", "serve", "m", "--api-key"] and out[-2:] == ["--port", "8000"]
 
 
 def test_redact_env_keeps_only_relevant_and_hides_secret_values():
     env = {"VLLM_API_KEY": "sk", "HF_TOKEN": "hf", "VLLM_MLA_DISABLE": "1", "PATH": "/bin", "AWS_SECRET": "x"}
-    out = ra.redact_env(env)
-    assert out == {"HF_TOKEN": ra.REDACTED, "VLLM_API_KEY": ra.REDACTED, "VLLM_MLA_DISABLE": "1"}
+    out = processes.redact_env(env)
+    assert out == {"HF_TOKEN": processes.REDACTED, "VLLM_API_KEY": processes.REDACTED, "VLLM_MLA_DISABLE": "1"}
 
 
 @pytest.mark.parametrize("argv,ok", [
@@ -31,13 +37,13 @@ def test_redact_env_keeps_only_relevant_and_hides_secret_values():
     (["vllm", "bench", "serve"], False),
 ])
 def test_server_argv_detection(argv, ok):
-    assert ra.is_server_argv(argv) is ok
+    assert processes.is_server_argv(argv) is ok
 
 
 def test_model_arg_from_positional_or_flag():
-    assert ra.server_model_arg(["vllm", "serve", "org/m", "--port", "1"]) == "org/m"
-    assert ra.server_model_arg(["python", "-m", "vllm.entrypoints.openai.api_server", "--model=/m"]) == "/m"
-    assert ra.arg_value(["x", "-tp", "8"], "--tensor-parallel-size", "-tp") == "8"
+    assert processes.server_model_arg(["vllm", "serve", "org/m", "--port", "1"]) == "org/m"
+    assert processes.server_model_arg(["python", "-m", "vllm.entrypoints.openai.api_server", "--model=/m"]) == "/m"
+    assert processes.arg_value(["x", "-tp", "8"], "--tensor-parallel-size", "-tp") == "8"
 
 
 def test_hf_cache_resolution_prefers_refs_main(tmp_path):
@@ -47,7 +53,7 @@ def test_hf_cache_resolution_prefers_refs_main(tmp_path):
         (repo / "snapshots" / snap / "config.json").write_text(json.dumps({"model_type": snap}))
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("bbb")
-    path, how, _ = ra.resolve_model_config("zai-org/GLM-5", env={"HF_HUB_CACHE": str(tmp_path / "hub")})
+    path, how, _ = model.resolve_model_config("zai-org/GLM-5", env={"HF_HUB_CACHE": str(tmp_path / "hub")})
     assert how == "Hugging Face cache" and path.endswith("bbb/config.json")
 
 
@@ -56,10 +62,10 @@ def test_gguf_uses_hf_config_path(tmp_path):
     cfg = tmp_path / "cfgdir"
     cfg.mkdir()
     (cfg / "config.json").write_text('{"model_type": "glm_moe_dsa", "index_topk": 2048}')
-    path, how, _ = ra.resolve_model_config(str(tmp_path / "m.gguf"), hf_config_path=str(cfg))
+    path, how, _ = model.resolve_model_config(str(tmp_path / "m.gguf"), hf_config_path=str(cfg))
     assert how == "--hf-config-path"
-    assert ra.read_model_config(path)["index_topk"] == 2048
-    path, how, _ = ra.resolve_model_config(str(tmp_path / "m.gguf"))
+    assert model.read_model_config(path)["index_topk"] == 2048
+    path, how, _ = model.resolve_model_config(str(tmp_path / "m.gguf"))
     assert path is None and "GGUF" in how
 
 
@@ -89,9 +95,9 @@ def test_scan_tree_reports_modified_missing_unrecorded_and_symbols(tmp_path):
     (vdir / "b.py").write_text("x = 1\nprint('debug')\n")
     (vdir / "gone.py").unlink()
     (vdir / "extra.py").write_text("z = 3\n")
-    ident = ra.vllm_identity(str(vdir))
+    ident = install.vllm_identity(str(vdir))
     assert (ident["version"], ident["distribution"], ident["install_kind"]) == ("9.9.9", "vllm", "wheel")
-    scan = ra.scan_tree(str(vdir), ra.parse_record(ident["dist_info"]), ["forward_mha"])
+    scan = integrity.scan_tree(str(vdir), integrity.parse_record(ident["dist_info"]), ["forward_mha"])
     assert scan["modified"] == ["vllm/b.py"]
     assert scan["missing"] == ["vllm/gone.py"]
     assert scan["unrecorded"] == ["vllm/extra.py"]
@@ -102,12 +108,12 @@ def test_index_file_ast_and_regex_fallback(tmp_path):
     src = "class K(Base[int]):\n    @deco\n    def f(\n        self,\n    ):\n        use_sparse = True\n"
     p = tmp_path / "k.py"
     p.write_text(src)
-    out = ra.index_file(str(p), {"gate": r"use_sparse"})
+    out = symbols.index_file(str(p), {"gate": r"use_sparse"})
     assert out["parser"] == "ast"
     assert out["defs"] == {"K.f": 3} and out["classes"]["K"]["bases"] == ["Base"]
     assert out["matches"]["gate"] == [[6, "use_sparse = True"]]
     p.write_text(src + "type X[T] = list[T] if 0 else ((\n")  # unparsable: regex fallback
-    out = ra.index_file(str(p), {})
+    out = symbols.index_file(str(p), {})
     assert out["parser"] == "regex" and out["defs"]["K.f"] == 3
 
 
@@ -115,12 +121,12 @@ def test_version_fallback_to_version_file(tmp_path):
     vdir = tmp_path / "vllm"
     vdir.mkdir()
     (vdir / "_version.py").write_text("__version__ = version = '0.31.0'\n")
-    ident = ra.vllm_identity(str(vdir))
+    ident = install.vllm_identity(str(vdir))
     assert ident["version"] == "0.31.0" and ident["install_kind"] == "source"
 
 
 def test_agent_runs_under_the_bootstrap_and_always_answers_json():
-    payload = agent_source() + PLAN_SEPARATOR + b'{"op": "nope"}'
+    payload = agent_stdin({"op": "nope"})
     p = subprocess.run([sys.executable, "-B", "-c", BOOTSTRAP], input=payload, capture_output=True)
     assert json.loads(p.stdout)["fatal"].startswith("unknown op")
 
@@ -159,12 +165,12 @@ def test_old_python_is_refused_by_the_bootstrap(tmp_path):
 def test_scan_tells_our_instrumentation_from_other_edits(tmp_path):
     src = "class A:\n    def forward_mha(self, q):\n        return q\n"
     vdir = _fake_install(tmp_path, {"vllm/__init__.py": "", "vllm/a.py": src, "vllm/b.py": src})
-    patched, missing = ra.apply_inserts(src, [{"function": "A.forward_mha", "where": "entry", "code": "pass"}], "r9")
+    patched, missing = apply_inserts(src, [{"function": "A.forward_mha", "where": "entry", "code": "pass"}], "r9")
     assert not missing
     (vdir / "a.py").write_text(patched)
     (vdir / "b.py").write_text(patched + "print('debug')\n")
-    ident = ra.vllm_identity(str(vdir))
-    scan = ra.scan_tree(str(vdir), ra.parse_record(ident["dist_info"]), [])
+    ident = install.vllm_identity(str(vdir))
+    scan = integrity.scan_tree(str(vdir), integrity.parse_record(ident["dist_info"]), [])
     assert scan["instrumented"] == [{"path": "vllm/a.py", "runs": ["r9"]}]
     assert scan["modified"] == ["vllm/b.py"]  # our block plus someone else's edit: a modification
 
@@ -178,13 +184,13 @@ def test_scan_tells_our_instrumentation_from_other_edits(tmp_path):
     ("0::/user.slice/user-0.slice/session-3.scope\n", "process", {}),
 ])
 def test_supervisor_from_cgroup(monkeypatch, cgroup, kind, extra):
-    monkeypatch.setattr(ra, "_read_text", lambda path, limit=None: cgroup)
-    monkeypatch.setattr(ra, "_run", lambda argv, timeout=10, env=None: (
+    monkeypatch.setattr(processes, "_read_text", lambda path, limit=None: cgroup)
+    monkeypatch.setattr(processes, "_run", lambda argv, timeout=10, env=None: (
         0, "Restart=always\nFragmentPath=/etc/systemd/system/vllm.service\nUser=vllm\nMainPID=42\n", ""))
-    monkeypatch.setattr(ra, "_proc_status", lambda pid: {"PPid": "1"})
-    sup = ra._supervisor("42", ["vllm", "serve"])
+    monkeypatch.setattr(processes, "_proc_status", lambda pid: {"PPid": "1"})
+    sup = processes._supervisor("42", ["vllm", "serve"])
     assert sup["kind"] == kind
     for k, v in extra.items():
         assert sup[k] == v
-    why = ra.supervised_refusal(sup)
+    why = processes.supervised_refusal(sup)
     assert (why is None) == (kind == "process")

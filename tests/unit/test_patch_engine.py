@@ -15,17 +15,24 @@ import textwrap
 
 import pytest
 
-from mla_doctor.agent import remote_agent as ra
+from mla_doctor.agent import fs
+from mla_doctor.agent import protocol
+from mla_doctor.agent.change.inserts import apply_inserts
+from mla_doctor.agent.change import lock as host_lock
+from mla_doctor.agent.change import patch
+from mla_doctor.agent.change import revert
+from mla_doctor.agent.change import watchdog
+from mla_doctor.agent.facts import targets
 
 RUN = "r-unit1"
 
 
 def patched(src: str, *inserts: dict) -> str:
-    new, missing = ra.apply_inserts(src, list(inserts), RUN)
+    new, missing = apply_inserts(src, list(inserts), RUN)
     assert missing == [], missing
     compile(new, "<patched>", "exec", dont_inherit=True)
-    assert new.count(ra.MARK_BEGIN % RUN) == len(inserts)
-    assert new.count(ra.MARK_END % RUN) == len(inserts)
+    assert new.count(targets.MARK_BEGIN % RUN) == len(inserts)
+    assert new.count(targets.MARK_END % RUN) == len(inserts)
     return new
 
 
@@ -71,7 +78,7 @@ def test_entry_of_a_decorated_method_with_a_multiline_signature():
     new = patched(src, entry("Impl.forward_mha"))
     # the block sits in the body, after the whole signature, indented like the body
     lines = new.splitlines()
-    i = lines.index("        " + ra.MARK_BEGIN % RUN)
+    i = lines.index("        " + targets.MARK_BEGIN % RUN)
     assert lines[i - 1].strip() == ") -> int:" and lines[i + 1].startswith("        HITS.append(")
     ns = run(new)
     assert ns["Impl"]().forward_mha(3) == 6
@@ -101,7 +108,7 @@ def test_entry_goes_after_the_docstring_and_keeps_it_a_docstring():
 def test_tab_indented_source():
     src = "class A:\n\tdef f(self, q):\n\t\tif q:\n\t\t\tq = q + 1\n\t\treturn q\n"
     new = patched(src, entry("A.f", "if True:\n    HITS.append('tab')"))
-    assert "\t\t" + ra.MARK_BEGIN % RUN in new
+    assert "\t\t" + targets.MARK_BEGIN % RUN in new
     ns = run(new)
     assert ns["A"]().f(1) == 2 and ns["HITS"] == ["tab"]
 
@@ -124,7 +131,7 @@ def test_after_assign_in_if_else_branches_sees_the_final_value(flag, expected):
         ''')
     new = patched(src, after("A.forward", "num_decode_tokens"))
     lines = new.splitlines()
-    i = lines.index("        " + ra.MARK_BEGIN % RUN)
+    i = lines.index("        " + targets.MARK_BEGIN % RUN)
     assert lines[i + 3] == "        result = num_decode_tokens * 10"  # after the whole if/else, at body level
     ns = run(new)
     assert ns["A"]().forward(flag) == expected * 10
@@ -142,7 +149,7 @@ def test_after_assign_takes_the_last_top_level_assignment_tuple_and_augmented():
         ''')
     ns = run(patched(src, after("split", "num_mha_tokens")))
     assert ns["split"](5) == (2, 5) and ns["HITS"] == [("num_mha_tokens", 2)]
-    missing = ra.apply_inserts(src, [after("split", "nope")], RUN)
+    missing = apply_inserts(src, [after("split", "nope")], RUN)
     assert missing == (None, ["split (after_assign:nope)"])
 
 
@@ -152,22 +159,22 @@ def test_after_assign_takes_the_last_top_level_assignment_tuple_and_augmented():
     'class A:\n    def f(self): """doc"""\n',
 ])
 def test_one_line_def_is_refused_not_broken(src):
-    new, missing = ra.apply_inserts(src, [entry("A.f")], RUN)
+    new, missing = apply_inserts(src, [entry("A.f")], RUN)
     assert new is None
     assert missing == ["A.f (body on the def line: no line of its own to insert at)"]
-    new, missing = ra.apply_inserts(src, [after("A.f", "x")], RUN)
+    new, missing = apply_inserts(src, [after("A.f", "x")], RUN)
     assert new is None and len(missing) == 1
 
 
 def test_entry_sharing_a_line_with_the_docstring_is_refused():
     src = 'def f(q):\n    """doc"""; q = q + 1\n    return q\n'
-    new, missing = ra.apply_inserts(src, [entry("f")], RUN)
+    new, missing = apply_inserts(src, [entry("f")], RUN)
     assert new is None and missing and missing[0].startswith("f (")
 
 
 def test_missing_function_and_class_are_listed():
     src = "class A:\n    def f(self):\n        pass\n"
-    new, missing = ra.apply_inserts(src, [entry("A.g"), entry("B.f"), entry("A.f")], RUN)
+    new, missing = apply_inserts(src, [entry("A.g"), entry("B.f"), entry("A.f")], RUN)
     assert new is None and missing == ["A.g", "B.f"]
 
 
@@ -183,7 +190,7 @@ def test_module_insertion_after_docstring_and_future_imports(head):
     new = patched(src, {"function": None, "where": "module", "code": code}, entry("f"))
     ns = run(new)  # compiles: a statement before `from __future__` would be a SyntaxError
     assert ns["MODULE_HIT"] is True and ns["f"](4) == 4
-    before = new.split(ra.MARK_BEGIN % RUN)[0]
+    before = new.split(targets.MARK_BEGIN % RUN)[0]
     assert before == head or before == head.rstrip("\n") + "\n" or before.startswith(head.split("\n")[0])
     if "coding" in head:
         assert new.splitlines()[1] == "# -*- coding: utf-8 -*-"  # still on line 2
@@ -236,7 +243,7 @@ def test_resolve_targets_expands_globs_and_wildcards(tmp_path):
     (v / "backends" / "b_mla.py").write_text("class BImpl:\n    def forward_mqa(self, q):\n        return q\n")
     (v / "backends" / "broken_mla.py").write_text("def (:\n")
     (v / "common.py").write_text("class Base:\n    def forward_mha(self):\n        pass\n")
-    out = ra.resolve_targets(str(v), [
+    out = targets.resolve_targets(str(v), [
         {"key": "decode-1", "files": ["backends/*mla*.py"], "function": "*.forward_mqa"},
         {"key": "prefill-2", "files": ["common.py"], "function": "Base.forward_mha"},
         {"key": "gone-3", "files": ["common.py"], "function": "Base.nope"},
@@ -287,19 +294,19 @@ def _state(p):
 def test_patch_then_revert_twice_is_byte_identical_and_stays_reverted(tmp_path, signals):
     site, v, target = _tree(tmp_path)
     before = _state(target)
-    out = ra.op_patch(_plan(tmp_path, v, target))
+    out = patch.op_patch(_plan(tmp_path, v, target))
     assert out["outcome"] == "patched", out
     assert _state(target)[0] == out["files"][0]["patched_sha256"] != before[0]
     assert (site / "mla_doctor_probe_unit.py").exists()
-    again = ra.op_patch(_plan(tmp_path, v, target))  # same run id: nothing patched twice
+    again = patch.op_patch(_plan(tmp_path, v, target))  # same run id: nothing patched twice
     assert again["outcome"] == "patched" and again["files"][0]["outcome"] == "already-patched"
     assert again["files"][0]["original_sha256"] == before[0]
-    assert target.read_text().count(ra.MARK_BEGIN % RUN) == 2  # module + entry, once each
-    rev = ra.op_revert({"op": "revert", "run_root": str(tmp_path / "runroot"), "run_id": RUN})
+    assert target.read_text().count(targets.MARK_BEGIN % RUN) == 2  # module + entry, once each
+    rev = revert.op_revert({"op": "revert", "run_root": str(tmp_path / "runroot"), "run_id": RUN})
     assert rev["runs"][0]["state"] == "reverted"
     assert _state(target) == before and not (site / "mla_doctor_probe_unit.py").exists()
     # reverting it again (or the watchdog having been first) is not a failure: the file is original
-    rev = ra.op_revert({"op": "revert", "run_root": str(tmp_path / "runroot"), "run_id": RUN})
+    rev = revert.op_revert({"op": "revert", "run_root": str(tmp_path / "runroot"), "run_id": RUN})
     assert rev["runs"][0]["state"] == "reverted", rev
     assert [f["outcome"] for f in rev["runs"][0]["files"]] == ["already-original"]
     manifest = json.loads((tmp_path / "runroot" / "runs" / RUN / "manifest.json").read_text())
@@ -310,20 +317,20 @@ def test_patch_then_revert_twice_is_byte_identical_and_stays_reverted(tmp_path, 
 def test_dry_run_and_refusals_create_nothing(tmp_path, signals):
     site, v, target = _tree(tmp_path)
     before = _state(target)
-    out = ra.op_patch(_plan(tmp_path, v, target, dry_run=True))
+    out = patch.op_patch(_plan(tmp_path, v, target, dry_run=True))
     assert out["outcome"] == "dry-run" and "+y = 2" not in out["files"][0]["diff"]
     assert "+        y = 2" in out["files"][0]["diff"]
     bad = _plan(tmp_path, v, target)
     bad["files"][0]["inserts"][1]["code"] = "y = ("  # renders invalid Python
-    out = ra.op_patch(bad)
+    out = patch.op_patch(bad)
     assert out["outcome"] == "refused" and "not valid Python" in out["refused"][0]
     stale = _plan(tmp_path, v, target)
     stale["files"][0]["expected_sha256"] = "0" * 64
-    out = ra.op_patch(stale)
+    out = patch.op_patch(stale)
     assert out["outcome"] == "refused" and "changed since the audit" in out["refused"][0]
     gone = _plan(tmp_path, v, target)
     gone["files"][0]["inserts"][1]["function"] = "Impl.forward_mqa"
-    out = ra.op_patch(gone)
+    out = patch.op_patch(gone)
     assert out["refused"][0] == "symbols not found in this install: common.py: Impl.forward_mqa"
     assert out["missing_symbols"] == ["common.py: Impl.forward_mqa"]
     assert _state(target) == before
@@ -337,8 +344,8 @@ def test_no_room_is_refused_before_writing(tmp_path, signals, monkeypatch):
     class Full:
         f_bavail, f_frsize = 10, 4096
 
-    monkeypatch.setattr(ra.os, "statvfs", lambda p: Full)
-    out = ra.op_patch(_plan(tmp_path, v, target))
+    monkeypatch.setattr(patch.os, "statvfs", lambda p: Full)
+    out = patch.op_patch(_plan(tmp_path, v, target))
     assert out["outcome"] == "refused" and "not enough free space" in out["refused"][0]
     assert not (tmp_path / "runroot").exists()
 
@@ -348,27 +355,27 @@ def test_lock_of_a_live_run_without_manifest_yet_is_not_stale(tmp_path):
     root.mkdir()
     lock = root / "lock.json"
     # a holder that just took the lock and has not written its manifest yet: this process, alive
-    lock.write_text(json.dumps({"run_id": "other", "pid": os.getpid(), "host": ra.socket.gethostname()}))
-    with pytest.raises(ra.Refusal, match="another mla-doctor run holds this host: other"):
-        ra._take_lock(str(root), "mine")
+    lock.write_text(json.dumps({"run_id": "other", "pid": os.getpid(), "host": host_lock.socket.gethostname()}))
+    with pytest.raises(protocol.Refusal, match="another mla-doctor run holds this host: other"):
+        host_lock._take_lock(str(root), "mine")
     lock.write_text("")  # being written right now
-    with pytest.raises(ra.Refusal):
-        ra._take_lock(str(root), "mine")
+    with pytest.raises(protocol.Refusal):
+        host_lock._take_lock(str(root), "mine")
     # a holder that is gone and left no manifest: stale, taken over
-    lock.write_text(json.dumps({"run_id": "other", "pid": 2 ** 22 + 12345, "host": ra.socket.gethostname()}))
-    ra._take_lock(str(root), "mine")
+    lock.write_text(json.dumps({"run_id": "other", "pid": 2 ** 22 + 12345, "host": host_lock.socket.gethostname()}))
+    host_lock._take_lock(str(root), "mine")
     assert json.loads(lock.read_text())["run_id"] == "mine"
-    ra._release_lock(str(root), "mine")
+    host_lock._release_lock(str(root), "mine")
     assert not lock.exists()
 
 
 def test_edited_after_patch_is_a_conflict_that_keeps_both(tmp_path, signals):
     site, v, target = _tree(tmp_path)
     original = target.read_bytes()
-    assert ra.op_patch(_plan(tmp_path, v, target))["outcome"] == "patched"
+    assert patch.op_patch(_plan(tmp_path, v, target))["outcome"] == "patched"
     edited = target.read_bytes() + b"# someone's hotfix\n"
     target.write_bytes(edited)
-    rev = ra.op_revert({"op": "revert", "run_root": str(tmp_path / "runroot")})
+    rev = revert.op_revert({"op": "revert", "run_root": str(tmp_path / "runroot")})
     run = rev["runs"][0]
     assert run["state"] == "revert-incomplete" and run["files"][0]["outcome"] == "conflict"
     assert target.read_bytes() == edited  # never clobbered
@@ -424,7 +431,7 @@ def _standin_install(tmp_path):
 
 def _static_raw(v, tset, version="0.33.0"):
     return {"vllm": {"version": version}, "locate": {"dir": str(v)},
-            "targets": ra.resolve_targets(str(v), tset.agent_request())}
+            "targets": targets.resolve_targets(str(v), tset.agent_request())}
 
 
 def test_plan_from_playbook_and_real_templates_runs_and_records(tmp_path, signals, monkeypatch):
@@ -446,10 +453,10 @@ def test_plan_from_playbook_and_real_templates_runs_and_records(tmp_path, signal
     by_rel = {f["rel"]: f for f in plan["files"]}
     assert [i["target"] for i in by_rel["layers/mla.py"]["inserts"]] == ["armed", "dispatch-1", "prefill-2"]
     assert by_rel["layers/mla.py"]["expected_sha256"] == hashlib.sha256(MLA_PY.encode()).hexdigest()
-    out = ra.op_patch(plan)
+    out = patch.op_patch(plan)
     assert out["outcome"] == "patched", out
     patched = (v / "layers" / "mla.py").read_text()
-    assert patched.index("from __future__ import annotations") < patched.index(ra.MARK_BEGIN % "u-1.x")
+    assert patched.index("from __future__ import annotations") < patched.index(targets.MARK_BEGIN % "u-1.x")
     # import the patched stand-ins for real: the probe records what the instrumented code saw
     monkeypatch.syspath_prepend(str(site))
     for name in [m for m in sys.modules if m == "vllm" or m.startswith(("vllm.", "mla_doctor_probe_u_1_x"))]:
@@ -474,7 +481,7 @@ def test_plan_from_playbook_and_real_templates_runs_and_records(tmp_path, signal
     assert calls["dispatch"]["tokens"] == {"q_rows": 5, "q_from": "q", "num_mha_tokens": 5, "use_mha": True}
     assert calls["prefill"]["tokens"]["q_rows"] == 5 and calls["prefill"]["class"] == "MLACommonBaseImpl"
     assert calls["decode"]["function"] == "TritonImpl.forward_mqa" and calls["decode"]["target"] == "decode-3"
-    rev = ra.op_revert({"op": "revert", "run_root": str(tmp_path / "root"), "run_id": "u-1.x"})
+    rev = revert.op_revert({"op": "revert", "run_root": str(tmp_path / "root"), "run_id": "u-1.x"})
     assert rev["runs"][0]["state"] == "reverted"
     assert (v / "layers" / "mla.py").read_text() == MLA_PY
     assert sorted(p.name for p in site.iterdir()) == ["vllm"]  # the probe and its __pycache__ are gone
@@ -519,7 +526,7 @@ def test_torch_compile_traced_targets_are_refused(tmp_path):
 def test_run_root_created_by_a_concurrent_run_meanwhile_is_fine(tmp_path, monkeypatch):
     root = tmp_path / "root"
     root.mkdir()
-    real, seen = ra.os.path.isdir, []
+    real, seen = fs.os.path.isdir, []
 
     def isdir(p):  # the first check misses it: another run makes it right after
         if p == str(root) and not seen:
@@ -527,8 +534,8 @@ def test_run_root_created_by_a_concurrent_run_meanwhile_is_fine(tmp_path, monkey
             return False
         return real(p)
 
-    monkeypatch.setattr(ra.os.path, "isdir", isdir)
-    assert ra._run_root({"run_root": str(root)}) == str(root)
+    monkeypatch.setattr(fs.os.path, "isdir", isdir)
+    assert fs._run_root({"run_root": str(root)}) == str(root)
 
 
 def test_a_file_that_cannot_be_restored_does_not_stop_the_others(tmp_path, signals, monkeypatch):
@@ -539,23 +546,23 @@ def test_a_file_that_cannot_be_restored_does_not_stop_the_others(tmp_path, signa
     plan = _plan(tmp_path, v, target)
     plan["files"].append({"rel": "other.py", "expected_sha256": _state(other)[0],
                           "inserts": [{"function": "B.forward_mqa", "where": "entry", "code": "z = 3"}]})
-    assert ra.op_patch(plan)["outcome"] == "patched"
-    real = ra.atomic_write
+    assert patch.op_patch(plan)["outcome"] == "patched"
+    real = revert.atomic_write
 
     def failing(path, data, st=None):
         if path == str(target):
             raise OSError(30, "Read-only file system")
         return real(path, data, st)
 
-    monkeypatch.setattr(ra, "atomic_write", failing)
-    run = ra.op_revert({"op": "revert", "run_root": str(tmp_path / "runroot")})["runs"][0]
+    monkeypatch.setattr(revert, "atomic_write", failing)
+    run = revert.op_revert({"op": "revert", "run_root": str(tmp_path / "runroot")})["runs"][0]
     assert run["state"] == "revert-incomplete"
     assert {f["rel"]: f["outcome"] for f in run["files"]} == {"common.py": "restore-failed", "other.py": "restored"}
     assert _state(other) == before[other]
     backup = tmp_path / "runroot" / "runs" / RUN / "backup" / "common.py"
     assert backup.read_bytes() != target.read_bytes() and _state(backup)[0] == before[target][0]  # kept
-    monkeypatch.setattr(ra, "atomic_write", real)
-    run = ra.op_revert({"op": "revert", "run_root": str(tmp_path / "runroot")})["runs"][0]  # once writable again
+    monkeypatch.setattr(revert, "atomic_write", real)
+    run = revert.op_revert({"op": "revert", "run_root": str(tmp_path / "runroot")})["runs"][0]  # once writable again
     assert run["state"] == "reverted" and {p: _state(p) for p in (target, other)} == before
 
 
@@ -572,7 +579,7 @@ def test_watchdog_never_reverts_under_a_patch_still_being_written(tmp_path):
     (run_dir / "lease.json").write_text(json.dumps({"expires": time.time() - 10, "ttl": 1}))
     agent = subprocess.Popen(["sleep", "30"])  # the agent, still writing the patch
     ctx = multiprocessing.get_context("fork")
-    dog = ctx.Process(target=ra.watchdog_loop, args=(str(root), "w1", 0.05, agent.pid))
+    dog = ctx.Process(target=watchdog.watchdog_loop, args=(str(root), "w1", 0.05, agent.pid))
     dog.start()
     try:
         time.sleep(0.6)

@@ -6,19 +6,20 @@ import os
 import stat
 import subprocess
 
-from mla_doctor.agent import remote_agent as agent
+from mla_doctor.agent.runtimes import docker
+from mla_doctor.agent.runtimes import systemd
 from mla_doctor.ssh.container import ContainerTransport
 from mla_doctor.ssh.transport import LocalTransport
 
 
 def test_dropin_sets_environment_only_by_default():
-    text = agent.render_dropin({"VLLM_LOGGING_LEVEL": "DEBUG", "B": "x y"})
+    text = systemd.render_dropin({"VLLM_LOGGING_LEVEL": "DEBUG", "B": "x y"})
     assert text.splitlines()[1:] == ["[Service]", 'Environment="B=x y"', 'Environment="VLLM_LOGGING_LEVEL=DEBUG"']
     assert "ExecStart" not in text
 
 
 def test_dropin_replaces_execstart_for_extra_arguments():
-    text = agent.render_dropin({}, ["/v/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--enforce-eager"])
+    text = systemd.render_dropin({}, ["/v/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--enforce-eager"])
     lines = text.splitlines()
     # an empty ExecStart= first: a service may have only one, the unit's own must be cleared
     assert lines[-2:] == ["ExecStart=",
@@ -26,10 +27,10 @@ def test_dropin_replaces_execstart_for_extra_arguments():
 
 
 def test_systemd_quoting_escapes_specifiers_and_variables():
-    assert agent.systemd_quote('a "b" \\c') == '"a \\"b\\" \\\\c"'
-    assert agent.systemd_quote("50% $HOME") == '"50%% $$HOME"'  # ExecStart: both literal
-    assert agent.systemd_quote("50% $HOME", exec_line=False) == '"50%% $HOME"'  # Environment= expands no $
-    assert agent.systemd_dropin("vllm.service", "R1") == "/run/systemd/system/vllm.service.d/zz-mla-doctor-R1.conf"
+    assert systemd.systemd_quote('a "b" \\c') == '"a \\"b\\" \\\\c"'
+    assert systemd.systemd_quote("50% $HOME") == '"50%% $$HOME"'  # ExecStart: both literal
+    assert systemd.systemd_quote("50% $HOME", exec_line=False) == '"50%% $HOME"'  # Environment= expands no $
+    assert systemd.systemd_dropin("vllm.service", "R1") == "/run/systemd/system/vllm.service.d/zz-mla-doctor-R1.conf"
 
 
 def test_docker_exec_wrapper_quotes_every_word(tmp_path, monkeypatch):
@@ -48,7 +49,7 @@ def test_docker_exec_wrapper_quotes_every_word(tmp_path, monkeypatch):
 
 
 def test_docker_since_is_rfc3339_with_fractions():
-    ts = agent._docker_now()
+    ts = docker._docker_now()
     assert len(ts) == 27 and ts.endswith("Z") and ts[10] == "T" and ts[19] == "."
     assert subprocess.run(["date", "-d", ts.replace("Z", "+00:00")], capture_output=True).returncode == 0
 

@@ -1,0 +1,71 @@
+"""The in-memory importer the bootstrap starts: the agent package imported from the payload's sources.
+
+BOOTSTRAP (protocol.py) runs this file's source with __name__ "<package>._boot" and calls start().
+Each module is compiled on its first import (a read-only op never compiles the modules that change
+files), under a file name such as mla_doctor_agent/facts/ops.py whose lines linecache knows, so a
+traceback names the module and shows its line. Nothing is written on the host.
+"""
+import importlib
+import linecache
+import sys
+from importlib.abc import Loader, MetaPathFinder
+from importlib.util import spec_from_loader
+
+
+class SourceImporter(MetaPathFinder, Loader):
+    """Finds and loads `package` and its submodules from {relative path: source}."""
+
+    def __init__(self, package, sources):
+        self.package = package
+        self.sources = sources
+
+    def _locate(self, fullname):
+        """(relative path, is a package) of a module of ours, or (None, False)."""
+        if fullname == self.package:
+            rel = ""
+        elif fullname.startswith(self.package + "."):
+            rel = fullname[len(self.package) + 1:].replace(".", "/") + "/"
+        else:
+            return None, False
+        if rel + "__init__.py" in self.sources:
+            return rel + "__init__.py", True
+        if rel and rel[:-1] + ".py" in self.sources:
+            return rel[:-1] + ".py", False
+        return None, False
+
+    def find_spec(self, fullname, path=None, target=None):
+        rel, is_pkg = self._locate(fullname)
+        if rel is None:
+            return None
+        return spec_from_loader(fullname, self, origin=self.package + "/" + rel, is_package=is_pkg)
+
+    def create_module(self, spec):
+        return None  # the default module object
+
+    def exec_module(self, module):
+        rel, _is_pkg = self._locate(module.__name__)
+        filename = self.package + "/" + rel
+        source = self.sources[rel]
+        remember(filename, source)
+        module.__file__ = filename
+        exec(compile(source, filename, "exec", dont_inherit=True), module.__dict__)
+
+    def get_source(self, fullname):
+        rel, _is_pkg = self._locate(fullname)
+        if rel is None:
+            raise ImportError("not an agent module: %s" % fullname, name=fullname)
+        return self.sources[rel]
+
+
+def remember(filename, source):
+    """Lines for tracebacks: no file to read them from (mtime None: linecache.checkcache keeps them)."""
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+
+
+def start(sources, payload, plan_bytes):
+    """Install the importer, keep the payload for re-runs elsewhere, answer the plan; the exit status."""
+    package = __name__.rpartition(".")[0]
+    remember(package + "/_boot.py", sources["_boot.py"])
+    sys.meta_path.insert(0, SourceImporter(package, sources))
+    importlib.import_module(package + ".reexec").PAYLOAD = payload
+    return importlib.import_module(package + ".main").main(plan_bytes)

@@ -1,0 +1,1 @@
+"""What changes files on the host: instrumentation, backups, lock, lease, watchdog, revert."""

@@ -1,0 +1,46 @@
+"""The run's lease: the controller renews it; the watchdog reverts the run once it expires.
+Also the `renew` op.
+"""
+from __future__ import annotations
+
+import os
+
+from ..common import _now
+from ..fs import _lease_path, _read_json, _run_dir, _server_paths, _write_json
+from ..protocol import AGENT_VERSION
+
+
+def write_lease(run_dir, ttl, epoch=None):
+    """(Re)write the lease; the epoch (the controller's prompt window) is kept unless given."""
+    if epoch is None:
+        try:
+            epoch = _read_json(_lease_path(run_dir)).get("epoch", 0)
+        except (OSError, ValueError):
+            epoch = 0
+    lease = {"expires": (_now() + ttl) if ttl and ttl > 0 else 0, "ttl": ttl, "renewed": _now(), "epoch": epoch}
+    _write_json(_lease_path(run_dir), lease)
+    os.chmod(_lease_path(run_dir), 0o644)  # the probe, running as the server's user, reads it
+    return lease
+
+
+
+def lease_expired(run_dir):
+    try:
+        lease = _read_json(_lease_path(run_dir))
+    except (OSError, ValueError):
+        return True
+    return bool(lease.get("expires")) and _now() > lease["expires"]
+
+
+
+def op_renew(plan):
+    run_dir = _run_dir(plan)
+    if not os.path.exists(os.path.join(run_dir, "manifest.json")) and os.path.exists(_server_paths(run_dir)[0]):
+        # the host side of a container run (docker runtime): only its lease, for the host's watchdog
+        return {"agent_version": AGENT_VERSION, "op": "renew", "renewed": True,
+                "lease": write_lease(run_dir, plan.get("ttl") or 0)}
+    m = _read_json(os.path.join(run_dir, "manifest.json"))
+    if m.get("state") != "patched":
+        return {"agent_version": AGENT_VERSION, "op": "renew", "renewed": False, "state": m.get("state")}
+    return {"agent_version": AGENT_VERSION, "op": "renew", "renewed": True,
+            "lease": write_lease(run_dir, plan.get("ttl") or m.get("ttl") or 0)}

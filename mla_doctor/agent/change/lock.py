@@ -1,0 +1,74 @@
+"""The host lock: one mla-doctor run changes a host at a time; a stale lock (finished run, holder
+gone) is taken over.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+
+from ..common import _now
+from ..fs import _create_complete, _lock_path, _read_json
+from ..protocol import Refusal
+
+
+def _take_lock(root, run_id):
+    path = _lock_path(root)
+    info = {"run_id": run_id, "pid": os.getpid(), "since": _now(), "host": socket.gethostname()}
+    for _attempt in range(2):
+        try:
+            _create_complete(path, json.dumps(info))
+        except OSError as e:
+            if e.errno != errno.EEXIST:
+                raise
+            try:
+                held = _read_json(path)
+            except (OSError, ValueError):
+                held = {}
+            if held.get("run_id") == run_id:
+                return
+            other = held.get("run_id")
+            other_dir = os.path.join(root, "runs", str(other))
+            state = None
+            try:
+                state = _read_json(os.path.join(other_dir, "manifest.json")).get("state")
+            except (OSError, ValueError):
+                pass
+            # no manifest yet is stale only when its holder is gone: a live holder writes it just after the lock
+            if state in ("reverted", "refused") or (state is None and not _holder_alive(held, path)):
+                os.unlink(path)  # stale lock of a finished run
+                continue
+            raise Refusal("another mla-doctor run holds this host: %s (state %s, since %s); wait for it, or "
+                          "undo it with `mla-doctor revert --run %s`" % (other, state, held.get("since"), other)
+                          ) from None
+        return
+    raise Refusal("could not take the host lock %s" % path)
+
+
+
+def _holder_alive(held, path):
+    """Is the process that wrote this lock still running here? (another host's: assume so)"""
+    pid = held.get("pid")
+    if not isinstance(pid, int):  # empty or torn: a holder may be writing it right now
+        try:
+            return _now() - os.stat(path).st_mtime < 60
+        except OSError:
+            return False
+    if held.get("host") not in (None, socket.gethostname()):
+        return True
+    try:
+        os.kill(pid, 0)
+    except OSError as e:
+        return e.errno == errno.EPERM
+    return True
+
+
+
+def _release_lock(root, run_id):
+    path = _lock_path(root)
+    try:
+        if _read_json(path).get("run_id") == run_id:
+            os.unlink(path)
+    except (OSError, ValueError):
+        pass

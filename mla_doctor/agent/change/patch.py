@@ -1,0 +1,285 @@
+"""The `patch` op. Everything is checked before anything is written (hashes, markers, syntax, room,
+permissions); then lock, run dir, manifest, lease, watchdog; then backups with mode/owner/mtime,
+atomic writes verified by hash. A failure restores at once.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import signal
+import stat
+
+from ..common import _now, _sha
+from ..fs import DEFAULT_RUN_ROOT, _read_json, _run_root, _write_json, atomic_write
+from ..facts.targets import MARK_RE
+from ..protocol import AGENT_VERSION, Refusal
+from .daemon import _watchdog_pid
+from .inserts import apply_inserts
+from .lease import write_lease
+from .lock import _release_lock, _take_lock
+from .revert import remove_bytecode, revert_run
+from .watchdog import start_watchdog
+
+
+def _manifest_original(run_dir, path):
+    try:
+        for rec in _read_json(os.path.join(run_dir, "manifest.json")).get("files", []):
+            if rec.get("path") == path:
+                return rec.get("original_sha256")
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+
+def _probe_path(site, module):
+    return os.path.join(site, module + ".py")
+
+
+
+def op_patch(plan):
+    run_id = plan["run_id"]
+    if not re.match(r"^[A-Za-z0-9_.-]+$", run_id):
+        raise Refusal("bad run id %r" % run_id)
+    vdir = plan["vllm_dir"]
+    site = os.path.dirname(vdir)
+    root = plan.get("run_root") or DEFAULT_RUN_ROOT  # created only once every check passed (step 2)
+    run_dir = os.path.join(root, "runs", run_id)
+    out = {"agent_version": AGENT_VERSION, "op": "patch", "run_id": run_id, "run_dir": run_dir,
+           "records_dir": os.path.join(run_dir, "records"), "files": [], "dry_run": bool(plan.get("dry_run"))}
+    # 1. everything is checked before anything is written
+    prepared = []
+    problems = []
+    missing = []
+    for spec in plan.get("files", []):
+        path = os.path.join(vdir, spec["rel"])
+        entry = {"rel": spec["rel"], "path": path}
+        try:
+            data = open(path, "rb").read()
+        except OSError as e:
+            problems.append("%s: cannot read: %s" % (path, e.strerror))
+            continue
+        entry["original_sha256"] = _sha(data)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            problems.append("%s: not UTF-8 source (%s): refusing to patch" % (path, e.reason))
+            continue
+        marks = set(MARK_RE.findall(text))
+        if run_id in marks:
+            # patched by this very run before: report what the manifest knows, never patch twice
+            entry["patched_sha256"] = entry["original_sha256"]
+            entry["original_sha256"] = _manifest_original(run_dir, path)
+            entry["outcome"] = "already-patched"
+            out["files"].append(entry)
+            continue
+        if marks:
+            problems.append("%s is already instrumented by run(s) %s: revert those first" % (path, ", ".join(
+                sorted(marks))))
+            continue
+        if spec.get("expected_sha256") and spec["expected_sha256"] != entry["original_sha256"]:
+            problems.append("%s changed since the audit (sha256 %s, audited %s): refusing to patch" % (
+                path, entry["original_sha256"][:12], spec["expected_sha256"][:12]))
+            continue
+        try:
+            new_text, miss = apply_inserts(text, spec["inserts"], run_id, path)
+        except SyntaxError as e:
+            problems.append("%s: cannot parse: %s" % (path, e))
+            continue
+        if miss:
+            missing += ["%s: %s" % (spec["rel"], m) for m in miss]
+            continue
+        try:
+            compile(new_text, path, "exec", dont_inherit=True)
+        except SyntaxError as e:
+            problems.append("%s: the rendered instrumentation is not valid Python (line %s: %s); nothing written"
+                            % (path, e.lineno, e.msg))
+            continue
+        new_data = new_text.encode("utf-8")
+        entry["patched_sha256"] = _sha(new_data)
+        if plan.get("dry_run"):
+            entry["outcome"] = "would-patch"
+            entry["diff"] = "".join(difflib.unified_diff(
+                text.splitlines(True), new_text.splitlines(True), "a/vllm/" + spec["rel"], "b/vllm/" + spec["rel"]))
+        prepared.append((entry, path, data, new_data))
+    probe = plan.get("probe") or {}
+    if probe:
+        try:
+            compile(probe["source"], probe["module"] + ".py", "exec", dont_inherit=True)
+        except SyntaxError as e:
+            problems.append("probe module is not valid Python (line %s: %s)" % (e.lineno, e.msg))
+    if missing:
+        problems.insert(0, "symbols not found in this install: " + "; ".join(missing))
+    if not plan.get("dry_run"):
+        need = []  # (directory, bytes written there): patched copies beside the files, probe, backups
+        for _entry, path, _d, _n in prepared:
+            d = os.path.dirname(path)
+            if not os.access(d, os.W_OK) or not _can_create(d):
+                problems.append("%s: directory is not writable (read-only filesystem or permissions)" % d)
+            need.append((d, len(_n)))
+        if probe and plan.get("method") != "plugin":
+            if not _can_create(site):
+                problems.append("%s: cannot install the probe module (not writable)" % site)
+            need.append((site, len(probe["source"].encode("utf-8"))))
+        need.append((_existing_dir(root), sum(len(p[2]) for p in prepared)))
+        problems += _space_problems(need)
+    if problems:
+        out["refused"] = problems
+        out["missing_symbols"] = missing
+        out["files"] += [p[0] for p in prepared]
+        out["outcome"] = "refused"
+        return out
+    if plan.get("dry_run"):
+        out["files"] += [p[0] for p in prepared]
+        out["outcome"] = "dry-run"
+        return out
+    # 2. lock, run dir, manifest, lease, watchdog — then the files.
+    # From the first write on, the patch must finish even if the controller's SSH connection drops.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    _run_root(plan)
+    _take_lock(root, run_id)
+    backup_dir = os.path.join(run_dir, "backup")
+    for d in (os.path.join(root, "runs"), run_dir):
+        if not os.path.isdir(d):
+            os.makedirs(d, mode=0o711, exist_ok=True)
+    os.makedirs(backup_dir, mode=0o700, exist_ok=True)
+    os.makedirs(out["records_dir"], mode=0o777, exist_ok=True)
+    os.chmod(out["records_dir"], 0o1777)  # the server may run as another user and must append here
+    manifest_path = os.path.join(run_dir, "manifest.json")
+    manifest = {"run_id": run_id, "state": "patching", "created": _now(), "vllm_dir": vdir, "files": [],
+                "created_files": [], "controller": plan.get("controller"), "ttl": plan.get("ttl", 0),
+                "records_dir": out["records_dir"], "server": plan.get("server")}
+    if os.path.exists(manifest_path):
+        old = _read_json(manifest_path)
+        if old.get("state") != "reverted":  # same run id again: what it changed so far is still to undo
+            manifest["files"] = old.get("files", [])
+            manifest["created_files"] = old.get("created_files", [])
+            manifest["created_dirs"] = old.get("created_dirs", [])
+    lease = write_lease(run_dir, plan.get("ttl", 0))
+    _write_json(manifest_path, manifest)
+    out["lease"] = lease
+    if plan.get("ttl", 0) > 0:
+        # the same run id again keeps the watchdog it has (it watches the lease just renewed)
+        out["watchdog_pid"] = _watchdog_pid(run_dir) or start_watchdog(root, run_id, plan)
+        manifest["watchdog_pid"] = out["watchdog_pid"]
+        _write_json(manifest_path, manifest)
+    done = []
+    try:
+        if plan.get("method") == "plugin":
+            out["plugin"] = install_plugin(run_dir, probe, plan["plugin"])
+            probe = None  # the probe lives in the plugin directory, not beside vLLM
+        if probe:
+            ppath = _probe_path(site, probe["module"])
+            pycache = os.path.join(site, "__pycache__")  # made by the first import of the probe, if not there
+            created_dirs = manifest.setdefault("created_dirs", [])
+            if not os.path.isdir(pycache) and pycache not in created_dirs:
+                created_dirs.append(pycache)
+            if ppath not in manifest["created_files"]:
+                manifest["created_files"].append(ppath)
+            _write_json(manifest_path, manifest)
+            atomic_write(ppath, probe["source"].encode("utf-8"))
+            os.chmod(ppath, 0o644)
+        for entry, path, data, new_data in prepared:
+            st = os.stat(path)
+            bfile = os.path.join(backup_dir, entry["rel"].replace("/", "__"))
+            with open(bfile, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            rec = {"rel": entry["rel"], "path": path, "backup": bfile, "original_sha256": entry["original_sha256"],
+                   "patched_sha256": entry["patched_sha256"], "mode": stat.S_IMODE(st.st_mode), "uid": st.st_uid,
+                   "gid": st.st_gid, "mtime_ns": st.st_mtime_ns, "atime_ns": st.st_atime_ns}
+            manifest["files"].append(rec)
+            _write_json(manifest_path, manifest)  # recorded before the file changes
+            atomic_write(path, new_data, st)
+            if _sha(open(path, "rb").read()) != entry["patched_sha256"]:
+                raise OSError("verification failed after writing %s" % path)
+            compile(new_data, path, "exec", dont_inherit=True)
+            entry["bytecode_removed"] = remove_bytecode(path)
+            entry["outcome"] = "patched"
+            done.append(entry)
+            out["files"].append(entry)
+    except Exception as e:
+        # restore at once whatever was changed, and report
+        rev = revert_run(run_dir, reason="patch failed: %s" % e)
+        _release_lock(root, run_id)
+        out["outcome"] = "failed"
+        out["error"] = "%s: %s" % (type(e).__name__, e)
+        out["revert"] = rev
+        return out
+    manifest["state"] = "patched"
+    _write_json(manifest_path, manifest)
+    out["outcome"] = "patched"
+    return out
+
+
+
+def install_plugin(run_dir, probe, plugin):
+    """A vLLM general plugin in the run directory: found through PYTHONPATH, no vLLM file edited."""
+    pdir = os.path.join(run_dir, "plugin")
+    dist = plugin["module"] + "-0.0.0.dist-info"
+    os.makedirs(os.path.join(pdir, dist), mode=0o755, exist_ok=True)
+    os.chmod(pdir, 0o755)
+    files = {
+        probe["module"] + ".py": probe["source"],
+        plugin["module"] + ".py": plugin["source"],
+        os.path.join(dist, "METADATA"): "Metadata-Version: 2.1\nName: %s\nVersion: 0.0.0\n" % plugin["module"],
+        os.path.join(dist, "entry_points.txt"): "[vllm.general_plugins]\n%s\n" % plugin["entry_point"],
+        os.path.join(dist, "top_level.txt"): plugin["module"] + "\n",
+    }
+    for rel, text in files.items():
+        atomic_write(os.path.join(pdir, rel), text.encode("utf-8"))
+        os.chmod(os.path.join(pdir, rel), 0o644)
+    name = plugin["entry_point"].split("=", 1)[0].strip()
+    return {"dir": pdir, "entry_point_name": name,
+            "env": {"PYTHONPATH": pdir, "VLLM_PLUGINS_ADD": name}}
+
+
+
+def _can_create(d):
+    try:
+        fd, name = None, os.path.join(d, ".mla-doctor-probe-%d" % os.getpid())
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.close(fd)
+        os.unlink(name)
+        return True
+    except OSError:
+        return False
+
+
+
+FREE_MARGIN = 1 << 20  # a patch never fills a filesystem to the last byte
+
+
+
+def _existing_dir(path):
+    """`path`, or its nearest existing ancestor (the run root may not exist yet)."""
+    while path and not os.path.isdir(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path or "/"
+
+
+
+def _space_problems(need):
+    """Refusals for filesystems without room for what will be written there: [(dir, bytes)], summed per device."""
+    per_dev = {}
+    for d, nbytes in need:
+        try:
+            dev = os.stat(d).st_dev
+        except OSError:
+            continue
+        first, total = per_dev.get(dev, (d, 0))
+        per_dev[dev] = (first, total + nbytes)
+    problems = []
+    for first, total in sorted(per_dev.values()):
+        try:
+            sv = os.statvfs(first)
+        except OSError:
+            continue
+        free = sv.f_bavail * sv.f_frsize
+        if free < total + FREE_MARGIN:
+            problems.append("%s: not enough free space (%d bytes free, %d needed with margin); nothing written"
+                            % (first, free, total + FREE_MARGIN))
+    return problems

@@ -1,0 +1,51 @@
+"""The run's watchdog: a detached process that reverts the run (files, then the server) when the
+controller stops renewing the lease, and never under a patch still being written.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from ..common import _pid_running
+from ..fs import _read_json
+from ..runtimes.lifecycle import restore_server
+from .daemon import _watchdog_start, start_daemon
+from .lease import lease_expired
+from .lock import _release_lock
+from .revert import revert_run
+
+
+def start_watchdog(root, run_id, plan):
+    """A detached process that reverts the run when the controller stops renewing its lease."""
+    agent_pid = os.getpid()
+    return start_daemon(lambda: watchdog_loop(root, run_id, float(plan.get("watchdog_poll", 1.0)), agent_pid))
+
+
+
+def watchdog_loop(root, run_id, poll, agent_pid=None):
+    run_dir = os.path.join(root, "runs", run_id)
+    manifest_path = os.path.join(run_dir, "manifest.json")
+    note, stop = _watchdog_start(run_dir, "watchdog")
+    while not stop:
+        try:
+            state = _read_json(manifest_path).get("state")
+        except (OSError, ValueError):
+            state = None
+        if state in ("reverted", "revert-incomplete", None):
+            note("run is %s: exiting" % state)
+            return
+        if state == "patching" and agent_pid and _pid_running(agent_pid):
+            time.sleep(poll)  # never revert under a patch still being written: it would mark the run patched after
+            continue
+        if lease_expired(run_dir):
+            note("lease expired: reverting")
+            try:
+                res = revert_run(run_dir, reason="watchdog: lease expired")
+                note("revert: %s" % res["state"])
+                note("server: %s" % restore_server(run_dir, note))
+            except Exception as e:
+                note("revert failed: %s: %s" % (type(e).__name__, e))
+            _release_lock(root, run_id)
+            return
+        time.sleep(poll)
+    note("stopped by SIGTERM")

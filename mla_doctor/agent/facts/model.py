@@ -1,0 +1,120 @@
+"""The served model's config.json: a directory, a GGUF file (with --hf-config-path), or a Hugging
+Face id in the local cache; only the keys that classify it (MLA, sparse DSA) leave the host.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import pwd
+
+from ..common import _read_text
+
+
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+
+CONFIG_KEYS = ("model_type", "architectures", "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim",
+               "qk_rope_head_dim", "v_head_dim", "num_attention_heads", "num_key_value_heads",
+               "num_hidden_layers", "hidden_size", "index_topk", "index_n_heads", "index_head_dim",
+               "index_topk_freq", "index_topk_pattern", "num_nextn_predict_layers", "max_position_embeddings",
+               "torch_dtype", "compress_ratios", "head_dim", "is_causal")
+
+
+
+def _hf_cache_dirs(env, user_home):
+    env = env or {}
+    dirs = []
+    for k in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if env.get(k):
+            dirs.append(env[k])
+    if env.get("HF_HOME"):
+        dirs.append(os.path.join(env["HF_HOME"], "hub"))
+    if user_home:
+        dirs.append(os.path.join(user_home, ".cache", "huggingface", "hub"))
+    return dirs
+
+
+
+def resolve_model_config(model, hf_config_path=None, env=None, user_home=None, cwd=None):
+    """Find config.json for a model argument: a directory, a GGUF file, or a Hugging Face id."""
+    tried = []
+    if hf_config_path:
+        p = hf_config_path if os.path.isabs(hf_config_path) or not cwd else os.path.join(cwd, hf_config_path)
+        cand = os.path.join(p, "config.json") if os.path.isdir(p) else p
+        tried.append(cand)
+        if os.path.isfile(cand):
+            return cand, "--hf-config-path", tried
+    if model:
+        p = model if os.path.isabs(model) or not cwd else os.path.join(cwd, model)
+        if os.path.isdir(p):
+            cand = os.path.join(p, "config.json")
+            tried.append(cand)
+            if os.path.isfile(cand):
+                return cand, "model directory", tried
+        elif os.path.isfile(p) and p.endswith(".gguf"):
+            tried.append(p)
+            sib = os.path.join(os.path.dirname(p), "config.json")
+            tried.append(sib)
+            if os.path.isfile(sib):
+                return sib, "config.json beside the GGUF file", tried
+            return None, "GGUF file without --hf-config-path", tried
+        elif os.path.isfile(p) and os.path.basename(p) == "config.json":
+            return p, "file", tried
+        if "/" in model and not model.startswith(("/", ".")):
+            repo = "models--" + model.replace("/", "--")
+            for hub in _hf_cache_dirs(env, user_home):
+                snaps = os.path.join(hub, repo, "snapshots")
+                ref = os.path.join(hub, repo, "refs", "main")
+                chosen = []
+                try:
+                    chosen.append(os.path.join(snaps, _read_text(ref).strip(), "config.json"))
+                except OSError:
+                    pass
+                chosen += sorted(glob.glob(os.path.join(snaps, "*", "config.json")))
+                for c in chosen:
+                    tried.append(c)
+                    if os.path.isfile(c):
+                        return c, "Hugging Face cache", tried
+    return None, None, tried
+
+
+
+def read_model_config(path):
+    data = json.loads(_read_text(path, MAX_CONFIG_BYTES))
+    picked = {k: data[k] for k in CONFIG_KEYS if k in data}
+    text = data.get("text_config")
+    if isinstance(text, dict):
+        picked["text_config"] = {k: text[k] for k in CONFIG_KEYS if k in text}
+    return picked
+
+
+
+def model_section(plan, server):
+    model = plan.get("model")
+    hf_cfg = None
+    env = cwd = home = None
+    source = "--model" if model else None
+    if not model and server:
+        model = server.get("model_arg")
+        hf_cfg = server.get("hf_config_path")
+        env = server.get("_raw_env")
+        cwd = server.get("cwd")
+        source = "server argv"
+        try:
+            home = pwd.getpwuid(server["uid"]).pw_dir
+        except KeyError:
+            home = None
+    if not model:
+        return None
+    if home is None:
+        home = os.path.expanduser("~")
+    path, how, tried = resolve_model_config(model, hf_cfg, env, home, cwd)
+    out = {"argument": model, "source": source, "config_path": path, "resolved_by": how, "tried": tried[:10]}
+    if path:
+        try:
+            out["config"] = read_model_config(path)
+        except (OSError, ValueError) as e:
+            out["error"] = "cannot read %s: %s" % (path, e)
+    else:
+        out["error"] = "no config.json found for %s (%s)" % (model, how or "not a directory, GGUF or cached id")
+    return out

@@ -1,0 +1,71 @@
+"""The read-only ops: `static` (every fact of the host, one failed step never losing the others)
+and `index` (a vllm directory given directly). Nothing here changes a file.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+from ..common import _now, _user_name
+from ..protocol import AGENT_VERSION
+from .gpu import gpu_section
+from .install import locate_vllm, vllm_identity
+from .integrity import parse_record, scan_tree, side_code
+from .logs import log_section
+from .model import model_section
+from .processes import find_servers
+from .symbols import index_tree
+from .targets import resolve_targets
+
+
+def _step(errors, name, fn, *args):
+    try:
+        return fn(*args)
+    except Exception as e:  # one failed step must not lose the others' evidence
+        errors.append({"step": name, "error": "%s: %s" % (type(e).__name__, e)})
+        return None
+
+
+
+def op_static(plan):
+    t0 = _now()
+    errors = []
+    host = {"hostname": socket.gethostname(), "agent_python": list(sys.version_info[:3]),
+            "uid": os.getuid(), "user": _user_name(os.getuid())}
+    servers = _step(errors, "servers", find_servers) or []
+    loc = _step(errors, "locate", locate_vllm, plan, servers, errors) or {"dir": None, "tried": []}
+    result = {"agent_version": AGENT_VERSION, "op": "static", "host": host, "errors": errors,
+              "servers": servers, "locate": loc}
+    server = servers[0] if servers else None
+    if loc.get("dir"):
+        vdir = loc["dir"]
+        ident = _step(errors, "identity", vllm_identity, vdir) or {}
+        result["vllm"] = ident
+        record = None
+        if ident.get("install_kind") == "wheel":
+            record = parse_record(ident["dist_info"])
+        result["scan"] = _step(errors, "scan", scan_tree, vdir, record, plan.get("symbols") or [])
+        result["index"] = _step(errors, "index", index_tree, vdir, plan.get("index") or {})
+        result["side_code"] = _step(errors, "side_code", side_code, os.path.dirname(vdir))
+        if plan.get("targets"):
+            result["targets"] = _step(errors, "targets", resolve_targets, vdir, plan["targets"])
+    result["model"] = _step(errors, "model", model_section, plan, server)
+    result["log"] = _step(errors, "log", log_section, plan, server)
+    result["gpu"] = _step(errors, "gpu", gpu_section)
+    for s in servers:
+        s.pop("_raw_env", None)
+        s.pop("_argv", None)
+    result["elapsed_s"] = round(_now() - t0, 4)
+    return result
+
+
+
+def op_index(plan):
+    """Index a vllm directory given directly (used by tests and by `--local` tooling)."""
+    vdir = plan["vllm_dir"]
+    ident = vllm_identity(vdir)
+    record = parse_record(ident["dist_info"]) if ident.get("install_kind") == "wheel" else None
+    return {"agent_version": AGENT_VERSION, "op": "index", "vllm": ident,
+            "scan": scan_tree(vdir, record, plan.get("symbols") or []),
+            "index": index_tree(vdir, plan.get("index") or {}), "side_code": side_code(os.path.dirname(vdir))}

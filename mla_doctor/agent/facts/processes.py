@@ -1,0 +1,273 @@
+"""The vLLM servers running on this host, read from /proc: argv and environment (secrets redacted
+here, before anything is printed), user, supervisor (systemd, docker, Kubernetes, supervisord).
+"""
+from __future__ import annotations
+
+import os
+import re
+
+from ..common import _int_or_none, _read_text, _run, _user_name
+
+
+# Server processes we recognise in /proc/<pid>/cmdline.
+SERVER_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server")
+
+SECRET_ARG_RE = re.compile(r"(?i)^--?(api[-_]?key|.*token.*|.*secret.*|.*password.*|hf[-_]token)$")
+
+SECRET_ENV_RE = re.compile(r"(?i)(key|token|secret|password|passwd|credential|auth)")
+
+# Environment variables worth reporting (values redacted when they look secret).
+REPORT_ENV_RE = re.compile(r"^(VLLM_|HF_|HUGGING|TRANSFORMERS_|CUDA_VISIBLE|PYTHONPATH$|VIRTUAL_ENV$|TORCH)")
+
+REDACTED = "<redacted>"
+
+
+
+def redact_argv(argv):
+    out = []
+    hide_next = False
+    for a in argv:
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        if a.startswith("-") and "=" in a:
+            k, _, _v = a.partition("=")
+            out.append(k + "=" + REDACTED if SECRET_ARG_RE.match(k) else a)
+            continue
+        if a.startswith("-") and SECRET_ARG_RE.match(a):
+            hide_next = True
+        out.append(a)
+    return out
+
+
+
+def redact_env(env):
+    out = {}
+    for k, v in sorted(env.items()):
+        if not REPORT_ENV_RE.match(k):
+            continue
+        out[k] = REDACTED if SECRET_ENV_RE.search(k) else v
+    return out
+
+
+
+def _proc_cmdline(pid):
+    try:
+        raw = open("/proc/%s/cmdline" % pid, "rb").read()
+    except OSError:
+        return None
+    return [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
+
+
+
+def _proc_environ(pid):
+    try:
+        raw = open("/proc/%s/environ" % pid, "rb").read()
+    except OSError:
+        return None
+    env = {}
+    for item in raw.split(b"\0"):
+        k, sep, v = item.partition(b"=")
+        if sep:
+            env[k.decode("utf-8", "replace")] = v.decode("utf-8", "replace")
+    return env
+
+
+
+def _proc_status(pid):
+    fields = {}
+    try:
+        for line in open("/proc/%s/status" % pid):
+            k, _, v = line.partition(":")
+            fields[k] = v.strip()
+    except OSError:
+        pass
+    return fields
+
+
+
+def is_server_argv(argv):
+    if not argv:
+        return False
+    for i, a in enumerate(argv):
+        base = os.path.basename(a)
+        if base == "vllm" and i + 1 < len(argv) and argv[i + 1] == "serve":
+            return True
+        if a in SERVER_MODULES:
+            return True
+    return False
+
+
+
+def server_model_arg(argv):
+    """The model a server argv names: `vllm serve MODEL` or `--model MODEL`."""
+    for i, a in enumerate(argv):
+        if a == "--model" and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith("--model="):
+            return a.split("=", 1)[1]
+    for i, a in enumerate(argv):
+        if os.path.basename(a) == "vllm" and i + 2 < len(argv) and argv[i + 1] == "serve":
+            nxt = argv[i + 2]
+            if not nxt.startswith("-"):
+                return nxt
+    return None
+
+
+
+def arg_value(argv, *names):
+    for i, a in enumerate(argv):
+        for n in names:
+            if a == n and i + 1 < len(argv):
+                return argv[i + 1]
+            if a.startswith(n + "="):
+                return a.split("=", 1)[1]
+    return None
+
+
+
+def _supervisor(pid, argv):
+    """Who would restart this server behind our back: systemd, docker, kubernetes, supervisord."""
+    sup = {"kind": "process"}
+    try:
+        cg = _read_text("/proc/%s/cgroup" % pid)
+    except OSError:
+        cg = ""
+    sup["cgroup"] = cg.strip().splitlines()[-1] if cg.strip() else None
+    m = re.search(r"docker[-/]([0-9a-f]{12,64})", cg) or re.search(r"/containerd[-/]?([0-9a-f]{12,64})", cg)
+    if "kubepods" in cg:
+        sup["kind"] = "kubernetes"
+        pm = re.search(r"pod([0-9a-f_\-]{36})", cg)
+        sup["pod_uid"] = pm.group(1).replace("_", "-") if pm else None
+        if m:
+            sup["container"] = m.group(1)
+        return sup
+    if m:
+        sup["kind"] = "docker"
+        sup["container"] = m.group(1)
+        return sup
+    um = re.search(r"/([^/]+\.service)(/|$)", cg)
+    if um and not um.group(1).startswith(("user@", "session-")):
+        unit = um.group(1)
+        sup["kind"] = "systemd"
+        sup["unit"] = unit
+        rc, out, _ = _run(["systemctl", "show", unit, "-p", "Restart", "-p", "FragmentPath",
+                           "-p", "User", "-p", "MainPID"], timeout=5)
+        if rc == 0:
+            for line in out.splitlines():
+                k, _, v = line.partition("=")
+                sup[k.lower()] = v
+        return sup
+    # supervisord: an ancestor process runs supervisord
+    ppid = _proc_status(pid).get("PPid")
+    seen = 0
+    while ppid and ppid not in ("0", "1") and seen < 32:
+        a = _proc_cmdline(ppid) or []
+        if any("supervisord" in os.path.basename(x) for x in a[:2]):
+            sup["kind"] = "supervisord"
+            sup["supervisor_pid"] = int(ppid)
+            break
+        ppid = _proc_status(ppid).get("PPid")
+        seen += 1
+    return sup
+
+
+
+def supervised_refusal(sup):
+    kind = sup.get("kind")
+    if kind == "systemd" and (sup.get("restart") or "no") != "no":
+        return ("the server is systemd unit %s with Restart=%s: it would be restarted behind our back; "
+                "use --runtime systemd" % (sup.get("unit"), sup.get("restart")))
+    if kind == "docker":
+        return "the server runs in a docker container; use --runtime docker (or command)"
+    if kind == "kubernetes":
+        return ("the server runs in a Kubernetes pod: the kubelet would restart it; use --runtime command with "
+                "your own stop/start commands (kubectl)")
+    if kind == "supervisord":
+        return "the server is managed by supervisord; use --runtime command with supervisorctl"
+    return None
+
+
+
+def _mapped_vllm_dirs(pid):
+    dirs = []
+    try:
+        for line in open("/proc/%s/maps" % pid):
+            parts = line.split(None, 5)
+            if len(parts) < 6:
+                continue
+            path = parts[5].strip()
+            i = path.rfind("/vllm/")
+            if i >= 0 and path.endswith(".so"):
+                d = path[: i + len("/vllm")]
+                if d not in dirs:
+                    dirs.append(d)
+    except OSError:
+        pass
+    return dirs
+
+
+
+def _stdout_target(pid):
+    try:
+        t = os.readlink("/proc/%s/fd/1" % pid)
+    except OSError:
+        return None
+    return t if t.startswith("/") and os.path.isfile(t) else None
+
+
+
+def find_servers():
+    servers = []
+    pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    matched = {}
+    for pid in pids:
+        argv = _proc_cmdline(pid)
+        if argv and is_server_argv(argv):
+            matched[pid] = argv
+    for pid, argv in sorted(matched.items(), key=lambda kv: int(kv[0])):
+        st = _proc_status(pid)
+        if st.get("PPid") in matched:  # a child re-exec of the same server
+            continue
+        env = _proc_environ(pid)
+        uid = (st.get("Uid") or "0").split()[0]
+        try:
+            exe = os.readlink("/proc/%s/exe" % pid)
+        except OSError:
+            exe = None
+        try:
+            cwd = os.readlink("/proc/%s/cwd" % pid)
+        except OSError:
+            cwd = None
+        port = arg_value(argv, "--port")
+        sup = _supervisor(pid, argv)
+        servers.append({
+            "pid": int(pid),
+            "argv": redact_argv(argv),
+            "exe": exe,
+            "cwd": cwd,
+            "user": _user_name(uid),
+            "uid": int(uid),
+            "environ_readable": env is not None,
+            "env": redact_env(env or {}),
+            "supervisor": sup,
+            "process_runtime_refusal": supervised_refusal(sup),  # why `--runtime process` must not restart it
+            "port": int(port) if port and port.isdigit() else 8000,
+            "bind_host": arg_value(argv, "--host"),
+            "model_arg": server_model_arg(argv),
+            "served_model_name": arg_value(argv, "--served-model-name"),
+            "tensor_parallel_size": _int_or_none(arg_value(argv, "--tensor-parallel-size", "-tp")),
+            "pipeline_parallel_size": _int_or_none(arg_value(argv, "--pipeline-parallel-size", "-pp")),
+            "speculative_config": arg_value(argv, "--speculative-config", "--speculative_config"),
+            "speculative_model": arg_value(argv, "--speculative-model"),
+            "num_speculative_tokens": _int_or_none(arg_value(argv, "--num-speculative-tokens")),
+            "attention_backend_arg": arg_value(argv, "--attention-backend"),
+            "enforce_eager": "--enforce-eager" in argv,
+            "hf_config_path": arg_value(argv, "--hf-config-path"),
+            "mapped_vllm_dirs": _mapped_vllm_dirs(pid),
+            "stdout_file": _stdout_target(pid),
+            "_raw_env": env,  # stripped before output; used to locate the interpreter's paths
+            "_argv": argv,  # unredacted, stripped before output
+        })
+    return servers

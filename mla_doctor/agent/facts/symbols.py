@@ -1,0 +1,121 @@
+"""The symbol index of named source files: definitions by qualified name (ast, or an indentation-based
+fallback for syntax this interpreter cannot parse) and pattern matches as [line, text].
+"""
+from __future__ import annotations
+
+import ast
+import bisect
+import hashlib
+import os
+import re
+
+
+def _index_defs(tree):
+    """Classes and functions by qualified name; visits statement bodies only (10x faster than NodeVisitor)."""
+    defs, classes = {}, {}
+    todo = [(tree.body, "")]
+    while todo:
+        body, prefix = todo.pop()
+        for node in body:
+            if isinstance(node, ast.ClassDef):
+                q = prefix + node.name
+                bases = []
+                for b in node.bases:
+                    seg = b
+                    while isinstance(seg, ast.Subscript):
+                        seg = seg.value
+                    if isinstance(seg, ast.Name):
+                        bases.append(seg.id)
+                    elif isinstance(seg, ast.Attribute):
+                        bases.append(seg.attr)
+                classes[q] = {"line": node.lineno, "bases": bases}
+                todo.append((node.body, q + "."))
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                q = prefix + node.name
+                if q not in defs or node.lineno < defs[q]:
+                    defs[q] = node.lineno  # the def line (not a decorator's), as grep -n shows it
+                todo.append((node.body, q + "."))
+            else:
+                for field in ("body", "orelse", "finalbody", "handlers"):
+                    sub = getattr(node, field, None)
+                    if isinstance(sub, list) and sub and isinstance(sub[0], ast.AST):
+                        todo.append((sub, prefix))
+    return defs, classes
+
+
+
+_DEF_RE = re.compile(r"^(?P<ind>[ \t]*)(?:async[ \t]+)?(?P<kw>def|class)[ \t]+(?P<name>\w+)")
+
+
+
+def _regex_index(text):
+    """Indentation-based fallback when this interpreter cannot parse the file (newer syntax)."""
+    defs, classes, stack = {}, {}, []
+    for i, line in enumerate(text.splitlines(), 1):
+        m = _DEF_RE.match(line)
+        if not m:
+            continue
+        ind = len(m.group("ind").expandtabs())
+        while stack and stack[-1][0] >= ind:
+            stack.pop()
+        q = ".".join([s[1] for s in stack] + [m.group("name")])
+        if m.group("kw") == "class":
+            classes[q] = {"line": i, "bases": []}
+        else:
+            defs.setdefault(q, i)
+        stack.append((ind, m.group("name")))
+    return defs, classes
+
+
+
+def index_file(path, patterns):
+    """Definitions (qualified name -> line) and pattern matches ([line, text]) of one source file."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        return {"exists": os.path.exists(path), "error": e.strerror or str(e)}
+    text = data.decode("utf-8", "replace")
+    out = {"exists": True, "sha256": hashlib.sha256(data).hexdigest(), "lines": text.count("\n") + 1}
+    try:
+        defs, classes = _index_defs(ast.parse(text, filename=path))
+        out.update(parser="ast", defs=defs, classes=classes)
+    except (SyntaxError, ValueError) as e:
+        defs, classes = _regex_index(text)
+        out.update(parser="regex", parse_error=str(e), defs=defs, classes=classes)
+    matches = {}
+    if patterns:
+        starts = [0] + [m.end() for m in re.finditer("\n", text)]
+        for pid, rx in patterns.items():
+            try:
+                r = re.compile(rx, re.MULTILINE)
+            except re.error as e:
+                matches[pid] = {"error": str(e)}
+                continue
+            found, last = [], -1
+            for m in r.finditer(text):
+                n = bisect.bisect_right(starts, m.start())
+                if n != last:
+                    end = text.find("\n", starts[n - 1])
+                    found.append([n, text[starts[n - 1]: end if end >= 0 else len(text)].strip()[:240]])
+                    last = n
+                if len(found) >= 50:
+                    break
+            if found:
+                matches[pid] = found
+    out["matches"] = matches
+    return out
+
+
+
+def index_tree(vdir, request):
+    """Index the files a plan names (paths relative to the vllm package dir)."""
+    files = {}
+    patterns = request.get("patterns") or {}
+    for rel in request.get("files") or []:
+        full = os.path.join(vdir, rel)
+        if os.path.isfile(full):
+            files[rel] = index_file(full, patterns)
+        else:
+            files[rel] = {"exists": False}
+    return files

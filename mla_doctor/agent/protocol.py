@@ -1,0 +1,42 @@
+"""The agent's contract: its version, the ops it answers, the marks it writes, how it travels.
+
+The controller (mla_doctor/remote/bundle.py) sends, on the stdin of `python -B -c BOOTSTRAP`, one
+payload: PAYLOAD_MAGIC, the length of what follows (4 bytes, big-endian), the agent package's
+sources as zlib-compressed JSON {"facts/ops.py": source, ...}; then the JSON plan. BOOTSTRAP
+refuses Python < 3.8 (exit OLD_PYTHON_RC) and hands the sources to _boot.py, which imports them
+from memory: nothing is written on the host to run the agent. The agent starts itself the same
+way elsewhere (inside a container) with the very payload it was started with (reexec.py).
+"""
+from __future__ import annotations
+
+AGENT_VERSION = 1
+# every op main.py dispatches; the controller's typed builders (mla_doctor/remote/protocol.py) match it
+OPS = ("static", "index", "patch", "revert", "renew", "records", "server_restart", "server_restore", "tick",
+       "http", "command_restart", "systemd_restart", "docker_find", "docker_restart")
+
+PACKAGE = "mla_doctor_agent"  # the package's name on the host, in memory (module files: mla_doctor_agent/...)
+PAYLOAD_MAGIC = b"MLAD"
+PAYLOAD_HEADER = len(PAYLOAD_MAGIC) + 4  # magic, then the compressed sources' length (4 bytes, big-endian)
+OLD_PYTHON_RC = 97
+BOOTSTRAP = (
+    "import sys\n"
+    "if sys.version_info < (3, 8):\n"
+    "    sys.stderr.write('mla-doctor: the agent needs Python 3.8+, %%s is %%d.%%d\\n' %% "
+    "((sys.executable,) + tuple(sys.version_info[:2])))\n"
+    "    sys.exit(%d)\n"
+    "import json, zlib\n"
+    "d = sys.stdin.buffer.read()\n"
+    "n = %d + int.from_bytes(d[%d:%d], 'big')\n"
+    "if d[:%d] != %r or len(d) < n:\n"
+    "    sys.stderr.write('mla-doctor: the agent payload on stdin is not framed as expected\\n')\n"
+    "    sys.exit(2)\n"
+    "m = json.loads(zlib.decompress(d[%d:n]).decode('utf-8'))\n"
+    "g = {'__name__': '%s._boot'}\n"
+    "exec(compile(m['_boot.py'], '%s/_boot.py', 'exec', dont_inherit=True), g)\n"
+    "sys.exit(g['start'](m, d[:n], d[n:]))\n"
+) % (OLD_PYTHON_RC, PAYLOAD_HEADER, len(PAYLOAD_MAGIC), PAYLOAD_HEADER, len(PAYLOAD_MAGIC), PAYLOAD_MAGIC,
+     PAYLOAD_HEADER, PACKAGE, PACKAGE)
+
+
+class Refusal(Exception):
+    """A precondition failed: nothing has been changed."""

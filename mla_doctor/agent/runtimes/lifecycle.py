@@ -1,0 +1,42 @@
+"""What every runtime's run does the same way, asking the runtime for the rest: the `tick` op (lease
+renewed, is the server alive, new log lines), the restore of a server as found, the `server_restore` op."""
+from __future__ import annotations
+
+import os
+import signal
+
+from ..change.lease import write_lease
+from ..common import _now
+from ..fs import _read_json, _run_dir, _server_paths
+from ..protocol import AGENT_VERSION
+from .registry import runtime
+
+
+def restore_server(run_dir, note=lambda m: None):
+    """Put the server back as found: stop the run's instance, start it as it ran before the run."""
+    orig_path, cur_path = _server_paths(run_dir)
+    if not os.path.exists(orig_path):
+        return {"restored": None, "reason": "the run did not restart the server"}
+    spec = _read_json(orig_path)
+    current = _read_json(cur_path) if os.path.exists(cur_path) else {}
+    return runtime(spec.get("runtime")).restore(spec, run_dir, current, note)
+
+
+def op_server_restore(plan):
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    res = restore_server(_run_dir(plan))
+    res.update(agent_version=AGENT_VERSION, op="server_restore")
+    return res
+
+
+def op_tick(plan):
+    """One cheap round trip while waiting: renew the lease, is the server alive, new log lines."""
+    run_dir = _run_dir(plan)
+    out = {"agent_version": AGENT_VERSION, "op": "tick", "now": _now()}
+    if plan.get("ttl"):
+        out["lease"] = write_lease(run_dir, plan["ttl"])
+    _orig, cur_path = _server_paths(run_dir)
+    cur = _read_json(cur_path) if os.path.exists(cur_path) else {}
+    out["pid"] = cur.get("pid")
+    return runtime(cur.get("runtime")).tick(cur, plan, out)

@@ -1,0 +1,268 @@
+"""The `process` runtime: record how the server runs (kept on the host, 0600: its argv and
+environment hold secrets), stop it gracefully with all its children, relaunch it detached with the
+same argv/environment/cwd/user plus the run's debug settings, and put it back as found.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import resource
+import shutil
+import signal
+import time
+
+from ..common import _now, _pid_running, _read_text, _user_name
+from ..facts.processes import _proc_cmdline, _proc_environ, _proc_status, _supervisor, arg_value, redact_argv, \
+    supervised_refusal
+from ..fs import _server_paths, _write_private
+from ..protocol import AGENT_VERSION, Refusal
+from .base import Runtime, _gpu_free_or_refuse, _port_open, _restart_state
+
+
+RLIMITS = {"Max open files": "RLIMIT_NOFILE", "Max locked memory": "RLIMIT_MEMLOCK",
+           "Max stack size": "RLIMIT_STACK", "Max core file size": "RLIMIT_CORE"}
+
+
+
+def _children_map():
+    kids = {}
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % p) as f:
+                stat_line = f.read()
+            ppid = int(stat_line.rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        kids.setdefault(ppid, []).append(int(p))
+    return kids
+
+
+
+def descendants(pid):
+    kids = _children_map()
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for c in kids.get(p, []):
+            if c not in out:
+                out.append(c)
+                todo.append(c)
+    return out
+
+
+
+def _limits(pid):
+    out = {}
+    try:
+        for line in _read_text("/proc/%d/limits" % pid).splitlines()[1:]:
+            for label, name in RLIMITS.items():
+                if line.startswith(label):
+                    parts = line[len(label):].split()
+                    vals = [resource.RLIM_INFINITY if x == "unlimited" else int(x) for x in parts[:2]]
+                    out[name] = vals
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+
+def _fd_file(pid, fd):
+    """Where a server's stdout/stderr goes when that is a regular file (so a restore appends there)."""
+    try:
+        t = os.readlink("/proc/%d/fd/%d" % (pid, fd))
+    except OSError:
+        return None
+    return t if t.startswith("/") and os.path.isfile(t) else None
+
+
+
+def capture_server(pid):
+    """Everything needed to start this server again exactly as it runs now (raw: stays on the host)."""
+    pid = int(pid)
+    argv = _proc_cmdline(pid)
+    env = _proc_environ(pid)
+    if not argv or env is None:
+        raise Refusal("cannot read pid %d's command line and environment (run with --sudo?)" % pid)
+    st = _proc_status(pid)
+    uid = int((st.get("Uid") or "0").split()[0])
+    gid = int((st.get("Gid") or "0").split()[0])
+    try:
+        exe = os.readlink("/proc/%d/exe" % pid)
+    except OSError:
+        exe = None
+    server = {"pid": pid, "argv": argv, "env": env, "uid": uid, "gid": gid, "user": _user_name(uid),
+              "cwd": os.readlink("/proc/%d/cwd" % pid), "exe": exe, "limits": _limits(pid),
+              "supervisor": _supervisor(str(pid), argv), "port": int(arg_value(argv, "--port") or 8000),
+              "bind_host": arg_value(argv, "--host"), "pgid": os.getpgid(pid), "captured": _now(),
+              "stdout": _fd_file(pid, 1), "stderr": _fd_file(pid, 2)}
+    return server
+
+
+
+def stop_server(pid, grace=30.0, port=None, bind_host=None):
+    """TERM the server and everything under it (EngineCore, workers), KILL after the grace period."""
+    pid = int(pid)
+    victims = [pid] + descendants(pid)
+    try:
+        leader = os.getpgid(pid) == pid
+    except OSError:
+        leader = False
+    for p in victims:
+        try:
+            os.kill(p, signal.SIGTERM)
+        except OSError:
+            pass
+    if leader:
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except OSError:
+            pass
+    deadline = _now() + grace
+    while _now() < deadline and any(_pid_running(p) for p in victims):
+        time.sleep(0.1)
+    killed = [p for p in victims if _pid_running(p)]
+    for p in killed:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+    deadline2 = _now() + 10
+    while _now() < deadline2 and any(_pid_running(p) for p in victims):
+        time.sleep(0.1)
+    host = bind_host if bind_host not in (None, "", "0.0.0.0", "::") else "127.0.0.1"
+    deadline3 = _now() + 10
+    while port and _now() < deadline3 and _port_open(host, port):
+        time.sleep(0.1)
+    return {"stopped": [p for p in victims], "killed": killed, "left": [p for p in victims if _pid_running(p)]}
+
+
+
+def _resolve_exe(spec):
+    a0 = spec["argv"][0]
+    if os.path.isabs(a0) and os.access(a0, os.X_OK):
+        return a0
+    if "/" in a0:
+        cand = os.path.join(spec["cwd"], a0)
+        if os.access(cand, os.X_OK):
+            return cand
+    found = shutil.which(a0, path=spec["env"].get("PATH"))
+    return found or spec.get("exe") or a0
+
+
+
+def launch_server(spec, log_path, extra_env=None, add_args=(), drop_env=()):
+    """Start the server detached (new session), as its user, logging to log_path; return its pid."""
+    env = dict(spec["env"])
+    for k in drop_env:
+        env.pop(k, None)
+    env.update(extra_env or {})
+    argv = list(spec["argv"]) + [a for a in add_args if a not in spec["argv"]]
+    exe = _resolve_exe(spec)
+    created = not os.path.exists(log_path)
+    logfd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    if os.getuid() == 0 and created:  # a run log we made belongs to the server's user
+        os.chown(log_path, spec["uid"], spec["gid"])
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            os.setsid()
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+            os.dup2(logfd, 1)
+            os.dup2(logfd, 2)
+            for name, (soft, hard) in (spec.get("limits") or {}).items():
+                try:
+                    resource.setrlimit(getattr(resource, name), (soft, hard))
+                except (ValueError, OSError, AttributeError):
+                    pass
+            if os.getuid() == 0 and spec["uid"] != 0:
+                try:
+                    os.setgroups(os.getgrouplist(spec["user"], spec["gid"]))
+                except (OSError, KeyError):
+                    os.setgroups([])
+                os.setgid(spec["gid"])
+                os.setuid(spec["uid"])
+            os.chdir(spec["cwd"])
+            fcntl_cloexec(w)  # closes on a successful exec: the parent then reads EOF
+            os.execve(exe, argv, env)
+        except BaseException as e:  # tell the parent why exec failed
+            try:
+                os.write(w, ("%s: %s" % (type(e).__name__, e)).encode()[:500])
+            finally:
+                os._exit(127)
+    os.close(w)
+    os.close(logfd)
+    err = os.read(r, 600)
+    os.close(r)
+    if err:
+        os.waitpid(pid, 0)
+        raise Refusal("could not start the server (%s): %s" % (exe, err.decode("utf-8", "replace")))
+    return pid, argv, exe
+
+
+
+def fcntl_cloexec(fd):
+    flags = fcntl.fcntl(fd, fcntl.F_GETFD)
+    fcntl.fcntl(fd, fcntl.F_SETFD, flags | fcntl.FD_CLOEXEC)
+
+
+
+def _capture_process(plan):
+    spec = capture_server(plan["pid"])
+    why = supervised_refusal(spec["supervisor"])
+    if why and not plan.get("force_runtime"):
+        raise Refusal(why)
+    return spec
+
+
+
+def op_server_restart(plan):
+    """Stop the server found at plan["pid"] and relaunch it with the run's debug settings."""
+    run_dir, spec, current = _restart_state(plan, lambda: _capture_process(plan))
+    current = current or {"pid": spec["pid"]}
+    stopped = stop_server(current["pid"], float(plan.get("grace_s", 30)), spec["port"], spec.get("bind_host"))
+    if stopped["left"]:
+        raise Refusal("processes survived SIGKILL: %s" % stopped["left"])
+    _gpu_free_or_refuse(plan)
+    n = int(current.get("launch", 0)) + 1
+    log_path = os.path.join(run_dir, "server-%d.log" % n)
+    pid, argv, exe = launch_server(spec, log_path, plan.get("env") or {}, plan.get("add_args") or [],
+                                   plan.get("drop_env") or [])
+    cur = {"pid": pid, "launch": n, "log": log_path, "started": _now(), "mode": plan.get("mode", "debug"),
+           "added_args": plan.get("add_args") or [], "added_env": sorted((plan.get("env") or {}).keys())}
+    _write_private(_server_paths(run_dir)[1], cur)
+    return {"agent_version": AGENT_VERSION, "op": "server_restart", "pid": pid, "log": log_path,
+            "stopped": stopped, "argv": redact_argv(argv), "exe": exe, "port": spec["port"],
+            "bind_host": spec.get("bind_host"), "user": spec["user"], "previous_pid": current["pid"]}
+
+
+class ProcessRuntime(Runtime):
+    kind = "process"
+
+    def restart(self, plan):
+        return op_server_restart(plan)
+
+    def restore(self, spec, run_dir, current, note):
+        _orig_path, cur_path = _server_paths(run_dir)
+        if current.get("mode") == "original" and current.get("pid") and _pid_running(current["pid"]):
+            return {"restored": True, "pid": current["pid"], "already": True}
+        if current.get("pid"):
+            stop_server(current["pid"], 30.0, spec["port"], spec.get("bind_host"))
+        n = int(current.get("launch", 0)) + 1
+        # as found: back to the file its stdout went to, when that was a file; else a run log
+        log_path = spec.get("stdout") or os.path.join(run_dir, "server-%d.log" % n)
+        offset = os.path.getsize(log_path) if os.path.exists(log_path) else 0  # earlier servers' lines: not ours
+        pid, _argv, _exe = launch_server(spec, log_path)
+        # the original server logged wherever its stdout pointed; keep that: relaunch writes the run log
+        _write_private(cur_path, {"pid": pid, "launch": n, "log": log_path, "started": _now(), "mode": "original"})
+        note("server relaunched with its original argv as pid %d" % pid)
+        return {"restored": True, "pid": pid, "log": log_path, "log_offset": offset}
+
+    def check_alive(self, cur, out):
+        out["alive"] = bool(cur.get("pid")) and _pid_running(cur["pid"])
+
+
+RUNTIME = ProcessRuntime()

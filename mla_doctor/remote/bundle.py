@@ -1,0 +1,49 @@
+"""The host agent as one payload, built once per process: the `mla_doctor.agent` package's sources
+as zlib-compressed JSON {relative path: source}, framed by a magic and a 4-byte length (no text
+separator: the bytes are compressed and may contain anything). The agent's BOOTSTRAP reads the
+frame and then the JSON plan from stdin and imports the package from memory (agent/_boot.py).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import zlib
+from importlib import resources
+from importlib.abc import Traversable
+
+from mla_doctor.agent.protocol import PAYLOAD_MAGIC
+
+AGENT_PACKAGE = "mla_doctor.agent"
+
+
+def agent_sources() -> dict[str, str]:
+    """Every module of the agent package by its path relative to the package ("facts/ops.py")."""
+    out: dict[str, str] = {}
+
+    def walk(node: Traversable, prefix: str) -> None:
+        for child in sorted(node.iterdir(), key=lambda c: c.name):
+            if child.is_dir():
+                if child.name != "__pycache__":
+                    walk(child, prefix + child.name + "/")
+            elif child.name.endswith(".py"):
+                out[prefix + child.name] = child.read_text(encoding="utf-8")
+
+    walk(resources.files(AGENT_PACKAGE), "")
+    return out
+
+
+def frame(sources: dict[str, str]) -> bytes:
+    """PAYLOAD_MAGIC, the compressed length (4 bytes, big-endian), the compressed sources."""
+    blob = zlib.compress(json.dumps(sources, sort_keys=True).encode("utf-8"), 9)
+    return PAYLOAD_MAGIC + len(blob).to_bytes(4, "big") + blob
+
+
+@functools.lru_cache(maxsize=None)
+def payload() -> bytes:
+    """The framed agent, built on first use and kept for the life of this process."""
+    return frame(agent_sources())
+
+
+def agent_stdin(plan: dict) -> bytes:
+    """What `python -B -c BOOTSTRAP` reads on the host: the payload, then the JSON plan."""
+    return payload() + json.dumps(plan).encode()
