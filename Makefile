@@ -55,7 +55,7 @@ test: setup lint
 
 wheel: setup
 	rm -rf $(DIST) && mkdir -p $(DIST) && d=$$(mktemp -d) && \
-	cp -r mla_doctor playbooks templates pyproject.toml README.md $$d/ && \
+	cp -r mla_doctor playbooks templates pyproject.toml setup.py README.md $$d/ && \
 	find $$d -name __pycache__ -prune -exec rm -rf {} + && \
 	$(PY) -m pip wheel -q --no-deps -w $(DIST) $$d && rm -rf $$d
 	@ls $(DIST)/mla_doctor-*.whl

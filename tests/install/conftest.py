@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # what a build needs: the package, the data that ships inside it, the metadata
-SOURCES = ("mla_doctor", "playbooks", "templates", "pyproject.toml", "README.md")
+SOURCES = ("mla_doctor", "playbooks", "templates", "pyproject.toml", "setup.py", "README.md")
 
 
 @dataclass

@@ -18,7 +18,7 @@ def test_wheel_carries_runbooks_templates_and_knowledge(installed):
               "mla_doctor/templates/probe_module.py.j2", "mla_doctor/templates/probe_call.py.j2",
               "mla_doctor/templates/probe_import.py.j2", "mla_doctor/templates/plugin.py.j2",
               "mla_doctor/diagnosis/knowledge/vllm_releases.yaml", "mla_doctor/reports/fleet.html.j2",
-              "mla_doctor/agent/remote_agent.py"):
+              "mla_doctor/agent/__init__.py"):
         assert f in names, f"{f} is not in {installed.wheel.name}"
     assert not any(n.startswith(("playbooks/", "templates/", "tests/")) for n in names)
 
