@@ -1,6 +1,10 @@
-"""Typed results. Writers (text, JSON, ...) render these; the core never prints."""
+"""Typed results. Writers (text, JSON, ...) render these; the core never prints.
+
+Every rendering goes through `to_dict()` (JSON, and the fleet's text, Markdown, JUnit, HTML) or
+`redacted()` (the one-host text report): both pass through `redact.redact_tree`, the last net for secrets."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
 import time
@@ -10,6 +14,7 @@ from typing import Any
 from mla_doctor import __version__
 from mla_doctor.errors import UnreachableError
 from mla_doctor.exit_codes import ExitStatus, worst
+from mla_doctor.redact import redact_text, redact_tree
 
 
 class Severity(str, enum.Enum):
@@ -68,6 +73,19 @@ class HostReport:
         self.error = prefix + getattr(e, "message", str(e))
         self.error_kind = type(e).__name__
 
+    def redacted(self) -> HostReport:
+        """A copy for rendering: every secret (secret-flag values, URL userinfo, secret env values) replaced."""
+        r = copy.copy(self)
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name == "findings":
+                v = [dataclasses.replace(x, summary=redact_text(x.summary), evidence=redact_tree(list(x.evidence)),
+                                         action=redact_text(x.action)) for x in v]
+            elif isinstance(v, (dict, list, tuple, str)):
+                v = redact_tree(v, f.name)
+            setattr(r, f.name, v)
+        return r
+
     def worst_severity(self) -> Severity | None:
         order = [Severity.INFO, Severity.WARN, Severity.FAIL]
         sev = [f.severity for f in self.findings]
@@ -107,8 +125,11 @@ class RunReport:
                 return v
         return "ok"
 
+    def redacted(self) -> RunReport:
+        return dataclasses.replace(self, command=redact_text(self.command), hosts=[h.redacted() for h in self.hosts])
+
     def to_dict(self) -> dict[str, Any]:
-        return {
+        return redact_tree({
             "tool": "mla-doctor",
             "version": __version__,
             "command": self.command,
@@ -118,7 +139,7 @@ class RunReport:
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started)),
             "duration_s": round(self.duration_s, 3),
             "hosts": [host_to_dict(h) for h in self.hosts],
-        }
+        })
 
 
 def _plain(obj: Any) -> Any:
@@ -138,7 +159,7 @@ def host_to_dict(h: HostReport) -> dict[str, Any]:
     d.pop("exit_override", None)
     d["verdict"] = h.verdict()
     d["exit_status"] = int(h.exit_status())
-    return d
+    return redact_tree(d)
 
 
 plain = _plain

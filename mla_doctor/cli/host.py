@@ -26,7 +26,9 @@ from mla_doctor.host.live import RunOptions, run_host
 from mla_doctor.host.patch import hold as hold_lease
 from mla_doctor.host.patch import patch_host, revert_host
 from mla_doctor.paths import DEFAULT_RUN_ROOT
+from mla_doctor.redact import redact_text
 from mla_doctor.results import RunReport
+from mla_doctor.safety import check_no_control
 from mla_doctor.ssh.container import inside
 
 
@@ -40,12 +42,13 @@ from mla_doctor.ssh.container import inside
 def static(fmt, output, model, log, container, **kw):
     """Read-only audit of one host: vLLM version, MLA code paths, integrity, server, model, log."""
     conn = conn_options(kw)
+    check_no_control(container, "--container")
 
     opts = AuditOptions(python=kw.get("python"), model=model, log=log)
 
     def one(tr, name):
         tr, c = inside(tr, conn, container)
-        return static_on(tr, name, c, opts, load_knowledge())
+        return static_on(tr, name, c, opts, load_knowledge()).redacted()
 
     one_host_command("static", kw, conn, one, fmt, output)
 
@@ -119,10 +122,11 @@ def revert(fmt, output, run_root, dry_run, run_id, container, **kw):
     The host's own runs include docker-runtime runs: their container's files are reverted through docker exec
     and the container restarted. --container reverts a run that never got that far, inside the container."""
     conn = conn_options(kw)
+    check_no_control(container, "--container")
 
     def one(tr, name):
         tr, c = inside(tr, conn, container)
-        return revert_host(tr, name, c, run_id, dry_run, run_root)
+        return revert_host(tr, name, c, run_id, dry_run, run_root).redacted()
 
     one_host_command("revert", kw, conn, one, fmt, output)
 
@@ -170,6 +174,10 @@ def run_cmd(fmt, output, runtime, unit, container, start_command, stop_command, 
             max_tokens, second_pass, extra_env, run_root, **kw):
     """The live diagnosis: instrument, restart with debug settings, send calibrated prompts, restore, verdict."""
     conn = conn_options(kw)
+    for what, value in (("--env", extra_env), ("--second-pass", second_pass), ("--unit", unit),
+                        ("--container", container), ("--start-command", start_command),
+                        ("--stop-command", stop_command), ("--log-file", log_file), ("--api-key-env", api_key_env)):
+        check_no_control(value, what)  # a drop-in line, the server's argv or environment: before any connection
 
     exp = {}
     if expect:
@@ -202,11 +210,11 @@ def run_cmd(fmt, output, runtime, unit, container, start_command, stop_command, 
 
     def progress(host, msg):
         if not quiet:
-            click.echo(f"[{time.strftime('%H:%M:%S')}] {host}: {msg}", err=True)
+            click.echo(f"[{time.strftime('%H:%M:%S')}] {host}: {redact_text(msg)}", err=True)
 
     aopts = AuditOptions(python=kw.get("python"))
-    one_host_command("run", kw, conn, lambda tr, name: run_host(tr, name, conn, aopts, ropts, progress=progress),
-                      fmt, output)
+    one_host_command("run", kw, conn,
+                     lambda tr, name: run_host(tr, name, conn, aopts, ropts, progress=progress).redacted(), fmt, output)
 
 
 def _second_pass(text: str | None) -> tuple[tuple[str, ...], dict[str, str]]:

@@ -15,8 +15,11 @@ A runbook is a mapping::
 Step kinds: ``audit`` (read-only), ``expect`` (checks on the result, merged over the host's inventory
 ``expect``), ``live`` (the mla-path diagnosis: restarts the server), ``revert`` (undo runs; changes
 files), ``command`` (a shell command; ``restarts: true`` marks it as taking the server down).
-Every string is a Jinja2 template rendered per host in strict mode (an undefined name is an error);
-a string that is one ``{{ expr }}`` renders to the expression's native type.
+Every string is a Jinja2 template rendered per host in strict mode (an undefined name is an error) in a
+sandbox (fleet/templating.py: a template cannot reach Python internals or run anything);
+a string that is one ``{{ expr }}`` renders to the expression's native type. Values that reach the server's
+environment or argv (``live`` options) and the host's runtime (unit, container, commands) carry no control
+characters (safety.check_no_control).
 Loading checks structure and template syntax; `plan()` renders and re-checks per host, so
 ``--dry-run`` reports the same errors an audit would, before any connection.
 """
@@ -28,12 +31,13 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
-import jinja2.nativetypes
 
 from mla_doctor import yamlfile
 from mla_doctor.errors import ConfigFileError, UsageError
+from mla_doctor.fleet import templating
 from mla_doctor.fleet.inventory import EXPECT_KEYS, Host, validate_expectations
 from mla_doctor.paths import PLAYBOOKS_DIR
+from mla_doctor.safety import check_no_control
 
 _NUM = (int, float)
 # kind -> option -> accepted types
@@ -94,7 +98,7 @@ class HostPlan:
         return self.host.name
 
 
-_ENV = jinja2.nativetypes.NativeEnvironment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+_ENV = templating.environment(native=True)
 
 
 def resolve_path(name_or_path: str) -> Path:
@@ -180,6 +184,14 @@ def _check_templates(path: str, line: int | None, what: str, node: Any) -> None:
             raise ConfigFileError(path, line, f"{what}: template error: {e.message} in {node!r}") from e
 
 
+def _has_template(node: Any) -> bool:
+    if isinstance(node, dict):
+        return any(_has_template(k) or _has_template(v) for k, v in node.items())
+    if isinstance(node, (list, tuple)):
+        return any(_has_template(v) for v in node)
+    return _is_template(node)
+
+
 def _check_options(path: str, line: int | None, what: str, kind: str, opts: dict, rendered: bool) -> None:
     spec = STEP_OPTIONS[kind]
     for k, v in opts.items():
@@ -205,6 +217,10 @@ def _check_options(path: str, line: int | None, what: str, kind: str, opts: dict
         dbg = opts.get("debug")
         if isinstance(dbg, dict) and not all(isinstance(k, str) and k.isidentifier() for k in dbg):
             raise ConfigFileError(path, line, f"{what}: live.debug maps environment variable names to values")
+        # the server's environment and argv, a drop-in line: no control characters (templates: once rendered)
+        for k, v in opts.items():
+            if rendered or not _has_template(v):
+                check_no_control(v, f"{what}: live.{k}", path, line)
     if kind == "command" and rendered and not opts.get("run"):
         raise ConfigFileError(path, line, f"{what}: command needs 'run'")
 
@@ -233,17 +249,27 @@ def _render(node: Any, ctx: dict[str, Any]) -> Any:
     return node
 
 
+def check_host_runtime(host: Host, path: str | None = None) -> None:
+    """The host's runtime values (unit, container, commands) and log file reach a systemd drop-in, a
+    `docker` argv or `/bin/sh -c`: no control characters. (The inventory loader should name its file:line.)"""
+    where = f"host {host.name}" + (f" (inventory line {host.line})" if host.line and not path else "")
+    rt = host.vars.get("runtime")
+    if isinstance(rt, dict):
+        check_no_control({k: v for k, v in rt.items() if k != "kind"}, f"{where}: runtime", path, host.line)
+    for k in ("log", "api_key_env"):
+        check_no_control(host.vars.get(k), f"{where}: {k}", path, host.line)
+
+
 def plan(pb: Playbook, host: Host, extra: dict[str, Any] | None = None) -> HostPlan:
+    check_host_runtime(host)
     ctx = context(pb, host, extra)
     out = []
     for i, s in enumerate(pb.steps):
         what = f"step #{i + 1} ({s.name}), host {host.name}"
         try:
             opts = _render(s.options, ctx)
-        except jinja2.UndefinedError as e:
-            raise ConfigFileError(pb.path, s.line, f"{what}: template error: {e.message}") from e
-        except jinja2.TemplateError as e:
-            raise ConfigFileError(pb.path, s.line, f"{what}: template error: {e}") from e
+        except Exception as e:  # noqa: BLE001 - any error a template raises (1/0, a capped range) is the file's
+            raise ConfigFileError(pb.path, s.line, f"{what}: template error: {templating.describe(e)}") from e
         if s.kind == "command" and isinstance(opts.get("run"), list):
             opts["run"] = " ".join(shlex.quote(str(a)) for a in opts["run"])
         if s.kind == "live" and isinstance(opts.get("prompts"), str):

@@ -3,12 +3,18 @@
 Every command is a shell string assembled with shlex.quote from argv-like pieces; nothing a
 user typed is pasted into a shell unquoted. Host keys are verified: a changed key is always
 refused (unless the policy is explicitly `off`), an unknown key is refused under `strict` and
-recorded under `accept-new`.
+recorded under `accept-new`. known_hosts is read here, not by paramiko (which crashes on marker lines):
+a key listed after `@revoked` is refused for every host, under every policy but `off`; a host that an
+`@cert-authority` line covers and whose own key is not listed is refused ("host certificates are not
+supported") instead of being trusted on first use; lines that cannot be parsed are skipped.
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 import os
+import re
 import select
 import shlex
 import socket
@@ -124,6 +130,134 @@ class _AcceptAnyPolicy(paramiko.MissingHostKeyPolicy):
         return None
 
 
+@dataclass
+class KnownHosts:
+    """known_hosts as OpenSSH reads it: plain keys (loaded into paramiko), `@revoked` keys and
+    `@cert-authority` host patterns, each with the file and line it came from."""
+
+    entries: list = field(default_factory=list)  # paramiko HostKeyEntry: trusted plain keys
+    revoked: list[tuple[str, int, bytes]] = field(default_factory=list)  # (path, line, key blob)
+    authorities: list[tuple[str, int, list[str]]] = field(default_factory=list)  # (path, line, host patterns)
+    skipped: list[tuple[str, int, str]] = field(default_factory=list)  # (path, line, why)
+
+    def fill(self, keys: paramiko.HostKeys) -> paramiko.HostKeys:
+        """Add the trusted keys (never a revoked one) to paramiko's table; the first line for a name and type
+        wins. A revoked key is thus unknown to paramiko, which asks the policy, which refuses it."""
+        blobs = {b for _, _, b in self.revoked}
+        for e in self.entries:
+            if e.key.asbytes() in blobs:
+                continue
+            for name in e.hostnames:
+                have = keys.lookup(name)
+                if have is None or e.key.get_name() not in have:
+                    keys.add(name, e.key.get_name(), e.key)
+        return keys
+
+    def revoked_at(self, key) -> str | None:
+        blob = key.asbytes()
+        return next((f"{p}:{n}" for p, n, b in self.revoked if b == blob), None)
+
+    def authority_for(self, name: str) -> str | None:
+        return next((f"{p}:{n}" for p, n, pats in self.authorities if host_matches(pats, name)), None)
+
+    def refuse(self, name: str, key, label: str) -> None:
+        """Raise HostKeyError when `key` offered by `name` ([host]:port off 22) must not be accepted."""
+        where = self.revoked_at(key)
+        if where:
+            raise HostKeyError(f"REVOKED HOST KEY: {name} offered {key.get_name()} {_fingerprint(key)}, which "
+                               f"{where} marks @revoked; refusing to connect. The host's key must be replaced "
+                               f"(and known_hosts updated) before it can be audited", host=label)
+        where = self.authority_for(name)
+        if where:
+            raise HostKeyError(f"{where} trusts a certificate authority (@cert-authority) for {name}, and its own "
+                               f"key ({key.get_name()} {_fingerprint(key)}) is not in known_hosts: host "
+                               f"certificates are not supported; add the host's key itself to known_hosts "
+                               f"(ssh-keyscan), then connect again", host=label)
+
+
+def host_matches(patterns: list[str], name: str) -> bool:
+    """OpenSSH known_hosts patterns: `*` and `?` wildcards, `!` negation (wins), hashed `|1|salt|hash`."""
+    hit = False
+    for pat in patterns:
+        neg = pat.startswith("!")
+        pat = pat[1:] if neg else pat
+        if pat.startswith("|1|"):
+            try:
+                ok = paramiko.HostKeys.hash_host(name, pat) == pat
+            except (AssertionError, binascii.Error, ValueError, IndexError):
+                ok = False
+        else:  # only * and ? are special (no [classes]: `[host]:port` is literal)
+            rx = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pat.lower())
+            ok = re.fullmatch(rx, name.lower()) is not None
+        if ok and neg:
+            return False
+        hit = hit or ok
+    return hit
+
+
+def read_known_hosts(path: str, into: KnownHosts) -> KnownHosts:
+    """Add one known_hosts file to `into`; never crashes on a line (markers, bad base64, unknown types)."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = f.read().splitlines()
+    for n, raw in enumerate(lines, 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        fields = line.split()
+        marker = fields.pop(0) if fields[0].startswith("@") else None
+        if len(fields) < 3:
+            into.skipped.append((path, n, "not enough fields"))
+            continue
+        if marker == "@cert-authority":
+            into.authorities.append((path, n, fields[0].split(",")))
+        elif marker == "@revoked":
+            try:
+                into.revoked.append((path, n, base64.b64decode(fields[2], validate=True)))
+            except (binascii.Error, ValueError):
+                into.skipped.append((path, n, "bad key data in @revoked line"))
+        elif marker:
+            into.skipped.append((path, n, f"unknown marker {marker}"))
+        else:
+            try:
+                entry = paramiko.hostkeys.HostKeyEntry.from_line(" ".join(fields[:3]), n)
+            except Exception as e:  # InvalidHostKey, SSHException, binascii.Error: skip the line, as ssh does
+                into.skipped.append((path, n, f"unreadable key: {e}"))
+                continue
+            if entry is None:
+                into.skipped.append((path, n, f"unsupported key type {fields[1]}"))
+            else:
+                into.entries.append(entry)
+    return into
+
+
+def load_known_hosts(paths: list[str], system: str | None = "/etc/ssh/ssh_known_hosts") -> KnownHosts:
+    """The user's files (unreadable: a usage error), then the system file (errors ignored)."""
+    kh = KnownHosts()
+    for path in paths:
+        if os.path.exists(path):
+            try:
+                read_known_hosts(path, kh)
+            except OSError as e:
+                raise UsageError(f"{path}: cannot read known_hosts: {e.strerror or e}") from e
+    if system and os.path.exists(system):
+        try:
+            read_known_hosts(system, kh)
+        except OSError:
+            pass
+    return kh
+
+
+class _CheckedPolicy(paramiko.MissingHostKeyPolicy):
+    """Before the policy sees an unknown key: refuse a revoked key or a host only a CA vouches for."""
+
+    def __init__(self, inner: paramiko.MissingHostKeyPolicy, known: KnownHosts, label: str):
+        self.inner, self.known, self.label = inner, known, label
+
+    def missing_host_key(self, client, hostname, key):
+        self.known.refuse(hostname, key, self.label)
+        return self.inner.missing_host_key(client, hostname, key)
+
+
 def _fingerprint(key) -> str:
     import base64
     import hashlib
@@ -209,21 +343,11 @@ class SSHTransport(Transport):
         client = paramiko.SSHClient()
         policy = self._policy(params)
         known = self._known_hosts(params)
-        if policy != "off":
-            for path in known:
-                if os.path.exists(path):
-                    try:
-                        client.load_host_keys(path)
-                    except (OSError, paramiko.SSHException) as e:
-                        raise UsageError(f"{path}: cannot read known_hosts: {e}") from e
-            if os.path.exists("/etc/ssh/ssh_known_hosts"):
-                try:
-                    client.load_system_host_keys("/etc/ssh/ssh_known_hosts")
-                except (OSError, paramiko.SSHException):
-                    pass
-        client.set_missing_host_key_policy(
-            paramiko.RejectPolicy() if policy == "strict"
-            else _AcceptNewPolicy(known[0]) if policy == "accept-new" else _AcceptAnyPolicy())
+        kh = load_known_hosts(known) if policy != "off" else KnownHosts()
+        kh.fill(client.get_host_keys())
+        inner = (paramiko.RejectPolicy() if policy == "strict"
+                 else _AcceptNewPolicy(known[0]) if policy == "accept-new" else _AcceptAnyPolicy())
+        client.set_missing_host_key_policy(inner if policy == "off" else _CheckedPolicy(inner, kh, label))
         # paramiko saves *all* keys on AutoAdd; we append one line ourselves instead.
         client._host_keys_filename = None
         # The name keys are looked up under: HostKeyAlias, else host (and [host]:port off 22).
@@ -239,8 +363,13 @@ class SSHTransport(Transport):
                 banner_timeout=self.options.connect_timeout, auth_timeout=self.options.connect_timeout,
                 compress=False,
             )
+        except HostKeyError:  # refused by _CheckedPolicy: revoked, or only a CA vouches for the host
+            client.close()
+            raise
         except paramiko.BadHostKeyException as e:
             client.close()
+            if kh.revoked_at(e.key):
+                kh.refuse(_kh_name(key_name, port), e.key, label)
             raise HostKeyError(
                 f"HOST KEY CHANGED for {key_name} (port {port}): known_hosts has {_fingerprint(e.expected_key)}, "
                 f"host offered {e.key.get_name()} {_fingerprint(e.key)}; refusing to connect. If the change is "

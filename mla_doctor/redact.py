@@ -1,0 +1,127 @@
+"""Secrets never reach an output: the last net under every report, progress line and error message.
+
+The agent redacts argv and environment on the host already; this covers what the controller itself holds
+(`run --env HF_TOKEN=...`, runbook `debug` settings, second-pass arguments, error messages that echo them):
+
+- every value word after a secret flag: `--api-key a b` redacts both (newer vLLM takes `nargs='+'`), up to
+  the next word that starts with `-`; `--api-key=a` too. Secret flags: `--api-key`, `--key`, and any flag
+  with `token`, `secret`, `password`, `passwd` or `credential` in its name (`--hf-token`, `--auth-token`) —
+  except `tokens`/`tokenizer` (`--max-num-batched-tokens 8192` and `--tokenizer PATH` are evidence);
+- URL userinfo: `https://user:pass@host/` -> `https://<redacted>@host/`;
+- environment values whose names look secret (KEY, TOKEN, SECRET, PASSWORD, PASSWD, CREDENTIAL, AUTH):
+  in environment maps (`env`, `settings`, `debug`, ... or any UPPER_CASE name) and `NAME=value` words.
+"""
+from __future__ import annotations
+
+import enum
+import re
+from typing import Any
+
+REDACTED = "<redacted>"
+
+_SECRET_FLAG = re.compile(r"(?i)^--?(?:.*(?:api[-_]?key|secret|password|passwd|credential).*|(?:.*[-_])?key"
+                          r"|.*token(?!s|iz).*)$")
+SECRET_ENV = re.compile(r"(?i)(key|token|secret|password|passwd|credential|auth)")
+_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@?#]+@")
+# NAME=value in free text, NAME upper case (an environment variable), value up to whitespace or a quote
+_ENV_WORD = re.compile(r"\b([A-Z_][A-Z0-9_]*)=(\"[^\"]*\"|'[^']*'|[^\s'\"]*)")
+# dict keys whose values are environment maps (any key inside is a variable name)
+ENV_MAPS = {"env", "environment", "settings", "settings_not_applied", "debug", "debug_env", "extra_env"}
+
+
+def is_secret_flag(word: str) -> bool:
+    return bool(_SECRET_FLAG.match(word.strip("'\"")))
+
+
+def is_secret_env(name: str) -> bool:
+    return bool(SECRET_ENV.search(name))
+
+
+def _flag(word: str) -> bool:
+    return word.strip("'\"").startswith("-")
+
+
+def redact_argv(argv: list[str] | tuple[str, ...]) -> list[str]:
+    """An argument vector with every value of a secret flag replaced (all words up to the next flag)."""
+    out: list[str] = []
+    hiding = False
+    for a in argv:
+        if not isinstance(a, str):
+            out.append(a)
+            hiding = False
+            continue
+        if hiding and not _flag(a):
+            out.append(REDACTED)
+            continue
+        hiding = False
+        bare = a.strip("'\"")
+        if bare.startswith("-") and "=" in bare:
+            k = bare.partition("=")[0]
+            out.append(f"{k}={REDACTED}" if is_secret_flag(k) else redact_text(a))
+            hiding = False
+            continue
+        if bare.startswith("-") and is_secret_flag(bare):
+            hiding = True
+            out.append(a)
+            continue
+        out.append(redact_text(a))
+    return out
+
+
+def _env_word(m: re.Match) -> str:
+    return f"{m.group(1)}={REDACTED}" if is_secret_env(m.group(1)) and m.group(2) else m.group(0)
+
+
+def redact_text(text: str) -> str:
+    """Free text (a message, a progress line, a command line): URL userinfo, NAME=value, secret flags."""
+    if not isinstance(text, str) or not text:
+        return text
+    text = _URL_USERINFO.sub(lambda m: m.group(1) + REDACTED + "@", text)
+    text = _ENV_WORD.sub(_env_word, text)
+    if "-" not in text:
+        return text
+    parts = re.split(r"(\s+)", text)  # words and the whitespace between them, kept
+    hiding = False
+    for i in range(0, len(parts), 2):
+        w = parts[i]
+        if not w:
+            continue
+        bare = w.strip("'\"`,;()")
+        if hiding and not bare.startswith("-"):
+            parts[i] = REDACTED
+            continue
+        hiding = False
+        if bare.startswith("-") and "=" in bare:
+            k = bare.partition("=")[0]
+            if is_secret_flag(k):
+                parts[i] = w.replace(bare, f"{k}={REDACTED}")
+        elif bare.startswith("-") and is_secret_flag(bare):
+            hiding = True
+    return "".join(parts)
+
+
+def redact_env(env: dict) -> dict:
+    return {k: (REDACTED if isinstance(k, str) and is_secret_env(k) and isinstance(v, str) and v
+                else redact_tree(v)) for k, v in env.items()}
+
+
+def redact_tree(node: Any, _key: str | None = None) -> Any:
+    """A copy of a report (dicts, lists, strings) with every secret above replaced by <redacted>."""
+    if isinstance(node, dict):
+        if _key in ENV_MAPS:
+            return redact_env(node)
+        out = {}
+        for k, v in node.items():
+            if isinstance(k, str) and _ENV_NAME.match(k) and is_secret_env(k) and isinstance(v, str) and v:
+                out[k] = REDACTED
+            else:
+                out[k] = redact_tree(v, k if isinstance(k, str) else None)
+        return out
+    if isinstance(node, (list, tuple)):
+        if any(isinstance(v, str) for v in node):
+            return [redact_tree(v) if not isinstance(v, str) else v for v in redact_argv(list(node))]
+        return [redact_tree(v) for v in node]
+    if isinstance(node, str) and not isinstance(node, enum.Enum):
+        return redact_text(node)
+    return node
