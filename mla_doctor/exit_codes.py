@@ -11,6 +11,7 @@ class ExitStatus(enum.IntEnum):
     UNREACHABLE = 3  # a host could not be reached or authenticated (incl. a changed host key)
     HOST_ERROR = 4  # reached the host but could not audit it (no Python, no vLLM, agent failure)
     NOT_RESTORED = 5  # a server or file could not be restored as found (most severe)
+    INTERNAL = 70  # a bug in mla-doctor (an unexpected exception; EX_SOFTWARE): rerun with --debug
     INTERRUPTED = 130  # Ctrl-C
 
 

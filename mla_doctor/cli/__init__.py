@@ -9,30 +9,44 @@ import sys
 
 import click
 
+from mla_doctor.cli import explain as _explain  # noqa: F401
 from mla_doctor.cli import fleet as _fleet  # noqa: F401  (registers audit, playbooks, report)
 from mla_doctor.cli import host as _host  # noqa: F401  (registers static, patch, revert, run)
-from mla_doctor.cli.common import cli, error_doc
+from mla_doctor.cli.common import STATE, cli, command_name, error_doc, json_asked
 from mla_doctor.exit_codes import ExitStatus
 
 __all__ = ["cli", "main"]
 
 
+def _fail(argv: list[str], message: str, status: ExitStatus) -> None:
+    if json_asked(argv):
+        click.echo(json.dumps(error_doc(command_name(argv), message, status), indent=2))
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        cli.main(args=argv, prog_name="mla-doctor", standalone_mode=False)
+        cli.main(args=argv, prog_name="mla-doctor", standalone_mode=False, auto_envvar_prefix="MLA_DOCTOR")
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
-    except click.Abort:
+    except (click.Abort, KeyboardInterrupt):
+        _fail(argv, "interrupted", ExitStatus.INTERRUPTED)
         click.echo("mla-doctor: interrupted", err=True)
         sys.exit(int(ExitStatus.INTERRUPTED))
     except click.ClickException as e:
-        # Usage errors: one clear message, exit 2, and JSON that parses when JSON was asked for.
-        if "json" in argv and any(a in ("--format", "--format=json") for a in argv):
-            click.echo(json.dumps(error_doc(argv[0] if argv else "", e.format_message(), ExitStatus.USAGE),
-                                  indent=2))
+        # Usage errors: one clear message, exit 2, and JSON that parses when JSON was asked for (either spelling).
+        _fail(argv, e.format_message(), ExitStatus.USAGE)
         e.show()
         sys.exit(int(ExitStatus.USAGE))
+    except Exception as e:  # noqa: BLE001 - a bug: one line, a documented status, never exit 1 (= fault found)
+        if STATE.debug or "--debug" in argv:
+            import traceback
+
+            traceback.print_exc()
+        msg = f"internal error: {type(e).__name__}: {e}"
+        _fail(argv, msg, ExitStatus.INTERNAL)
+        click.echo(f"mla-doctor: {msg} (rerun with --debug for the traceback)", err=True)
+        sys.exit(int(ExitStatus.INTERNAL))
     sys.exit(0)
 
 

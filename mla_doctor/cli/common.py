@@ -4,25 +4,44 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import shlex
 import sys
 import time
+from dataclasses import dataclass
 
 import click
 
 from mla_doctor import __version__
-from mla_doctor.errors import MlaDoctorError, UsageError
+from mla_doctor.errors import MlaDoctorError, NoPythonError, UsageError
 from mla_doctor.exit_codes import ExitStatus
 from mla_doctor.host.audit import on_host
 from mla_doctor.reports.host_text import render as render_host_text
-from mla_doctor.results import RunReport
+from mla_doctor.results import HostStatus, RunReport
 from mla_doctor.ssh.transport import HOST_KEY_POLICIES, ConnectOptions
+
+# The click types every numeric option is validated by (a bad value is a usage error, exit 2).
+PORT = click.IntRange(1, 65535)
+SECONDS = click.FloatRange(min=0, min_open=True)  # a timeout: > 0
+TTL = click.FloatRange(min=0)  # a lease: >= 0 (0: no watchdog)
+
+
+@dataclass
+class State:
+    """The group's global options (set before any command runs)."""
+
+    debug: bool = False
+    verbose: int = 0
+
+
+STATE = State()
 
 
 def connection_options(f):
     """Options shared by every command that touches a host."""
     opts = [
         click.option("--host", "host", metavar="[USER@]HOST[:PORT]", help="Host or ssh_config alias."),
-        click.option("--port", type=int, help="SSH port (default: ssh_config, else 22)."),
+        click.option("--port", type=PORT, help="SSH port, 1-65535 (default: ssh_config, else 22)."),
         click.option("--user", help="SSH user (default: ssh_config, else $USER)."),
         click.option("-i", "--identity", multiple=True, type=click.Path(dir_okay=False),
                      help="Private key file (repeatable)."),
@@ -32,8 +51,8 @@ def connection_options(f):
         click.option("--host-key-policy", type=click.Choice(HOST_KEY_POLICIES), default=None,
                      help="strict: only known keys; accept-new (default): record new keys; off: no checks. "
                           "A changed key is refused unless off."),
-        click.option("--connect-timeout", type=float, default=10.0, show_default=True, help="Seconds."),
-        click.option("--command-timeout", type=float, default=120.0, show_default=True, help="Seconds."),
+        click.option("--connect-timeout", type=SECONDS, default=10.0, show_default=True, help="Seconds (> 0)."),
+        click.option("--command-timeout", type=SECONDS, default=120.0, show_default=True, help="Seconds (> 0)."),
         click.option("--sudo", is_flag=True, help="Run the agent with passwordless `sudo -n` (non-root login)."),
         click.option("--python", "python", metavar="PATH", help="Interpreter whose site-packages hold vLLM."),
         click.option("--local", is_flag=True, help="Audit this machine without SSH."),
@@ -43,9 +62,27 @@ def connection_options(f):
     return f
 
 
+def check_writable(ctx, param, value):
+    """An output file is checked before any work (exit 2 before connecting), not after it."""
+    if value:
+        path = os.path.abspath(value)
+        parent = os.path.dirname(path)
+        if os.path.isdir(path):
+            raise click.BadParameter(f"{value}: is a directory", ctx, param)
+        if not os.path.isdir(parent):
+            raise click.BadParameter(f"{value}: directory {parent} does not exist", ctx, param)
+        if not os.access(path if os.path.exists(path) else parent, os.W_OK):
+            raise click.BadParameter(f"{value}: not writable", ctx, param)
+    return value
+
+
+def output_file_option(help_text: str = "Write the report to FILE instead of stdout."):
+    return click.option("--output", "-o", type=click.Path(dir_okay=False), callback=check_writable,
+                        metavar="FILE", help=help_text)
+
+
 def output_options(f):
-    f = click.option("--output", "-o", type=click.Path(dir_okay=False, writable=True),
-                     help="Write the report to FILE instead of stdout.")(f)
+    f = output_file_option()(f)
     f = click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)(f)
     return f
 
@@ -62,23 +99,59 @@ def conn_options(kw) -> ConnectOptions:
         command_timeout=kw["command_timeout"], sudo=kw.get("sudo", False), local=kw.get("local", False))
 
 
-def emit(report: RunReport, fmt: str, output: str | None) -> None:
+def write_output(output: str, text: str, status: ExitStatus, overall: str) -> ExitStatus:
+    """Write the report to FILE (instead of stdout). A failure to write never hides the work's status: the
+    report goes to stdout instead, a message to stderr, and the exit status stays the work's (USAGE only
+    when the work itself was OK, so that a lost report is never a silent success)."""
+    try:
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        click.echo(text, nl=False)
+        kept = status if status != ExitStatus.OK else ExitStatus.USAGE
+        click.echo(f"mla-doctor: error: {output}: cannot write report: {e.strerror or e}; the report is on stdout; "
+                   f"the work ended {overall} (exit {int(status)} {status.name}), exiting {int(kept)}", err=True)
+        return kept
+    click.echo(f"report written to {output}: overall {overall}, exit {int(status)}", err=True)
+    return status
+
+
+def emit(report: RunReport, fmt: str, output: str | None) -> ExitStatus:
+    """Print (or write) the report; returns the exit status to end with."""
     if fmt == "json":
         text = json.dumps(report.to_dict(), indent=2, sort_keys=False) + "\n"
     else:
         text = render_host_text(report)
+    status = report.exit_status()
     if output:
-        try:
-            with open(output, "w", encoding="utf-8") as f:
-                f.write(text)
-        except OSError as e:
-            raise UsageError(f"{output}: cannot write report: {e.strerror or e}") from e
-        if fmt == "text":
-            click.echo(text, nl=False)
-        else:
-            click.echo(f"report written to {output}: overall {report.overall()}", err=True)
-    else:
-        click.echo(text, nl=False)
+        return write_output(output, text, status, report.overall())
+    click.echo(text, nl=False)
+    return status
+
+
+def json_asked(argv) -> bool:
+    """`--format json` or `--format=json` anywhere on the command line (or MLA_DOCTOR_*FORMAT=json)."""
+    argv = list(argv)
+    for i, a in enumerate(argv):
+        if a == "--format=json" or (a == "--format" and i + 1 < len(argv) and argv[i + 1] == "json"):
+            return True
+    if "--format" in argv or any(a.startswith("--format=") for a in argv):
+        return False
+    return any(k.startswith("MLA_DOCTOR_") and k.endswith("_FORMAT") and v == "json" for k, v in os.environ.items())
+
+
+def command_name(argv) -> str:
+    """The (sub)command named on the command line, for error documents."""
+    words = []
+    for a in argv:
+        if a.startswith("-"):
+            if words:
+                break
+            continue
+        words.append(a)
+        if a != "report":
+            break
+    return " ".join(words)
 
 
 def error_doc(command: str, message: str, status: ExitStatus) -> dict:
@@ -95,7 +168,7 @@ def handle_errors(command: str):
             try:
                 return f(*args, **kw)
             except MlaDoctorError as e:
-                if kw.get("fmt") == "json":
+                if kw.get("fmt") == "json" or (kw.get("fmt") is None and json_asked(sys.argv[1:])):
                     click.echo(json.dumps(error_doc(command, str(e), e.exit_status), indent=2))
                 click.echo(f"mla-doctor: error: {e}", err=True)
                 sys.exit(int(e.exit_status))
@@ -107,13 +180,23 @@ def handle_errors(command: str):
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, prog_name="mla-doctor")
-def cli():
+@click.option("-v", "--verbose", count=True, help="More detail (-v: every entry and detail; -vv: also the "
+              "connection's own debug log on stderr).")
+@click.option("--debug", is_flag=True, help="Show the traceback of an internal error (exit 70).")
+def cli(verbose, debug):
     """Tell which MLA attention path a vLLM server really runs (forward_mha / forward_mqa / sparse), and why.
 
     \b
     Exit status: 0 ok, 1 fault found, 2 usage/config error, 3 host unreachable or authentication
-    refused (incl. a changed host key), 4 host reached but not auditable, 5 not restored.
+    refused (incl. a changed host key), 4 host reached but not auditable, 5 not restored,
+    70 internal error (a bug: rerun with --debug for the traceback), 130 interrupted.
     """
+    STATE.verbose, STATE.debug = verbose, debug
+    if verbose >= 2:
+        import logging
+
+        logging.basicConfig(level=logging.DEBUG, stream=sys.stderr,
+                            format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
 
 def one_host_command(command: str, kw: dict, conn: ConnectOptions, fn, fmt: str, output: str | None) -> None:
@@ -121,9 +204,60 @@ def one_host_command(command: str, kw: dict, conn: ConnectOptions, fn, fmt: str,
     t0 = time.monotonic()
     report = RunReport(command=command)
     host, transport = on_host(kw.get("host"), conn, fn)
-    if transport is not None:
-        transport.close()
+    try:
+        explain_python(host, transport, kw.get("python"), conn.sudo)
+    finally:
+        if transport is not None:
+            transport.close()
     report.hosts.append(host)
     report.duration_s = time.monotonic() - t0
-    emit(report, fmt, output)
-    sys.exit(int(report.exit_status()))
+    sys.exit(int(emit(report, fmt, output)))
+
+
+_PY_CHECK = "import sys; sys.stdout.write('%d.%d' % sys.version_info[:2])"
+
+
+def explain_python(host, transport, python: str | None, sudo: bool) -> None:
+    """When the agent answered nothing under --python, say whether that is a Python 3.8+ at all (one more
+    command, only on this failure path): `--python /bin/true` is not an agent failure."""
+    if not python or transport is None or host.status != HostStatus.ERROR or not host.error:
+        return
+    if "agent answered" not in host.error:
+        return
+    cmd = ("sudo -n " if sudo else "") + shlex.quote(python) + " -c " + shlex.quote(_PY_CHECK)
+    try:
+        res = transport.run(cmd, timeout=30)
+        out = res.stdout.decode("utf-8", "replace").strip()
+    except MlaDoctorError:
+        return
+    try:
+        ok = res.rc == 0 and tuple(int(x) for x in out.split(".")) >= (3, 8)
+    except ValueError:
+        ok = False
+    if not ok:
+        seen = f"it printed {out[:60]!r}" if out else "it printed nothing"
+        host.fail_with(NoPythonError(f"--python {python} is not a Python 3.8+ interpreter ({seen}, exit {res.rc} "
+                                     "for a version check); point --python at the interpreter that has vLLM"))
+
+
+def undo_command(kw: dict, run_id: str | None, run_root: str | None, default_run_root: str) -> str:
+    """The exact `mla-doctor revert` that undoes a run made with these connection options."""
+    args = ["mla-doctor", "revert"]
+    if kw.get("local"):
+        args.append("--local")
+    else:
+        args += ["--host", kw["host"]]
+    for opt, key in (("--port", "port"), ("--user", "user"), ("--ssh-config", "ssh_config"),
+                     ("--known-hosts", "known_hosts"), ("--host-key-policy", "host_key_policy"),
+                     ("--python", "python")):
+        if kw.get(key) is not None:
+            args += [opt, str(kw[key])]
+    for ident in kw.get("identity") or ():
+        args += ["-i", ident]
+    if kw.get("sudo"):
+        args.append("--sudo")
+    if run_root and run_root != default_run_root:
+        args += ["--run-root", run_root]
+    if run_id:
+        args += ["--run", run_id]
+    return shlex.join(args)

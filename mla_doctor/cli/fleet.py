@@ -12,7 +12,15 @@ import time
 import click
 
 from mla_doctor import __version__, reports
-from mla_doctor.cli.common import cli, handle_errors
+from mla_doctor.cli.common import (
+    PORT,
+    SECONDS,
+    check_writable,
+    cli,
+    handle_errors,
+    output_file_option,
+    write_output,
+)
 from mla_doctor.cli.progress import Progress
 from mla_doctor.diagnosis.knowledge import load_knowledge
 from mla_doctor.errors import UsageError
@@ -21,10 +29,12 @@ from mla_doctor.fleet import inventory as inv_mod
 from mla_doctor.fleet import playbook as pb_mod
 from mla_doctor.fleet.job import execute_host
 from mla_doctor.fleet.playbook import catalog
-from mla_doctor.fleet.scheduler import Events, run_fleet
+from mla_doctor.fleet.scheduler import Events, FleetHostReport, run_fleet
+from mla_doctor.results import HostStatus
 from mla_doctor.ssh.transport import HOST_KEY_POLICIES, ConnectOptions
 
 _FMT = click.Choice(["text", "json", "junit", "markdown", "html"])
+_OUT = click.Path(dir_okay=False)
 
 
 # ------------------------------------------------------------------------------------- audit
@@ -65,30 +75,30 @@ def _write_extra(doc: dict, outputs: dict) -> None:
 @click.option("--max-fail-percent", type=click.FloatRange(0, 100), default=None,
               help="Stop starting hosts once more than this % of all hosts failed "
                    "(default: playbook's; 0 for restarting playbooks, 100 otherwise).")
-@click.option("--host-timeout", type=float, default=None, help="Seconds for one host's whole job "
+@click.option("--host-timeout", type=SECONDS, default=None, help="Seconds for one host's whole job "
               "(default 600 for read-only playbooks, 3600 when restarting; inventory var host_timeout wins).")
 @click.option("--shard", metavar="I/N", help="Run only shard I of N of the selected hosts (deterministic).")
 @click.option("-e", "--extra-var", "extra", multiple=True, metavar="KEY=VALUE", help="Template variable (YAML value).")
 @click.option("--dry-run", is_flag=True, help="Print the plan per host; connect to nothing, change nothing.")
 @click.option("--format", "fmt", type=_FMT, default="text", show_default=True)
-@click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write the --format report to FILE.")
-@click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Also write the JSON report to FILE.")
-@click.option("--junit", "junit_out", type=click.Path(dir_okay=False), help="Also write JUnit XML to FILE.")
-@click.option("--markdown", "md_out", type=click.Path(dir_okay=False), help="Also write Markdown to FILE.")
-@click.option("--html", "html_out", type=click.Path(dir_okay=False), help="Also write the HTML page to FILE.")
-@click.option("--retry-file", type=click.Path(dir_okay=False),
+@output_file_option("Write the --format report to FILE instead of stdout.")
+@click.option("--json", "json_out", type=_OUT, callback=check_writable, help="Also write the JSON report to FILE.")
+@click.option("--junit", "junit_out", type=_OUT, callback=check_writable, help="Also write JUnit XML to FILE.")
+@click.option("--markdown", "md_out", type=_OUT, callback=check_writable, help="Also write Markdown to FILE.")
+@click.option("--html", "html_out", type=_OUT, callback=check_writable, help="Also write the HTML page to FILE.")
+@click.option("--retry-file", type=_OUT, callback=check_writable,
               help="Write the hosts that did not pass (fault, error, unreachable, not run) to FILE, one a line.")
 @click.option("--progress", "progress_mode", type=click.Choice(["auto", "live", "plain", "none"]), default="auto",
               show_default=True, help="auto: live on a terminal, plain lines otherwise, none with --format json.")
 @click.option("--user", help="Default SSH user (inventory vars win).")
-@click.option("--port", type=int, help="Default SSH port (inventory vars win).")
+@click.option("--port", type=PORT, help="Default SSH port, 1-65535 (inventory vars win).")
 @click.option("--identity", multiple=True, type=click.Path(dir_okay=False), help="Default private key (repeatable).")
 @click.option("--python", "python", metavar="PATH", help="Default interpreter whose site-packages hold vLLM.")
 @click.option("--ssh-config", type=click.Path(dir_okay=False), default=None, help="ssh_config to read.")
 @click.option("--known-hosts", type=click.Path(dir_okay=False), help="known_hosts file to verify against.")
 @click.option("--host-key-policy", type=click.Choice(HOST_KEY_POLICIES), default=None)
-@click.option("--connect-timeout", type=float, default=10.0, show_default=True)
-@click.option("--command-timeout", type=float, default=120.0, show_default=True)
+@click.option("--connect-timeout", type=SECONDS, default=10.0, show_default=True, help="Seconds (> 0).")
+@click.option("--command-timeout", type=SECONDS, default=120.0, show_default=True, help="Seconds (> 0).")
 @click.option("--sudo", is_flag=True, help="Default: run the agent with `sudo -n`.")
 @click.option("--yes", "-y", is_flag=True, help="Consent to restart servers (playbooks that restart; no terminal).")
 @handle_errors("audit")
@@ -145,8 +155,15 @@ def audit_cmd(inventory_path, limit, playbook_name, forks, serial, max_fail_perc
     prog = Progress(len(hosts), mode)
 
     kb = load_knowledge()
-    events = Events(started=prog.started, step=prog.step, done=prog.finished)
+    finished: dict = {}
+
+    def done(host, report):
+        finished[host] = report
+        prog.finished(host, report)
+
+    events = Events(started=prog.started, step=prog.step, done=done)
     started, t0 = time.time(), time.monotonic()
+    interrupted = False
     try:
         results, sched = run_fleet(
             [h.name for h in hosts],
@@ -154,22 +171,39 @@ def audit_cmd(inventory_path, limit, playbook_name, forks, serial, max_fail_perc
             limit=limit_n, max_fail_percent=mfp,
             timeout_for=lambda name: float(plans[name].host.vars.get("host_timeout") or default_timeout),
             events=events)
+        meta.update(peak_running=sched.peak, stopped_early=sched.stopped)
+    except KeyboardInterrupt:
+        # Ctrl-C: the finished hosts' report and the retry file are still written; the rest count as not run.
+        interrupted = True
+        results = dict(finished)
+        for h in hosts:
+            if h.name not in results:
+                results[h.name] = FleetHostReport(host=h.name, status=HostStatus.ERROR, error_kind="NotRun",
+                                                  error="not run: interrupted (Ctrl-C) before it finished")
+        meta.update(interrupted=True)
     finally:
         prog.close()
-    meta.update(peak_running=sched.peak, stopped_early=sched.stopped, retry_file=retry_file)
+    meta.update(retry_file=retry_file)
     doc = reports.fleet_document(list(results.values()), meta, started, time.monotonic() - t0)
-    if retry_file:
-        reports.write(retry_file, "".join(f"{h}\n" for h in doc["fleet"]["retry"]))
-    _write_extra(doc, {"json": json_out, "junit": junit_out, "markdown": md_out, "html": html_out})
+    if interrupted:
+        doc["exit_status"], doc["exit_name"] = int(ExitStatus.INTERRUPTED), ExitStatus.INTERRUPTED.name
+    status = ExitStatus(doc["exit_status"])
+    try:
+        if retry_file:
+            reports.write(retry_file, "".join(f"{h}\n" for h in doc["fleet"]["retry"]))
+        _write_extra(doc, {"json": json_out, "junit": junit_out, "markdown": md_out, "html": html_out})
+    except UsageError as e:
+        status = status if status != ExitStatus.OK else ExitStatus.USAGE
+        click.echo(f"mla-doctor: error: {e} (the audit ended {doc['overall']}, exit {doc['exit_status']})", err=True)
     text = reports.render(doc, fmt)
     if output:
-        reports.write(output, text)
-        click.echo(f"report written to {output}: overall {doc['overall']}, exit {doc['exit_status']}", err=True)
-        if fmt == "text":
-            click.echo(text, nl=False)
+        status = write_output(output, text, status, doc["overall"])
     else:
         click.echo(text, nl=False)
-    sys.exit(int(doc["exit_status"]))
+    if interrupted:
+        click.echo(f"mla-doctor: interrupted: {len(finished)} of {len(hosts)} host(s) finished"
+                   + (f"; retry file {retry_file}" if retry_file else ""), err=True)
+    sys.exit(int(status))
 
 
 def _print_plan(plans, pb, meta, fmt, output, kw) -> None:
@@ -209,7 +243,8 @@ def _print_plan(plans, pb, meta, fmt, output, kw) -> None:
         text = "\n".join(lines) + "\n"
     if output:
         reports.write(output, text)
-    click.echo(text, nl=False)
+    else:
+        click.echo(text, nl=False)
 
 
 # ---------------------------------------------------------------------------------- playbooks
@@ -251,15 +286,15 @@ def report_group():
 @report_group.command("merge")
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--format", "fmt", type=_FMT, default="json", show_default=True)
-@click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write to FILE instead of stdout.")
-@click.option("--junit", "junit_out", type=click.Path(dir_okay=False), help="Also write JUnit XML to FILE.")
-@click.option("--markdown", "md_out", type=click.Path(dir_okay=False), help="Also write Markdown to FILE.")
-@click.option("--html", "html_out", type=click.Path(dir_okay=False), help="Also write the HTML page to FILE.")
-@click.option("--retry-file", type=click.Path(dir_okay=False), help="Write the hosts that did not pass to FILE.")
+@output_file_option("Write to FILE instead of stdout.")
+@click.option("--junit", "junit_out", type=_OUT, callback=check_writable, help="Also write JUnit XML to FILE.")
+@click.option("--markdown", "md_out", type=_OUT, callback=check_writable, help="Also write Markdown to FILE.")
+@click.option("--html", "html_out", type=_OUT, callback=check_writable, help="Also write the HTML page to FILE.")
+@click.option("--retry-file", type=_OUT, callback=check_writable, help="Write the hosts that did not pass to FILE.")
 @handle_errors("report merge")
 def report_merge(files, fmt, output, junit_out, md_out, html_out, retry_file):
     """Combine shard reports (`audit --shard I/N --format json`) into one; exit with the worst host's status."""
-    doc = reports.merge([(f, reports.load_json(f)) for f in files])
+    doc = reports.merge([(f, reports.load_report(f)) for f in files])
     if retry_file:
         reports.write(retry_file, "".join(f"{h}\n" for h in doc["fleet"]["retry"]))
     _write_extra(doc, {"junit": junit_out, "markdown": md_out, "html": html_out})
@@ -274,11 +309,11 @@ def report_merge(files, fmt, output, junit_out, md_out, html_out, retry_file):
 @report_group.command("render")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--format", "fmt", type=_FMT, default="text", show_default=True)
-@click.option("--output", "-o", type=click.Path(dir_okay=False))
+@output_file_option("Write to FILE instead of stdout.")
 @handle_errors("report render")
 def report_render(file, fmt, output):
     """Render a saved JSON fleet report as text, Markdown, JUnit XML or HTML."""
-    doc = reports.load_json(file)
+    doc = reports.load_report(file)
     if "fleet" not in doc:
         doc = reports.finish(doc)
     text = reports.render(doc, fmt)

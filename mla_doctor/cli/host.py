@@ -9,13 +9,17 @@ import time
 import click
 
 from mla_doctor.cli.common import (
+    SECONDS,
+    TTL,
     cli,
     conn_options,
     connection_options,
     emit,
+    explain_python,
     handle_errors,
     one_host_command,
     output_options,
+    undo_command,
 )
 from mla_doctor.diagnosis.knowledge import load_knowledge
 from mla_doctor.diagnosis.live_verdict import parse_expect
@@ -63,8 +67,8 @@ def instrument_options(f):
 @cli.command()
 @connection_options
 @instrument_options
-@click.option("--ttl", type=float, default=900.0, show_default=True,
-              help="Lease seconds: a watchdog on the host reverts everything if not renewed. 0: no watchdog.")
+@click.option("--ttl", type=TTL, default=900.0, show_default=True,
+              help="Lease seconds (>= 0): a watchdog on the host reverts everything if not renewed. 0: no watchdog.")
 @click.option("--method", type=click.Choice(["patch", "plugin"]), default="patch", show_default=True,
               help="patch: edit vLLM's files (works everywhere); plugin: a vLLM general plugin, no file edited.")
 @click.option("--hold", is_flag=True, help="Keep renewing the lease until Ctrl-C, then revert.")
@@ -92,6 +96,9 @@ def patch(fmt, output, run_root, dry_run, ttl, method, hold, targets, templates,
     host, transport = on_host(kw.get("host"), conn, lambda tr, name: patch_host(tr, name, conn, aopts, popts))
     report.hosts.append(host)
     try:
+        explain_python(host, transport, kw.get("python"), conn.sudo)
+        if host.patch and host.patch.get("run_id") and host.patch.get("outcome") == "patched":
+            host.patch["undo"] = undo_command(kw, host.patch["run_id"], run_root, DEFAULT_RUN_ROOT)
         if hold and transport is not None and (host.patch or {}).get("outcome") == "patched":
             rid = host.patch["run_id"]
             click.echo(f"holding run {rid} (lease {ttl:g}s); Ctrl-C to revert", err=True)
@@ -105,8 +112,7 @@ def patch(fmt, output, run_root, dry_run, ttl, method, hold, targets, templates,
         if transport is not None:
             transport.close()
     report.duration_s = time.monotonic() - t0
-    emit(report, fmt, output)
-    sys.exit(int(report.exit_status()))
+    sys.exit(int(emit(report, fmt, output)))
 
 
 @cli.command()
@@ -149,17 +155,18 @@ def revert(fmt, output, run_root, dry_run, run_id, container, **kw):
 @click.option("--yes", "-y", is_flag=True, help="Consent to restart the server (required without a terminal).")
 @click.option("--force", is_flag=True, help="Restart even if the server is serving requests.")
 @click.option("--api-key-env", metavar="NAME", help="Environment variable holding the server's API key.")
-@click.option("--ready-timeout", type=float, default=900.0, show_default=True,
+@click.option("--ready-timeout", type=SECONDS, default=900.0, show_default=True,
               help="Seconds to wait for the model to load.")
-@click.option("--ttl", type=float, default=120.0, show_default=True,
-              help="Lease seconds; renewed while the run is alive, the host's watchdog restores after it.")
+@click.option("--ttl", type=SECONDS, default=120.0, show_default=True,
+              help="Lease seconds (> 0); renewed while the run is alive, the host's watchdog restores after it.")
 @click.option("--expect", "expect", metavar="prefill=mha,decode=mqa",
               help="Runbook expectations: unmet ones are a fault (exit 1).")
 @click.option("--prompts", default="short,long,chunked", show_default=True,
               help="Prompt set: short (1 token), long (above every decode threshold), chunked (beyond "
                    "max_num_batched_tokens, sent only where chunked prefill is on); sparse prompts on both sides "
                    "of index_topk are added where the release switches there.")
-@click.option("--max-tokens", type=int, default=3, show_default=True, help="Output tokens per prompt.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Output tokens per prompt.")
 @click.option("--second-pass", "second_pass", metavar="ARGS|SETTINGS",
               help="An explicit second configuration: restart with it and send the prompts again, reported apart "
                    "from the production pass. Server arguments ('--enforce-eager') or settings by name, written "
@@ -201,11 +208,11 @@ def run_cmd(fmt, output, runtime, unit, container, start_command, stop_command, 
             raise UsageError(f"--env {item!r}: expected KEY=VALUE")
         debug_env[k] = v
     second_args, second_settings = _second_pass(second_pass)
-    ropts = RunOptions(runtime=runtime, method=method, force=force, api_key_env=api_key_env, debug_env=debug_env,
-                       ready_timeout=ready_timeout, ttl=ttl, expect=exp, max_tokens=max_tokens, run_root=run_root,
-                       prompts=tuple(p.strip() for p in prompts.split(",") if p.strip()),
-                       second_pass=second_args, second_pass_settings=second_settings, start_command=start_command,
-                       stop_command=stop_command, log_file=log_file, unit=unit, container=container)
+    ropts = RunOptions.build(runtime=runtime, method=method, force=force, api_key_env=api_key_env,
+                             debug_env=debug_env, ready_timeout=ready_timeout, ttl=ttl, expect=exp,
+                             max_tokens=max_tokens, run_root=run_root, prompts=prompts,
+                             second_pass=second_settings or second_args, start_command=start_command,
+                             stop_command=stop_command, log_file=log_file, unit=unit, container=container)
     quiet = fmt == "json"
 
     def progress(host, msg):

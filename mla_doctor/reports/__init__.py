@@ -32,12 +32,24 @@ def fleet_document(reports: list[HostReport], meta: dict[str, Any], started: flo
     return doc
 
 
+def _status(value) -> ExitStatus:
+    try:
+        return ExitStatus(int(value or 0))
+    except (TypeError, ValueError):
+        return ExitStatus.INTERNAL
+
+
 def finish(doc: dict) -> dict:
-    """(Re)compute everything derived from the hosts: overall, exit status, fleet summary, retry list."""
+    """(Re)compute everything derived from the hosts: overall, exit status, fleet summary, retry list.
+    A shard whose audit failed as a whole (`fleet.failed_shards`) keeps the result from ever being OK."""
     hosts = doc["hosts"]
     verdicts = [h.get("verdict") for h in hosts]
+    failed_shards = (doc.get("fleet") or {}).get("failed_shards") or []
+    if failed_shards:
+        verdicts.append("error")
     doc["overall"] = next((v for v in _OVERALL_ORDER if v in verdicts), "ok")
-    status = worst(ExitStatus(h.get("exit_status", 0)) for h in hosts)
+    status = worst([_status(h.get("exit_status", 0)) for h in hosts]
+                   + [_status(s.get("exit_status")) for s in failed_shards])
     doc["exit_status"], doc["exit_name"] = int(status), status.name
     fleet = doc.setdefault("fleet", {})
     fleet["summary"] = summary(hosts)
@@ -94,9 +106,18 @@ def merge(docs: list[tuple[str, dict]]) -> dict:
     seen: dict[str, str] = {}
     hosts: list[dict] = []
     playbooks = set()
+    failed_shards = []
     for path, doc in docs:
-        if not isinstance(doc, dict) or not isinstance(doc.get("hosts"), list) or doc.get("tool") != "mla-doctor":
-            raise UsageError(f"{path}: not an mla-doctor JSON report")
+        check_report(path, doc)
+        shard_status = _status(doc.get("exit_status", 0))
+        hosts_status = worst(_status(h.get("exit_status", 0)) for h in doc["hosts"])
+        if doc.get("overall") == "error" and not doc["hosts"] or (
+                shard_status != hosts_status and shard_status != ExitStatus.OK):
+            # the audit of this shard failed as a whole (a usage error, an interruption, a bug): never OK
+            failed_shards.append({"path": path, "exit_status": int(shard_status) or int(ExitStatus.HOST_ERROR),
+                                  "error": doc.get("error") or f"shard ended {shard_status.name}"})
+        if not doc.get("fleet") and not doc["hosts"]:
+            continue
         playbooks.add((doc.get("fleet") or {}).get("playbook"))
         for h in doc["hosts"]:
             if h["host"] in seen:
@@ -124,6 +145,8 @@ def merge(docs: list[tuple[str, dict]]) -> dict:
     if "stopped_early" in meta:
         meta["stopped_early"] = any((d.get("fleet") or {}).get("stopped_early") for _, d in docs)
     meta["merged_from"] = [{"path": p, "shard": (d.get("fleet") or {}).get("shard")} for p, d in docs]
+    if failed_shards:
+        meta["failed_shards"] = failed_shards
     out["fleet"] = meta
     return finish(out)
 
@@ -163,6 +186,32 @@ def load_json(path: str) -> dict:
         raise UsageError(f"{path}: cannot read report: {e.strerror or e}") from e
     except json.JSONDecodeError as e:
         raise UsageError(f"{path}:{e.lineno}: not JSON: {e.msg}") from e
+
+
+def check_report(path: str, doc) -> dict:
+    """A saved mla-doctor JSON report, or a usage error naming the file and what is wrong."""
+    if not isinstance(doc, dict) or doc.get("tool") != "mla-doctor" or not isinstance(doc.get("hosts"), list):
+        raise UsageError(f"{path}: not an mla-doctor JSON report (expected an object with \"tool\": "
+                         "\"mla-doctor\" and a \"hosts\" list)")
+    for i, h in enumerate(doc["hosts"]):
+        if not isinstance(h, dict) or not isinstance(h.get("host"), str):
+            raise UsageError(f"{path}: hosts[{i}] is not a host report (an object with a \"host\" name)")
+        for key, kind in (("findings", list), ("static", dict), ("vllm", dict), ("groups", list)):
+            if h.get(key) is not None and not isinstance(h[key], kind):
+                what = "an object" if kind is dict else "a list"
+                raise UsageError(f"{path}: hosts[{i}] ({h['host']}): {key!r} is not {what}")
+        try:
+            ExitStatus(h.get("exit_status") or 0)
+        except (TypeError, ValueError) as e:
+            raise UsageError(f"{path}: hosts[{i}] ({h['host']}): exit_status {h.get('exit_status')!r} is not an "
+                             "mla-doctor exit status") from e
+    if doc.get("fleet") is not None and not isinstance(doc["fleet"], dict):
+        raise UsageError(f"{path}: \"fleet\" is not an object")
+    return doc
+
+
+def load_report(path: str) -> dict:
+    return check_report(path, load_json(path))
 
 
 def write(path: str, text: str) -> None:

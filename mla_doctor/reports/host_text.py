@@ -90,7 +90,8 @@ def render_patch(h: HostReport) -> list[str]:
     for r in p.get("refused") or []:
         out.append(f"   refused:  {r}")
     if p.get("run_id") and p.get("outcome") == "patched":
-        out.append(f"   undo:     mla-doctor revert --host {h.host} --run {p['run_id']}")
+        undo = p.get("undo") or f"mla-doctor revert --host {h.host} --run {p['run_id']}"
+        out.append(f"   undo:     {undo}")
     return out
 
 
