@@ -27,6 +27,7 @@ from mla_doctor.errors import UsageError
 from mla_doctor.exit_codes import ExitStatus
 from mla_doctor.fleet import inventory as inv_mod
 from mla_doctor.fleet import playbook as pb_mod
+from mla_doctor.fleet import job as job_mod
 from mla_doctor.fleet.job import execute_host
 from mla_doctor.fleet.playbook import catalog
 from mla_doctor.fleet.scheduler import Events, FleetHostReport, run_fleet
@@ -123,6 +124,8 @@ def audit_cmd(inventory_path, limit, playbook_name, forks, serial, max_fail_perc
         hosts = inv_mod.shard(hosts, i, n)
         shard_txt = f"{i}/{n}"
     extra_vars = _extra_vars(extra)
+    for h in hosts:  # -e wins over the inventory, connection vars included (as in Ansible)
+        inv_mod.apply_extra_vars(h, extra_vars, strict=inv.format == "mla-doctor")
     plans = {h.name: pb_mod.plan(pb, h, extra_vars) for h in hosts}  # template errors: before any connection
     restarts = pb.restarts
     limit_n = min(forks, serial or pb.serial or 1) if restarts else forks
@@ -147,6 +150,11 @@ def audit_cmd(inventory_path, limit, playbook_name, forks, serial, max_fail_perc
                               ssh_config=kw.get("ssh_config"), known_hosts=kw.get("known_hosts"),
                               host_key_policy=kw.get("host_key_policy"), connect_timeout=kw["connect_timeout"],
                               command_timeout=kw["command_timeout"], sudo=kw.get("sudo", False))
+    local_hosts = [h.name for h in hosts if h.vars.get("connection") == "local"]
+    if local_hosts and not job_mod.host_conn(defaults, {"connection": "local"}).local:
+        # never SSH to localhost behind the inventory's back
+        raise UsageError(f"connection local (hosts {', '.join(local_hosts)}) is not supported by this "
+                         "mla-doctor's fleet runner")
     mode = progress_mode
     if mode == "auto":
         mode = "quiet" if fmt == "json" else ("live" if sys.stderr.isatty() else "plain")
@@ -213,7 +221,8 @@ def _print_plan(plans, pb, meta, fmt, output, kw) -> None:
         hv = p.host.vars
         doc["hosts"].append({
             "host": name, "address": p.host.target, "groups": p.host.groups,
-            "connect": {"user": hv.get("user", kw.get("user")), "port": hv.get("port", kw.get("port")),
+            "connect": {"connection": hv.get("connection", "ssh"),
+                        "user": hv.get("user", kw.get("user")), "port": hv.get("port", kw.get("port")),
                         "identity": hv.get("identity") or list(kw.get("identity") or ()),
                         "sudo": bool(hv.get("sudo", kw.get("sudo"))),
                         "python": hv.get("python", kw.get("python"))},
@@ -233,7 +242,8 @@ def _print_plan(plans, pb, meta, fmt, output, kw) -> None:
             lines.append(f"{'changes files' if pb.changes else 'read-only'}: up to {meta['forks']} hosts at once")
         for h in doc["hosts"]:
             c = h["connect"]
-            who = f"{c['user'] + '@' if c['user'] else ''}{h['address']}{':' + str(c['port']) if c['port'] else ''}"
+            who = ("local (no SSH)" if c["connection"] == "local" else
+                   f"{c['user'] + '@' if c['user'] else ''}{h['address']}{':' + str(c['port']) if c['port'] else ''}")
             lines.append(f"{h['host']}: {who}" + (f" groups {','.join(h['groups'])}" if h["groups"] else "")
                          + (f" python {c['python']}" if c["python"] else "") + (" sudo" if c["sudo"] else ""))
             for k, s in enumerate(h["steps"], 1):

@@ -31,6 +31,7 @@ _TOP_KEYS = {"hosts", "groups", "vars"}
 # name -> (type(s), description). The inventory's own vocabulary (also accepted inside Ansible files).
 VARS: dict[str, tuple[Any, str]] = {
     "address": (str, "HostName / IP to connect to (default: the host's name, an ssh_config alias)"),
+    "connection": (str, "ssh (default) | local: this machine, no SSH (Ansible's ansible_connection=local)"),
     "user": (str, "SSH user"),
     "port": (int, "SSH port"),
     "identity": ((str, list), "private key file(s)"),
@@ -57,7 +58,10 @@ ANSIBLE_VARS = {
     "ansible_ssh_private_key_file": "identity", "ansible_private_key_file": "identity",
     "ansible_python_interpreter": "python",
     "ansible_become": "sudo",
+    "ansible_connection": "connection",
 }
+# Ansible's connection plugins that mean "over SSH" (all of them are our one SSH client).
+_SSH_CONNECTIONS = ("ssh", "paramiko", "paramiko_ssh", "smart")
 
 
 @dataclass
@@ -118,9 +122,23 @@ def load(path: str) -> Inventory:
     if not isinstance(doc, dict):
         raise ConfigFileError(path, 1, "an inventory is a mapping (hosts / groups / vars, or Ansible groups)")
     keys = {k for k in doc if k != yamlfile.LINE_KEY}
+    _check_top_keys(path, doc, keys)
     if keys and keys <= _TOP_KEYS:
         return _finish(path, "mla-doctor", *_parse_native(path, doc))
     return _finish(path, "ansible-yaml", *_parse_ansible_yaml(path, doc))
+
+
+def _check_top_keys(path: str, doc: dict, keys: set) -> None:
+    """A top-level typo (`host:` for `hosts:`) is named as such, not reported as a strange group's key."""
+    import difflib
+
+    native = keys & _TOP_KEYS
+    for k in sorted(str(x) for x in keys - _TOP_KEYS):
+        near = difflib.get_close_matches(k.lower(), sorted(_TOP_KEYS), n=1, cutoff=0.7)
+        if native or (near and k != "all"):
+            line = yamlfile.line_of(doc.get(k)) or yamlfile.line_of(doc)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise ConfigFileError(path, line, f"top-level key {k!r} is not one of hosts, groups, vars{hint}")
 
 
 def _looks_ini(text: str) -> bool:
@@ -384,6 +402,10 @@ def _check_var(path: str, line: int | None, what: str, key: str, value: Any, str
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
         raise ConfigFileError(path, line, f"{what}: {key} must be {names}, not {type(value).__name__} {value!r}")
+    if key == "connection":
+        value = "ssh" if value in _SSH_CONNECTIONS else value
+        if value not in ("ssh", "local"):
+            raise ConfigFileError(path, line, f"{what}: connection {value!r} is not supported (ssh or local)")
     if key == "port" or key == "server_port":
         if not 1 <= value <= 65535:
             raise ConfigFileError(path, line, f"{what}: {key} {value} is not a TCP port")
@@ -431,6 +453,8 @@ def validate_expectations(exp: dict, path: str, line: int | None, what: str) -> 
 
 
     for k, v in exp.items():
+        if isinstance(v, str) and ("{{" in v or "{%" in v):
+            continue  # a template: checked once rendered for the host (playbook.plan)
         if k == "vllm":
             try:
                 SpecifierSet(str(v))
@@ -444,6 +468,18 @@ def validate_expectations(exp: dict, path: str, line: int | None, what: str) -> 
         elif k in EXPECT_VALUES and str(v).lower() not in EXPECT_VALUES[k]:
             raise ConfigFileError(path, line, f"{what}: expect {k} is one of {', '.join(EXPECT_VALUES[k])}, "
                                               f"not {v!r}")
+
+
+def apply_extra_vars(host: Host, extra: dict[str, Any], strict: bool = False) -> None:
+    """`-e KEY=VALUE` wins over every inventory level, as in Ansible: connection vars included (Ansible names
+    mapped, values checked like the inventory's). Names that are not inventory vars stay template-only."""
+    for k, v in extra.items():
+        k2 = ANSIBLE_VARS.get(k, k)
+        if k2 in VARS:
+            v = _check_var("-e", None, k, k2, v, strict)
+            if isinstance(v, dict) and isinstance(host.vars.get(k2), dict):
+                v = {**host.vars[k2], **v}
+            host.vars[k2] = v
 
 
 # ------------------------------------------------------------------------- --limit and --shard
