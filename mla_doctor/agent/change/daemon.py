@@ -7,21 +7,20 @@ import os
 import signal
 import time
 
+from .. import fs
 from ..common import _pid_running
 
 
 def _watchdog_pid(run_dir):
     """The run's watchdog pid, if that process is still running and still an mla-doctor process."""
     try:
-        with open(os.path.join(run_dir, "watchdog.pid")) as f:
-            pid = int(f.read().strip())
+        pid = int(fs.read_text(fs.watchdog_pid_path(run_dir)).strip())
         with open("/proc/%d/cmdline" % pid, "rb") as f:
             if b"mla-doctor" not in f.read():
                 return None
         return pid if _pid_running(pid) else None
     except (OSError, ValueError):
         return None
-
 
 
 def _stop_watchdog(run_dir):
@@ -32,7 +31,6 @@ def _stop_watchdog(run_dir):
             os.kill(pid, signal.SIGTERM)
         except OSError:
             pass
-
 
 
 def start_daemon(fn):
@@ -68,18 +66,15 @@ def start_daemon(fn):
         os._exit(0)
 
 
-
 def _watchdog_start(run_dir, what):
     """A watchdog's first steps: its pid file (for _stop_watchdog), its log, SIGTERM as a stop request.
     Returns (note, stop): note(msg) appends to watchdog.log; stop is non-empty once asked to stop."""
-    log = os.path.join(run_dir, "watchdog.log")
+    log = fs.watchdog_log_path(run_dir)
 
     def note(msg):
-        with open(log, "a") as f:
-            f.write("%s %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), msg))
+        fs.append_text(log, "%s %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), msg))
 
-    with open(os.path.join(run_dir, "watchdog.pid"), "w") as f:
-        f.write(str(os.getpid()))
+    fs.write_text(fs.watchdog_pid_path(run_dir), str(os.getpid()))
     note("%s pid %d watching %s" % (what, os.getpid(), os.path.basename(run_dir)))
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))

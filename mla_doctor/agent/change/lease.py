@@ -3,8 +3,8 @@ Also the `renew` op.
 """
 from __future__ import annotations
 
-import os
 
+from .. import fs
 from ..common import _now
 from ..fs import _lease_path, _read_json, _run_dir, _server_paths, _write_json
 from ..protocol import AGENT_VERSION
@@ -19,9 +19,8 @@ def write_lease(run_dir, ttl, epoch=None):
             epoch = 0
     lease = {"expires": (_now() + ttl) if ttl and ttl > 0 else 0, "ttl": ttl, "renewed": _now(), "epoch": epoch}
     _write_json(_lease_path(run_dir), lease)
-    os.chmod(_lease_path(run_dir), 0o644)  # the probe, running as the server's user, reads it
+    fs.set_mode(_lease_path(run_dir), 0o644)  # the probe, running as the server's user, reads it
     return lease
-
 
 
 def lease_expired(run_dir):
@@ -32,14 +31,13 @@ def lease_expired(run_dir):
     return bool(lease.get("expires")) and _now() > lease["expires"]
 
 
-
 def op_renew(plan):
     run_dir = _run_dir(plan)
-    if not os.path.exists(os.path.join(run_dir, "manifest.json")) and os.path.exists(_server_paths(run_dir)[0]):
+    if not fs.exists(fs.manifest_path(run_dir)) and fs.exists(_server_paths(run_dir)[0]):
         # the host side of a container run (docker runtime): only its lease, for the host's watchdog
         return {"agent_version": AGENT_VERSION, "op": "renew", "renewed": True,
                 "lease": write_lease(run_dir, plan.get("ttl") or 0)}
-    m = _read_json(os.path.join(run_dir, "manifest.json"))
+    m = _read_json(fs.manifest_path(run_dir))
     if m.get("state") != "patched":
         return {"agent_version": AGENT_VERSION, "op": "renew", "renewed": False, "state": m.get("state")}
     return {"agent_version": AGENT_VERSION, "op": "renew", "renewed": True,

@@ -8,6 +8,7 @@ import json
 import os
 import socket
 
+from .. import fs
 from ..common import _now
 from ..fs import _create_complete, _lock_path, _read_json
 from ..protocol import Refusal
@@ -29,22 +30,21 @@ def _take_lock(root, run_id):
             if held.get("run_id") == run_id:
                 return
             other = held.get("run_id")
-            other_dir = os.path.join(root, "runs", str(other))
+            other_dir = fs.run_dir_of(root, other)
             state = None
             try:
-                state = _read_json(os.path.join(other_dir, "manifest.json")).get("state")
+                state = _read_json(fs.manifest_path(other_dir)).get("state")
             except (OSError, ValueError):
                 pass
             # no manifest yet is stale only when its holder is gone: a live holder writes it just after the lock
             if state in ("reverted", "refused") or (state is None and not _holder_alive(held, path)):
-                os.unlink(path)  # stale lock of a finished run
+                fs.remove(path)  # stale lock of a finished run
                 continue
             raise Refusal("another mla-doctor run holds this host: %s (state %s, since %s); wait for it, or "
                           "undo it with `mla-doctor revert --run %s`" % (other, state, held.get("since"), other)
                           ) from None
         return
     raise Refusal("could not take the host lock %s" % path)
-
 
 
 def _holder_alive(held, path):
@@ -64,11 +64,10 @@ def _holder_alive(held, path):
     return True
 
 
-
 def _release_lock(root, run_id):
     path = _lock_path(root)
     try:
         if _read_json(path).get("run_id") == run_id:
-            os.unlink(path)
+            fs.remove(path)
     except (OSError, ValueError):
         pass

@@ -10,8 +10,9 @@ import re
 import signal
 import stat
 
+from .. import fs
 from ..common import _now, _sha
-from ..fs import DEFAULT_RUN_ROOT, _read_json, _run_root, _write_json, atomic_write
+from ..fs import _read_json, _run_root, _write_json, atomic_write
 from ..facts.targets import MARK_RE
 from ..protocol import AGENT_VERSION, Refusal
 from .daemon import _watchdog_pid
@@ -24,7 +25,7 @@ from .watchdog import start_watchdog
 
 def _manifest_original(run_dir, path):
     try:
-        for rec in _read_json(os.path.join(run_dir, "manifest.json")).get("files", []):
+        for rec in _read_json(fs.manifest_path(run_dir)).get("files", []):
             if rec.get("path") == path:
                 return rec.get("original_sha256")
     except (OSError, ValueError):
@@ -32,10 +33,8 @@ def _manifest_original(run_dir, path):
     return None
 
 
-
 def _probe_path(site, module):
     return os.path.join(site, module + ".py")
-
 
 
 def op_patch(plan):
@@ -44,10 +43,10 @@ def op_patch(plan):
         raise Refusal("bad run id %r" % run_id)
     vdir = plan["vllm_dir"]
     site = os.path.dirname(vdir)
-    root = plan.get("run_root") or DEFAULT_RUN_ROOT  # created only once every check passed (step 2)
-    run_dir = os.path.join(root, "runs", run_id)
+    root = fs.root_of(plan)  # created only once every check passed (step 2)
+    run_dir = fs.run_dir_of(root, run_id)
     out = {"agent_version": AGENT_VERSION, "op": "patch", "run_id": run_id, "run_dir": run_dir,
-           "records_dir": os.path.join(run_dir, "records"), "files": [], "dry_run": bool(plan.get("dry_run"))}
+           "records_dir": fs.records_dir(run_dir), "files": [], "dry_run": bool(plan.get("dry_run"))}
     # 1. everything is checked before anything is written
     prepared = []
     problems = []
@@ -140,18 +139,12 @@ def op_patch(plan):
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     _run_root(plan)
     _take_lock(root, run_id)
-    backup_dir = os.path.join(run_dir, "backup")
-    for d in (os.path.join(root, "runs"), run_dir):
-        if not os.path.isdir(d):
-            os.makedirs(d, mode=0o711, exist_ok=True)
-    os.makedirs(backup_dir, mode=0o700, exist_ok=True)
-    os.makedirs(out["records_dir"], mode=0o777, exist_ok=True)
-    os.chmod(out["records_dir"], 0o1777)  # the server may run as another user and must append here
-    manifest_path = os.path.join(run_dir, "manifest.json")
+    fs.make_run_dirs(root, run_dir)
+    manifest_path = fs.manifest_path(run_dir)
     manifest = {"run_id": run_id, "state": "patching", "created": _now(), "vllm_dir": vdir, "files": [],
                 "created_files": [], "controller": plan.get("controller"), "ttl": plan.get("ttl", 0),
                 "records_dir": out["records_dir"], "server": plan.get("server")}
-    if os.path.exists(manifest_path):
+    if fs.exists(manifest_path):
         old = _read_json(manifest_path)
         if old.get("state") != "reverted":  # same run id again: what it changed so far is still to undo
             manifest["files"] = old.get("files", [])
@@ -183,11 +176,8 @@ def op_patch(plan):
             os.chmod(ppath, 0o644)
         for entry, path, data, new_data in prepared:
             st = os.stat(path)
-            bfile = os.path.join(backup_dir, entry["rel"].replace("/", "__"))
-            with open(bfile, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+            bfile = os.path.join(fs.backup_dir(run_dir), entry["rel"].replace("/", "__"))
+            fs.write_durable(bfile, data)
             rec = {"rel": entry["rel"], "path": path, "backup": bfile, "original_sha256": entry["original_sha256"],
                    "patched_sha256": entry["patched_sha256"], "mode": stat.S_IMODE(st.st_mode), "uid": st.st_uid,
                    "gid": st.st_gid, "mtime_ns": st.st_mtime_ns, "atime_ns": st.st_atime_ns}
@@ -215,13 +205,12 @@ def op_patch(plan):
     return out
 
 
-
 def install_plugin(run_dir, probe, plugin):
     """A vLLM general plugin in the run directory: found through PYTHONPATH, no vLLM file edited."""
-    pdir = os.path.join(run_dir, "plugin")
+    pdir = fs.plugin_dir(run_dir)
     dist = plugin["module"] + "-0.0.0.dist-info"
-    os.makedirs(os.path.join(pdir, dist), mode=0o755, exist_ok=True)
-    os.chmod(pdir, 0o755)
+    fs.make_dir(os.path.join(pdir, dist), 0o755)
+    fs.set_mode(pdir, 0o755)
     files = {
         probe["module"] + ".py": probe["source"],
         plugin["module"] + ".py": plugin["source"],
@@ -231,11 +220,10 @@ def install_plugin(run_dir, probe, plugin):
     }
     for rel, text in files.items():
         atomic_write(os.path.join(pdir, rel), text.encode("utf-8"))
-        os.chmod(os.path.join(pdir, rel), 0o644)
+        fs.set_mode(os.path.join(pdir, rel), 0o644)
     name = plugin["entry_point"].split("=", 1)[0].strip()
     return {"dir": pdir, "entry_point_name": name,
             "env": {"PYTHONPATH": pdir, "VLLM_PLUGINS_ADD": name}}
-
 
 
 def _can_create(d):
@@ -249,9 +237,7 @@ def _can_create(d):
         return False
 
 
-
 FREE_MARGIN = 1 << 20  # a patch never fills a filesystem to the last byte
-
 
 
 def _existing_dir(path):
@@ -259,7 +245,6 @@ def _existing_dir(path):
     while path and not os.path.isdir(path) and os.path.dirname(path) != path:
         path = os.path.dirname(path)
     return path or "/"
-
 
 
 def _space_problems(need):

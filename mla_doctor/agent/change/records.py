@@ -3,10 +3,10 @@ input), and the next prompt's epoch written into the lease.
 """
 from __future__ import annotations
 
-import glob
 import json
 import os
 
+from .. import fs
 from ..fs import _lease_path, _read_json, _run_dir
 from ..protocol import AGENT_VERSION
 from .lease import write_lease
@@ -14,13 +14,10 @@ from .lease import write_lease
 
 def op_records(plan):
     """Read back probe records (JSONL) of a run: the verdict's input."""
-    rdir = os.path.join(_run_dir(plan), "records")
     records = []
     offsets = dict(plan.get("offset_bytes") or {})
-    for p in sorted(glob.glob(os.path.join(rdir, "*.jsonl"))):
-        with open(p, "rb") as f:
-            f.seek(int(offsets.get(os.path.basename(p), 0)))
-            data = f.read()
+    for p in fs.record_files(_run_dir(plan)):
+        data = fs.read_from(p, int(offsets.get(os.path.basename(p), 0)))
         data = data[: data.rfind(b"\n") + 1]  # a line being written now is read next time
         offsets[os.path.basename(p)] = int(offsets.get(os.path.basename(p), 0)) + len(data)
         for line in data.decode("utf-8", "replace").splitlines():

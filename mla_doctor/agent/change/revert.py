@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import glob
 import os
-import shutil
 import signal
 
+from .. import fs
 from ..common import _now, _sha
-from ..fs import DEFAULT_RUN_ROOT, _lease_path, _read_json, _server_paths, _write_json, atomic_write
+from ..fs import _lease_path, _read_json, _server_paths, _write_json, atomic_write
 from ..protocol import AGENT_VERSION
 from ..runtimes.lifecycle import restore_server
 from ..runtimes.registry import runtime
@@ -31,10 +31,9 @@ def remove_bytecode(path):
     return removed
 
 
-
 def revert_run(run_dir, reason="revert"):
     """Restore every file of one run byte-for-byte, but never clobber a file someone edited since."""
-    manifest_path = os.path.join(run_dir, "manifest.json")
+    manifest_path = fs.manifest_path(run_dir)
     manifest = _read_json(manifest_path)
     results = []
     for rec in manifest.get("files", []):
@@ -53,7 +52,7 @@ def revert_run(run_dir, reason="revert"):
             results.append(res)
             continue
         try:
-            original = open(rec["backup"], "rb").read()
+            original = fs.read_bytes(rec["backup"])
         except OSError as e:
             res["outcome"] = "backup-missing"
             res["error"] = str(e)
@@ -80,8 +79,7 @@ def revert_run(run_dir, reason="revert"):
         else:
             # someone edited the patched file: keep both versions, report, never clobber
             keep = rec["backup"] + ".current-at-revert"
-            with open(keep, "wb") as f:
-                f.write(cur)
+            fs.write_durable(keep, cur)
             res["outcome"] = "conflict"
             res["current_sha256"] = cur_sha
             res["kept"] = {"original": rec["backup"], "current": keep}
@@ -98,48 +96,37 @@ def revert_run(run_dir, reason="revert"):
             os.rmdir(d)
         except OSError:
             pass
-    shutil.rmtree(os.path.join(run_dir, "plugin"), ignore_errors=True)
+    fs.remove_tree(fs.plugin_dir(run_dir))
     ok = all(r.get("outcome") in ("restored", "already-original") for r in results)
     manifest["state"] = "reverted" if ok else "revert-incomplete"
     manifest["reverted"] = {"at": _now(), "reason": reason, "by_pid": os.getpid(), "files": results}
     # drop backups only when every file is verified original again; keep manifest + records as the report
     if ok:
         for rec in manifest.get("files", []):
-            try:
-                os.unlink(rec["backup"])
-            except OSError:
-                pass
-        try:
-            os.rmdir(os.path.join(run_dir, "backup"))
-        except OSError:
-            pass
-        try:
-            os.unlink(_lease_path(run_dir))
-        except OSError:
-            pass
+            fs.remove_quietly(rec["backup"])
+        fs.remove_empty_dir(fs.backup_dir(run_dir))
+        fs.remove_quietly(_lease_path(run_dir))
     _write_json(manifest_path, manifest)
     return {"run_id": manifest.get("run_id"), "state": manifest["state"], "files": results}
 
 
-
 def _list_runs(root):
     runs = []
-    for d in sorted(glob.glob(os.path.join(root, "runs", "*"))):
+    for d in fs.run_dirs(root):
         try:
-            m = _read_json(os.path.join(d, "manifest.json"))
+            m = _read_json(fs.manifest_path(d))
         except (OSError, ValueError):
             continue
         runs.append((d, m))
     return runs
 
 
-
 def op_revert(plan):
-    root = plan.get("run_root") or DEFAULT_RUN_ROOT
+    root = fs.root_of(plan)
     out = {"agent_version": AGENT_VERSION, "op": "revert", "runs": []}
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    for d, m in _list_runs(root) if os.path.isdir(root) else []:
+    for d, m in _list_runs(root):
         if plan.get("run_id") and m.get("run_id") != plan["run_id"]:
             continue
         if m.get("state") == "reverted" and not plan.get("run_id"):
@@ -158,12 +145,12 @@ def op_revert(plan):
         _release_lock(root, m.get("run_id"))
         out["runs"].append(res)
     # the host side of container runs (docker runtime): their files are inside the container
-    for d in sorted(glob.glob(os.path.join(root, "runs", "*"))) if os.path.isdir(root) else []:
+    for d in fs.run_dirs(root):
         orig, cur_path = _server_paths(d)
-        if os.path.exists(os.path.join(d, "manifest.json")) or not os.path.exists(orig):
+        if fs.exists(fs.manifest_path(d)) or not fs.exists(orig):
             continue
         spec = _read_json(orig)
-        cur = _read_json(cur_path) if os.path.exists(cur_path) else {}
+        cur = _read_json(cur_path) if fs.exists(cur_path) else {}
         if spec.get("runtime") != "docker" or (plan.get("run_id") and spec.get("run_id") != plan["run_id"]):
             continue
         if cur.get("mode") == "original" and not plan.get("run_id"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 
+from .. import fs
 from ..common import _pid_running
 from ..fs import _read_json
 from ..runtimes.lifecycle import restore_server
@@ -21,10 +22,9 @@ def start_watchdog(root, run_id, plan):
     return start_daemon(lambda: watchdog_loop(root, run_id, float(plan.get("watchdog_poll", 1.0)), agent_pid))
 
 
-
 def watchdog_loop(root, run_id, poll, agent_pid=None):
-    run_dir = os.path.join(root, "runs", run_id)
-    manifest_path = os.path.join(run_dir, "manifest.json")
+    run_dir = fs.run_dir_of(root, run_id)
+    manifest_path = fs.manifest_path(run_dir)
     note, stop = _watchdog_start(run_dir, "watchdog")
     while not stop:
         try:

@@ -4,11 +4,11 @@ liveness and log reading (a log file read from a byte offset).
 """
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import time
 
+from .. import fs
 from ..common import _now
 from ..facts.gpu import gpu_section
 from ..facts.logs import _filter_lines
@@ -25,14 +25,12 @@ def _port_open(host, port):
         return False
 
 
-
 def gpu_busy():
     """GPUs with memory in use (after our server stopped, another process holds it)."""
     info = gpu_section()
     if not info.get("present"):
         return []
     return [g for g in info["gpus"] if (g.get("memory_used_mib") or 0) > 1024]
-
 
 
 def _gpu_free_or_refuse(plan):
@@ -48,22 +46,21 @@ def _gpu_free_or_refuse(plan):
                       % ", ".join("%s %s MiB" % (g["index"], g["memory_used_mib"]) for g in busy))
 
 
-
 def _restart_state(plan, capture, make_run_dir=False):
     """Every runtime's restart starts here: (run_dir, spec, current). The spec (how the server ran as
     found) is captured by capture() on the run's first restart and kept 0600 in the run directory;
     later restarts and the restore read it back. Hang-ups are ignored: a lost controller must not stop
     a restart half-way."""
     run_dir = _run_dir(plan)
-    if not os.path.isdir(run_dir):
+    if not fs.is_dir(run_dir):
         if not make_run_dir:
             raise Refusal("run %s has no run directory on this host (patch first)" % plan["run_id"])
-        os.makedirs(run_dir, mode=0o700)
+        fs.make_private_run_dir(run_dir)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     orig_path, cur_path = _server_paths(run_dir)
-    if os.path.exists(orig_path):
-        return run_dir, _read_json(orig_path), _read_json(cur_path) if os.path.exists(cur_path) else {}
+    if fs.exists(orig_path):
+        return run_dir, _read_json(orig_path), _read_json(cur_path) if fs.exists(cur_path) else {}
     spec = capture()
     _write_private(orig_path, spec)
     return run_dir, spec, {}
@@ -96,10 +93,8 @@ class Runtime:
     def read_log(self, cur, plan, out):
         """The log file from the plan's byte offset (the server's own file, or the run's log)."""
         log = plan.get("log") or cur.get("log")
-        if log and os.path.exists(log):
-            with open(log, "rb") as f:
-                f.seek(int(plan.get("log_offset") or 0))
-                data = f.read(8 * 1024 * 1024)
+        if log and fs.exists(log):
+            data = fs.read_from(log, int(plan.get("log_offset") or 0), 8 * 1024 * 1024)
             out["log_offset"] = int(plan.get("log_offset") or 0) + len(data)
             res = _filter_lines(data.decode("utf-8", "replace").splitlines(), plan.get("log_patterns") or {}, log)
             out["log_lines"] = res["lines"]

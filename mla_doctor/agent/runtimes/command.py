@@ -8,6 +8,7 @@ import os
 import subprocess
 import time
 
+from .. import fs
 from ..common import _now
 from ..facts.processes import find_servers
 from ..fs import _server_paths, _write_private
@@ -21,15 +22,13 @@ def _sh(cmd, env, timeout):
     return p.returncode, p.stdout.decode("utf-8", "replace")[-2000:]
 
 
-
 def _server_on_port(port):
     return [s for s in find_servers() if s.get("port") == port]
 
 
-
 def _command_launch(spec, run_dir, n, extra_env, mode):
     log = spec.get("log")
-    offset = os.path.getsize(log) if log and os.path.exists(log) else 0
+    offset = fs.size(log) if log and fs.exists(log) else 0
     env = dict(os.environ)
     env.update(extra_env or {})
     rc, out = _sh(spec["start"], env, float(spec.get("timeout", 120)))
@@ -39,7 +38,6 @@ def _command_launch(spec, run_dir, n, extra_env, mode):
            "port": spec["port"], "started": _now(), "added_env": sorted((extra_env or {}).keys())}
     _write_private(_server_paths(run_dir)[1], cur)
     return cur
-
 
 
 def _command_stop(spec):
@@ -53,7 +51,6 @@ def _command_stop(spec):
         raise Refusal("after the stop command (exit %d) the server still runs: pid %s" % (
             rc, ", ".join(str(x["pid"]) for x in left)))
     return rc
-
 
 
 def op_command_restart(plan):

@@ -2,9 +2,9 @@
 renewed, is the server alive, new log lines), the restore of a server as found, the `server_restore` op."""
 from __future__ import annotations
 
-import os
 import signal
 
+from .. import fs
 from ..change.lease import write_lease
 from ..common import _now
 from ..fs import _read_json, _run_dir, _server_paths
@@ -15,10 +15,10 @@ from .registry import runtime
 def restore_server(run_dir, note=lambda m: None):
     """Put the server back as found: stop the run's instance, start it as it ran before the run."""
     orig_path, cur_path = _server_paths(run_dir)
-    if not os.path.exists(orig_path):
+    if not fs.exists(orig_path):
         return {"restored": None, "reason": "the run did not restart the server"}
     spec = _read_json(orig_path)
-    current = _read_json(cur_path) if os.path.exists(cur_path) else {}
+    current = _read_json(cur_path) if fs.exists(cur_path) else {}
     return runtime(spec.get("runtime")).restore(spec, run_dir, current, note)
 
 
@@ -37,6 +37,6 @@ def op_tick(plan):
     if plan.get("ttl"):
         out["lease"] = write_lease(run_dir, plan["ttl"])
     _orig, cur_path = _server_paths(run_dir)
-    cur = _read_json(cur_path) if os.path.exists(cur_path) else {}
+    cur = _read_json(cur_path) if fs.exists(cur_path) else {}
     out["pid"] = cur.get("pid")
     return runtime(cur.get("runtime")).tick(cur, plan, out)

@@ -11,6 +11,7 @@ import shutil
 import signal
 import time
 
+from .. import fs
 from ..common import _now, _pid_running, _read_text, _user_name
 from ..facts.processes import _proc_cmdline, _proc_environ, _proc_status, _supervisor, arg_value, redact_argv, \
     supervised_refusal
@@ -21,7 +22,6 @@ from .base import Runtime, _gpu_free_or_refuse, _port_open, _restart_state
 
 RLIMITS = {"Max open files": "RLIMIT_NOFILE", "Max locked memory": "RLIMIT_MEMLOCK",
            "Max stack size": "RLIMIT_STACK", "Max core file size": "RLIMIT_CORE"}
-
 
 
 def _children_map():
@@ -39,7 +39,6 @@ def _children_map():
     return kids
 
 
-
 def descendants(pid):
     kids = _children_map()
     out, todo = [], [pid]
@@ -50,7 +49,6 @@ def descendants(pid):
                 out.append(c)
                 todo.append(c)
     return out
-
 
 
 def _limits(pid):
@@ -67,7 +65,6 @@ def _limits(pid):
     return out
 
 
-
 def _fd_file(pid, fd):
     """Where a server's stdout/stderr goes when that is a regular file (so a restore appends there)."""
     try:
@@ -75,7 +72,6 @@ def _fd_file(pid, fd):
     except OSError:
         return None
     return t if t.startswith("/") and os.path.isfile(t) else None
-
 
 
 def capture_server(pid):
@@ -98,7 +94,6 @@ def capture_server(pid):
               "bind_host": arg_value(argv, "--host"), "pgid": os.getpgid(pid), "captured": _now(),
               "stdout": _fd_file(pid, 1), "stderr": _fd_file(pid, 2)}
     return server
-
 
 
 def stop_server(pid, grace=30.0, port=None, bind_host=None):
@@ -138,7 +133,6 @@ def stop_server(pid, grace=30.0, port=None, bind_host=None):
     return {"stopped": [p for p in victims], "killed": killed, "left": [p for p in victims if _pid_running(p)]}
 
 
-
 def _resolve_exe(spec):
     a0 = spec["argv"][0]
     if os.path.isabs(a0) and os.access(a0, os.X_OK):
@@ -151,7 +145,6 @@ def _resolve_exe(spec):
     return found or spec.get("exe") or a0
 
 
-
 def launch_server(spec, log_path, extra_env=None, add_args=(), drop_env=()):
     """Start the server detached (new session), as its user, logging to log_path; return its pid."""
     env = dict(spec["env"])
@@ -160,8 +153,7 @@ def launch_server(spec, log_path, extra_env=None, add_args=(), drop_env=()):
     env.update(extra_env or {})
     argv = list(spec["argv"]) + [a for a in add_args if a not in spec["argv"]]
     exe = _resolve_exe(spec)
-    created = not os.path.exists(log_path)
-    logfd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    logfd, created = fs.open_append(log_path, 0o640)
     if os.getuid() == 0 and created:  # a run log we made belongs to the server's user
         os.chown(log_path, spec["uid"], spec["gid"])
     r, w = os.pipe()
@@ -203,11 +195,9 @@ def launch_server(spec, log_path, extra_env=None, add_args=(), drop_env=()):
     return pid, argv, exe
 
 
-
 def fcntl_cloexec(fd):
     flags = fcntl.fcntl(fd, fcntl.F_GETFD)
     fcntl.fcntl(fd, fcntl.F_SETFD, flags | fcntl.FD_CLOEXEC)
-
 
 
 def _capture_process(plan):
@@ -216,7 +206,6 @@ def _capture_process(plan):
     if why and not plan.get("force_runtime"):
         raise Refusal(why)
     return spec
-
 
 
 def op_server_restart(plan):
@@ -228,7 +217,7 @@ def op_server_restart(plan):
         raise Refusal("processes survived SIGKILL: %s" % stopped["left"])
     _gpu_free_or_refuse(plan)
     n = int(current.get("launch", 0)) + 1
-    log_path = os.path.join(run_dir, "server-%d.log" % n)
+    log_path = fs.server_log_path(run_dir, n)
     pid, argv, exe = launch_server(spec, log_path, plan.get("env") or {}, plan.get("add_args") or [],
                                    plan.get("drop_env") or [])
     cur = {"pid": pid, "launch": n, "log": log_path, "started": _now(), "mode": plan.get("mode", "debug"),
@@ -253,8 +242,8 @@ class ProcessRuntime(Runtime):
             stop_server(current["pid"], 30.0, spec["port"], spec.get("bind_host"))
         n = int(current.get("launch", 0)) + 1
         # as found: back to the file its stdout went to, when that was a file; else a run log
-        log_path = spec.get("stdout") or os.path.join(run_dir, "server-%d.log" % n)
-        offset = os.path.getsize(log_path) if os.path.exists(log_path) else 0  # earlier servers' lines: not ours
+        log_path = spec.get("stdout") or fs.server_log_path(run_dir, n)
+        offset = fs.size(log_path) if fs.exists(log_path) else 0  # earlier servers' lines: not ours
         pid, _argv, _exe = launch_server(spec, log_path)
         # the original server logged wherever its stdout pointed; keep that: relaunch writes the run log
         _write_private(cur_path, {"pid": pid, "launch": n, "log": log_path, "started": _now(), "mode": "original"})

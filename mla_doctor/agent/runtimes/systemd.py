@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import time
 
+from .. import fs
 from ..common import _now, _run
 from ..facts.logs import _filter_lines
 from ..facts.processes import _proc_cmdline, is_server_argv
@@ -19,11 +20,9 @@ from .base import Runtime, _gpu_free_or_refuse, _restart_state
 SYSTEMD_DROPIN_ROOT = "/run/systemd/system"
 
 
-
 def _systemctl(args, timeout=120):
     rc, out, err = _run(["systemctl", "--no-ask-password"] + list(args), timeout=timeout)
     return rc, out, err
-
 
 
 def unit_show(unit, props=("Id", "ActiveState", "SubState", "MainPID", "NRestarts", "Restart", "Type",
@@ -41,7 +40,6 @@ def unit_show(unit, props=("Id", "ActiveState", "SubState", "MainPID", "NRestart
     return info
 
 
-
 def systemd_quote(word, exec_line=True):
     """One word of an ExecStart=/Environment= line: double-quoted, with systemd's escapes; % (specifier)
     doubled, and $ (variable expansion, ExecStart= only) doubled, so the value reaches the process literally."""
@@ -51,10 +49,8 @@ def systemd_quote(word, exec_line=True):
     return '"%s"' % w.replace("\n", "\\n")
 
 
-
 def systemd_dropin(unit, run_id):
     return os.path.join(SYSTEMD_DROPIN_ROOT, unit + ".d", "zz-mla-doctor-%s.conf" % run_id)
-
 
 
 def render_dropin(env, exec_argv=None):
@@ -64,7 +60,6 @@ def render_dropin(env, exec_argv=None):
     if exec_argv:
         lines += ["ExecStart=", "ExecStart=" + " ".join(systemd_quote(a) for a in exec_argv)]
     return "\n".join(lines) + "\n"
-
 
 
 def _journal(unit, args, timeout):
@@ -77,17 +72,14 @@ def _journal(unit, args, timeout):
     return lines, None
 
 
-
 def journal_cursor(unit):
     """The journal's position now for this unit (None: no entry yet, every later one is ours)."""
     return _journal(unit, ["-n", "1"], 30)[1]
 
 
-
 def journal_since(unit, cursor, limit_lines=20000):
     lines, new_cursor = _journal(unit, ["--after-cursor", cursor] if cursor else [], 60)
     return lines[-limit_lines:], new_cursor or cursor
-
 
 
 def _unit_wait(unit, want, timeout):
@@ -97,7 +89,6 @@ def _unit_wait(unit, want, timeout):
         time.sleep(0.2)
         info = unit_show(unit)
     return info
-
 
 
 def _systemd_start(spec, run_dir, n, env, add_args, mode):
@@ -111,18 +102,12 @@ def _systemd_start(spec, run_dir, n, env, add_args, mode):
                 raise Refusal("unit %s's main process is not the vLLM server itself (a wrapper?): extra arguments "
                               "cannot be added to its ExecStart; use --runtime command" % unit)
             exec_argv = list(argv) + [a for a in add_args if a not in argv]
-        os.makedirs(os.path.dirname(dropin), exist_ok=True)
+        fs.make_dir(os.path.dirname(dropin), 0o777)
         atomic_write(dropin, render_dropin(env, exec_argv).encode(), None)
-        os.chmod(dropin, 0o600)  # may hold the server's settings: root only
+        fs.set_mode(dropin, 0o600)  # may hold the server's settings: root only
     else:
-        try:
-            os.unlink(dropin)
-        except OSError:
-            pass
-        try:
-            os.rmdir(os.path.dirname(dropin))
-        except OSError:
-            pass
+        fs.remove_quietly(dropin)
+        fs.remove_empty_dir(os.path.dirname(dropin))
     rc, out, err = _systemctl(["daemon-reload"], timeout=60)
     if rc != 0:
         raise Refusal("systemctl daemon-reload failed: %s" % (err or out).strip()[-300:])
@@ -141,7 +126,6 @@ def _systemd_start(spec, run_dir, n, env, add_args, mode):
     return cur
 
 
-
 def _systemd_stop(spec):
     unit = spec["unit"]
     rc, out, err = _systemctl(["stop", unit], timeout=float(spec.get("grace_s", 90)) + 30)
@@ -150,7 +134,6 @@ def _systemd_stop(spec):
     info = _unit_wait(unit, ("inactive", "failed"), 30)
     if info.get("ActiveState") not in ("inactive", "failed"):
         raise Refusal("unit %s is still %s after systemctl stop" % (unit, info.get("ActiveState")))
-
 
 
 def _capture_unit(plan):
@@ -170,7 +153,6 @@ def _capture_unit(plan):
     return spec
 
 
-
 def op_systemd_restart(plan):
     run_dir, spec, current = _restart_state(plan, lambda: _capture_unit(plan))
     _systemd_stop(spec)
@@ -182,10 +164,9 @@ def op_systemd_restart(plan):
             "port": spec["port"], "previous_pid": current.get("pid") or spec.get("main_pid")}
 
 
-
 def _systemd_restore(spec, run_dir, current, note):
     """Drop-in removed, daemon-reload, the unit started as systemd defines it."""
-    if current.get("mode") == "original" and not os.path.exists(spec["dropin"]):
+    if current.get("mode") == "original" and not fs.exists(spec["dropin"]):
         info = unit_show(spec["unit"])
         if info.get("ActiveState") in ("active", "activating"):
             return {"restored": True, "already": True, "pid": int(info.get("MainPID") or 0) or None}
@@ -193,7 +174,6 @@ def _systemd_restore(spec, run_dir, current, note):
     cur = _systemd_start(spec, run_dir, int(current.get("launch", 0)) + 1, {}, [], "original")
     note("unit %s restarted without the run's drop-in" % spec["unit"])
     return {"restored": True, "pid": cur["pid"], "log": "journal:" + spec["unit"], "log_offset": cur["cursor"] or ""}
-
 
 
 def _systemd_tick(cur, plan, out):
