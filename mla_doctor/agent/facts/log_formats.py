@@ -1,0 +1,200 @@
+"""Log formats read from vLLM's own sources: the zero-patch evidence's vocabulary, per release.
+
+``harvest_source(text, rel)`` parses one module with ``ast`` and returns the format strings of its
+logger calls (``logger.info/debug/warning/error/fatal/..._once("...%s...", ...)``), of the messages its
+``raise`` statements build, and of the strings returned by its log-message helpers (vLLM's MoE oracles
+build their "Using ... backend" lines in ``_make_log_backend``), each with its line. f-strings and
+``str.format`` templates are reduced to their literal parts with ``{expr}`` placeholders (a literal
+``%`` doubled), so every format reads the same way: ``%s``/``%d``/``{...}`` are placeholders.
+
+Only formats that say something about the attention path are kept (``KEYWORDS``): the attention,
+prefill, MoE and KV-cache backend lines (MoE and KV-cache lines are kept so that they can be told apart
+from the attention backend), the engine, CUDA graphs and eager mode, chunked prefill, MLA and sparse
+decisions, and fatal conditions. ``harvest_tree(vllm_dir)`` walks the modules that hold them
+(``MODULES``). Stdlib only, Python 3.8+: it runs on a host as part of the agent, and the controller's
+generator (``tools/gen_log_formats.py``) runs it over every release of the corpus.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import re
+
+__all__ = ["KEYWORDS", "MODULES", "harvest_source", "harvest_tree", "literal_text"]
+
+# The words that make a format worth keeping (matched on its literal text, lower-cased). Each one is
+# here because a line that carries it decides or reveals part of the path:
+KEYWORDS = (
+    "backend",            # attention / MLA prefill / MoE / KV-cache / vision backend choices
+    "attention",          # selector decisions, "No valid attention backend", vit attention
+    "mla",                # MLA enabled/disabled, MLA impl and prefill choices
+    "sparse",             # DSA: sparse MLA, indexer, top-k MQA only
+    "index_topk", "top-k", "topk",
+    "engine",             # "Initializing a V1 LLM engine (v%s)", engine core death
+    "cudagraph", "cuda graph", "graph capturing", "eager",
+    "chunked prefill", "chunked-prefill", "prefill",
+    "kv cache", "kv-cache",
+    "server version",     # "vLLM API server version %s": the release in the log
+    "dead", "no valid",   # fatal conditions
+)
+
+# Module prefixes (relative to vllm/) that hold those lines in some release: platforms, the attention
+# selector and backends (old and v1 trees), the MLA layer and other layers (MoE oracles, quantization:
+# the look-alike "Using ... backend" lines), the model config hooks of DSA/MLA models, config, engine
+# core, workers (CUDA-graph capture), compilation, executors and entrypoints.
+MODULES = (
+    "platforms/", "attention/", "v1/attention/", "model_executor/layers/attention", "model_executor/layers/mla.py",
+    "model_executor/layers/sparse", "model_executor/layers/deepseek", "model_executor/layers/fused_moe/",
+    "model_executor/layers/quantization/", "model_executor/models/config.py", "model_executor/models/deepseek",
+    "models/deepseek", "config/", "config.py", "engine/", "v1/engine/", "entrypoints/launcher.py",
+    "entrypoints/api_server.py", "entrypoints/openai/api_server.py", "entrypoints/cli/serve.py", "worker/",
+    "v1/worker/gpu_model_runner.py", "v1/worker/cpu_model_runner.py", "v1/worker/gpu/", "compilation/",
+    "executor/", "v1/executor/", "envs.py",
+)
+
+_LEVELS = frozenset(("debug", "info", "warning", "warn", "error", "exception", "critical", "fatal",
+                     "debug_once", "info_once", "warning_once", "error_once"))
+_PLACEHOLDER = re.compile(r"%%|%[-+ #0]*\d*(?:\.\d+)?[sdifrx]|\{[^{}]*\}")
+
+
+def literal_text(fmt):
+    """The format with its placeholders removed: what must appear verbatim in a log line."""
+    return _PLACEHOLDER.sub(lambda m: "%" if m.group() == "%%" else "", fmt)
+
+
+def _expr_name(node):
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        inner = _expr_name(node.value)
+        return (inner + "." if inner else "") + node.attr
+    if isinstance(node, ast.Call):
+        inner = _expr_name(node.func)
+        return inner + "()" if inner else ""
+    if isinstance(node, ast.Subscript):
+        inner = _expr_name(node.value)
+        return inner + "[]" if inner else ""
+    return ""
+
+
+def _str_value(node):
+    """The value of a str constant (Python 3.8's ast.Str is an ast.Constant from 3.8 on)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    return None
+
+
+def _template(node):
+    """A format string from an expression: a str constant (%-style kept), an f-string or a
+    ``"...".format(...)`` call (placeholders ``{...}``, literal ``%`` doubled), a ``"..." % args``
+    (the left side), or a concatenation of those. None when the text is not static."""
+    s = _str_value(node)
+    if s is not None:
+        return s
+    if isinstance(node, ast.JoinedStr):
+        out = []
+        for v in node.values:
+            lit = _str_value(v)
+            if lit is not None:
+                out.append(lit.replace("%", "%%"))
+            elif isinstance(v, ast.FormattedValue):
+                out.append("{%s}" % _expr_name(v.value))
+        return "".join(out)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
+        return _template(node.left)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _template(node.left), _template(node.right)
+        if left is None and right is None:
+            return None
+        return (left if left is not None else "{}") + (right if right is not None else "{}")
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "format"
+            and _str_value(node.func.value) is not None):
+        return _str_value(node.func.value).replace("%", "%%")
+    return None
+
+
+def _is_logger(func):
+    """``logger.info(...)``, ``self.logger.warning_once(...)``, ``_logger.debug(...)``."""
+    if not isinstance(func, ast.Attribute) or func.attr not in _LEVELS:
+        return False
+    recv = _expr_name(func.value).lower()
+    return "log" in recv.rsplit(".", 1)[-1]
+
+
+def _wanted(fmt):
+    text = literal_text(fmt).lower()
+    return len(text.strip()) >= 8 and any(k in text for k in KEYWORDS)
+
+
+def _exc_name(node):
+    if isinstance(node, ast.Call):
+        node = node.func
+    name = _expr_name(node)
+    return name.rsplit(".", 1)[-1] if name else ""
+
+
+def harvest_source(text, rel):
+    """Format strings of ``rel`` (a path relative to ``vllm/``) that announce the attention path.
+
+    Returns ``[{"file", "line", "level", "format"}]`` (plus ``"exc"`` for a raised exception), ordered by
+    line; ``level`` is the logger method without ``_once``, ``"raise"``, or ``"return"`` for a string a
+    log-message helper returns. A module that does not parse gives ``[]``."""
+    try:
+        tree = ast.parse(text, rel)
+    except (SyntaxError, ValueError):
+        return []
+    out = []
+
+    def add(node, level, fmt, exc=None):
+        if fmt is None or not _wanted(fmt):
+            return
+        rec = {"file": rel, "line": node.lineno, "level": level, "format": fmt}
+        if exc is not None:
+            rec["exc"] = exc
+        out.append(rec)
+
+    helpers = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and "log" in node.name.lower():
+            helpers.add(node)
+    for fn in helpers:
+        for sub in ast.walk(fn):
+            if isinstance(sub, ast.Return) and sub.value is not None:
+                add(sub, "return", _template(sub.value))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _is_logger(node.func) and node.args:
+            level = node.func.attr[:-5] if node.func.attr.endswith("_once") else node.func.attr
+            add(node, level, _template(node.args[0]))
+        elif isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and node.exc.args:
+            add(node, "raise", _template(node.exc.args[0]), exc=_exc_name(node.exc))
+    seen, uniq = set(), []
+    for rec in sorted(out, key=lambda r: (r["line"], r["level"], r["format"])):
+        key = (rec["line"], rec["format"])
+        if key not in seen:
+            seen.add(key)
+            uniq.append(rec)
+    return uniq
+
+
+def _module_wanted(rel):
+    return rel.endswith(".py") and any(rel == m or rel.startswith(m) for m in MODULES)
+
+
+def harvest_tree(vllm_dir):
+    """Every kept format of an installed ``vllm/`` directory, over the modules in ``MODULES``."""
+    found = []
+    for root, dirs, files in os.walk(vllm_dir):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            rel = os.path.relpath(path, vllm_dir).replace(os.sep, "/")
+            if not _module_wanted(rel):
+                continue
+            try:
+                with open(path, encoding="utf-8") as f:
+                    text = f.read()
+            except (OSError, UnicodeDecodeError):
+                continue
+            found.extend(harvest_source(text, rel))
+    found.sort(key=lambda r: (r["file"], r["line"]))
+    return found

@@ -1,0 +1,165 @@
+"""``explain``: the zero-patch reading of a pasted vLLM log, offline. Pure (the caller reads the files).
+
+From the log alone (plus, optionally, the model's ``config.json`` and the version): the release(s) the
+log fits (its formats, ``log_reading``), the attention and prefill backends, the engine, the CUDA-graph
+mode, sparse or not, the fatal lines, and what a 1-token and a long prompt would do in that release
+(``classify_model``, the knowledge's thresholds and sparse routing) — with the conditions it could not
+resolve from what it was given.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+from mla_doctor.diagnosis.knowledge import ReleaseFacts, load_knowledge
+from mla_doctor.diagnosis.log_reading import LogReading, load_formats, read_log
+from mla_doctor.diagnosis.static_facts import classify_model
+
+__all__ = ["Explanation", "explain"]
+
+LONG_PROMPT = 4096   # tokens: above every fixed decode threshold in the knowledge (max 1024)
+
+
+@dataclass
+class Explanation:
+    reading: LogReading
+    release: Optional[str]                 # the release whose knowledge is applied
+    release_basis: str                     # how it was chosen
+    model: Optional[Dict[str, Any]] = None
+    threshold: Any = None
+    threshold_note: str = ""
+    prompts: List[Dict[str, str]] = field(default_factory=list)
+    unresolved: List[str] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        return "fail" if self.reading.fatal else "ok"
+
+    def to_dict(self) -> dict:
+        r = self.reading
+
+        def fact(f):
+            return f.to_dict() if f is not None else None
+
+        return {
+            "overall": self.status,
+            "version": r.version, "source_build": r.source_build,
+            "releases": r.releases, "release": self.release, "release_basis": self.release_basis,
+            "attention_backend": fact(r.attention_backend), "prefill_backend": fact(r.prefill_backend),
+            "engine": r.engine, "engine_line": fact(r.engine_line),
+            "cudagraph_mode": r.cudagraph_mode, "eager": r.eager,
+            "chunked_prefill": r.chunked_prefill, "max_num_batched_tokens": r.max_num_batched_tokens,
+            "sparse": r.sparse, "model": self.model,
+            "decode_threshold": self.threshold, "decode_threshold_note": self.threshold_note,
+            "prompts": self.prompts, "unresolved": self.unresolved,
+            "fatal": [f.to_dict() for f in r.fatal],
+            "facts": [f.to_dict() for f in r.facts if f.kind != "other"],
+            "lines_unmatched": r.unmatched,
+        }
+
+
+def _release_version(key: str) -> str:
+    return load_formats()["releases"][key]["version"]
+
+
+def _facts_for(reading: LogReading, version: Optional[str]) -> tuple:
+    kb = load_knowledge()
+    if version and not reading.source_build:
+        return kb.for_version(version), version, "version given or stated in the log"
+    if reading.releases:
+        newest = reading.releases[-1]
+        v = _release_version(newest)
+        why = ("source build %s: " % reading.version if reading.source_build else "version not stated: ")
+        why += "nearest release by the log's formats (%s)" % ", ".join(reading.releases)
+        return kb.for_version(v), v, why
+    return None, None, "no release could be told from the log"
+
+
+def _decode_sym(facts: ReleaseFacts) -> str:
+    return facts.decode_common.symbol if facts.decode_common else "forward_mqa"
+
+
+def _prefill_sym(facts: ReleaseFacts) -> str:
+    return facts.prefill.symbol if facts.prefill else "forward_mha"
+
+
+def explain(lines: Sequence[Any], config: Optional[dict] = None, version: Optional[str] = None) -> Explanation:
+    reading = read_log(lines, version=version)
+    facts, rel, basis = _facts_for(reading, version or reading.version)
+    ex = Explanation(reading=reading, release=rel, release_basis=basis)
+    if facts is None:
+        ex.unresolved.append("the release: no line of the log matched a known format")
+        return ex
+    backend_name = reading.attention_backend.value if reading.attention_backend else None
+    backend = facts.backend(backend_name) if backend_name else None
+    if not backend_name:
+        ex.unresolved.append("the attention backend: no selection line in the log (it is logged at INFO by the "
+                             "engine core process; was the log cut, or the level above INFO?)")
+    elif backend is None and "MLA" not in backend_name.upper():
+        ex.unresolved.append("%s is not an MLA backend: the model runs the generic attention path (no "
+                             "forward_mha/forward_mqa split)" % backend_name)
+    model_cls = classify_model(facts, config) if config else None
+    if model_cls is not None:
+        ex.model = {"is_mla": model_cls.is_mla, "is_sparse": model_cls.is_sparse,
+                    "model_type": model_cls.model_type, "architecture": model_cls.architecture,
+                    "reason": model_cls.reason, "routing": model_cls.routing,
+                    "startup_failure": model_cls.startup_failure}
+    sparse = reading.sparse
+    if sparse is None and model_cls is not None and model_cls.is_mla:
+        sparse = model_cls.is_sparse
+    if sparse is None and backend is not None:
+        sparse = backend.sparse
+    if backend is not None and backend.threshold is not None:
+        ex.threshold = backend.threshold.value
+        ex.threshold_note = "reorder_batch_threshold of %s (%s in vllm/%s)" % (
+            backend.name, backend.threshold.symbol, backend.threshold.file)
+        if not isinstance(ex.threshold, int):
+            ex.unresolved.append("the decode threshold of %s depends on the local head count (heads / TP) and "
+                                 "the platform: %s" % (backend.name, ex.threshold))
+    engine = reading.engine or facts.default_engine
+    if reading.engine is None:
+        ex.unresolved.append("the engine: no engine line; assumed the release default (%s)" % facts.default_engine)
+    dec, pre = _decode_sym(facts), _prefill_sym(facts)
+    if model_cls is not None and not model_cls.is_mla:
+        ex.prompts = [{"prompt": p, "path": "generic attention (not MLA)", "why": model_cls.reason}
+                      for p in ("1 token", "%d tokens" % LONG_PROMPT)]
+        return ex
+    if engine == "V0":
+        ex.prompts = [{"prompt": "1 token", "path": pre, "why": "V0: a prompt is always a prefill"},
+                      {"prompt": "%d tokens" % LONG_PROMPT, "path": pre, "why": "V0: a prompt is always a prefill"}]
+    elif sparse:
+        mode = facts.sparse_mode
+        one = {"prompt": "1 token", "path": dec, "why": "sparse MLA: a 1-token query is a decode (top-k MQA)"}
+        if mode in ("own_forward", "all_mqa"):
+            long = {"prompt": "%d tokens" % LONG_PROMPT, "path": dec, "why": facts.sparse_routing}
+        elif mode == "mha_if_short":
+            long = {"prompt": "%d tokens" % LONG_PROMPT,
+                    "path": "%s if the prompt is <= index_topk, otherwise %s" % (pre, dec),
+                    "why": facts.sparse_routing}
+            ex.unresolved.append("index_topk (give --model) and whether a prefill backend exists for this model "
+                                 "and sparse_mla_force_mqa is off")
+        else:
+            long = {"prompt": "%d tokens" % LONG_PROMPT, "path": "unknown", "why": "no sparse MLA in this release"}
+        ex.prompts = [one, long]
+    else:
+        thr = ex.threshold if isinstance(ex.threshold, int) else None
+        one = {"prompt": "1 token", "path": dec,
+               "why": "a 1-token query is at or below every decode threshold: the decode (MQA) path, never %s" % pre}
+        if thr is not None:
+            long = {"prompt": "%d tokens" % LONG_PROMPT, "path": pre if LONG_PROMPT > thr else dec,
+                    "why": "above the decode threshold %d of %s: dense MHA prefill" % (thr, backend.name)}
+        else:
+            long = {"prompt": "%d tokens" % LONG_PROMPT, "path": "%s if above the backend's decode threshold" % pre,
+                    "why": "the backend's threshold is not known from this log"}
+        ex.prompts = [one, long]
+        if reading.chunked_prefill and reading.max_num_batched_tokens and LONG_PROMPT > reading.max_num_batched_tokens:
+            ex.prompts[1]["why"] += ("; chunked prefill splits it in chunks of %d tokens"
+                                     % reading.max_num_batched_tokens)
+    if reading.cudagraph_mode in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "FULL") and not reading.eager:
+        ex.prompts[0]["why"] += ("; decode steps replay a full CUDA graph (%s): Python in %s runs only at capture"
+                                 % (reading.cudagraph_mode, dec))
+    elif reading.cudagraph_mode is None:
+        ex.unresolved.append("the CUDA-graph mode: not in the log (enforce_eager / compilation_config not shown)")
+    if config is None:
+        ex.unresolved.append("the model: give --model DIR|config.json to classify it (MLA, sparse DSA)")
+    return ex
