@@ -109,24 +109,14 @@ def _run_step(step: Step, report: FleetHostReport, transport: Transport, host, c
         expect = {k: str(v).lower() for k, v in {**{k: v for k, v in (hv.get("expect") or {}).items()
                                                    if k in ("prefill", "decode")},
                                                 **(o.get("expect") or {})}.items()}
-        ropts = RunOptions(runtime=runtime, method=o.get("method", "patch"), force=bool(o.get("force", False)),
-                           api_key_env=o.get("api_key_env") or hv.get("api_key_env"),
-                           debug_env={str(k): str(v) for k, v in (o.get("debug") or
-                                                                   {"VLLM_LOGGING_LEVEL": "DEBUG"}).items()},
-                           expect=expect, max_tokens=int(o.get("max_tokens", 3)),
-                           prompts=tuple(o.get("prompts") or RunOptions.prompts),
-                           second_pass=tuple(o.get("second_pass") or ()) if isinstance(
-                               o.get("second_pass") or [], list) else (),
-                           second_pass_settings={str(k): str(v) for k, v in (
-                               o["second_pass"].items() if isinstance(o.get("second_pass"), dict) else [])},
-                           start_command=(rt.get("commands") or {}).get("start"),
-                           stop_command=(rt.get("commands") or {}).get("stop"), log_file=hv.get("log"),
-                           unit=rt.get("unit"), container=rt.get("container"))
-        for k in ("ready_timeout", "ttl"):
-            if k in o:
-                setattr(ropts, k, float(o[k]))
-        if o.get("run_root"):
-            ropts.run_root = o["run_root"]
+        ropts = RunOptions.build(runtime=runtime, method=o.get("method", "patch"), force=o.get("force", False),
+                                 api_key_env=o.get("api_key_env") or hv.get("api_key_env"), debug_env=o.get("debug"),
+                                 expect=expect, max_tokens=o.get("max_tokens", 3), prompts=o.get("prompts"),
+                                 second_pass=o.get("second_pass"),
+                                 start_command=(rt.get("commands") or {}).get("start"),
+                                 stop_command=(rt.get("commands") or {}).get("stop"), log_file=hv.get("log"),
+                                 unit=rt.get("unit"), container=rt.get("container"),
+                                 ready_timeout=o.get("ready_timeout"), ttl=o.get("ttl"), run_root=o.get("run_root"))
         r = run_host(transport, host.name, conn, aopts, ropts, kb, progress=lambda h, msg: step_cb(
             f"{step.name}: {msg}"))
         _adopt(report, r)

@@ -13,7 +13,7 @@ from mla_doctor.diagnosis import static_rules as rules
 from mla_doctor.diagnosis.knowledge import Knowledge, load_knowledge
 from mla_doctor.diagnosis.static_facts import classify_model, parse_log, verify_static
 from mla_doctor.errors import MlaDoctorError, UsageError
-from mla_doctor.remote.runner import run_agent
+from mla_doctor.remote.protocol import StaticRequest, call
 from mla_doctor.results import HostReport, HostStatus, plain
 from mla_doctor.ssh.transport import ConnectOptions, Transport, open_transport
 
@@ -25,10 +25,15 @@ class AuditOptions:
     log: str | None = None  # the server log, overriding journal / container / stdout discovery
 
 
-def static_plan(kb: Knowledge, opts: AuditOptions) -> dict[str, Any]:
+def static_request(kb: Knowledge, opts: AuditOptions, targets: Any = None) -> StaticRequest:
+    """The audit the knowledge asks for; with `targets`, the patch targets resolved in the same execution."""
     req = kb.agent_request()
-    return {"op": "static", "python": opts.python, "model": opts.model, "log": opts.log,
-            "symbols": req["symbols"], "index": req["index"], "log_patterns": req["log_patterns"]}
+    return StaticRequest(python=opts.python, model=opts.model, log=opts.log, symbols=req["symbols"],
+                         index=req["index"], log_patterns=req["log_patterns"], targets=targets)
+
+
+def static_plan(kb: Knowledge, opts: AuditOptions) -> dict[str, Any]:
+    return static_request(kb, opts).to_plan()
 
 
 def host_label(target: str | None, conn: ConnectOptions) -> str:
@@ -65,12 +70,12 @@ def static_on(transport: Transport, name: str, conn: ConnectOptions, opts: Audit
               kb: Knowledge) -> HostReport:
     """The static audit over an open connection: one remote execution."""
     try:
-        raw = run_agent(transport, static_plan(kb, opts), python=opts.python, sudo=conn.sudo,
-                        timeout=conn.command_timeout)
+        answer = call(transport, static_request(kb, opts), python=opts.python, sudo=conn.sudo,
+                      timeout=conn.command_timeout)
     except MlaDoctorError as e:
         return HostReport.failed(name, e)
-    report = build_static_report(name, raw, kb)
-    report.timings["agent_s"] = raw.get("_elapsed_s", 0.0)
+    report = build_static_report(name, answer.raw, kb)
+    report.timings["agent_s"] = answer.elapsed_s
     return report
 
 

@@ -20,6 +20,7 @@ from mla_doctor import yamlfile
 from mla_doctor.diagnosis.knowledge import Knowledge, parse_version
 from mla_doctor.errors import ConfigFileError, UsageError
 from mla_doctor.paths import DEFAULT_RUN_ROOT, PLAYBOOKS_DIR, TEMPLATES_DIR
+from mla_doctor.remote.protocol import PatchRequest
 
 ROLES = ("prefill", "decode", "sparse", "dispatch", "builder")
 
@@ -129,10 +130,15 @@ class PatchOptions:
 @dataclass
 class PreparedPatch:
     run_id: str
-    plan: dict[str, Any]
+    request: PatchRequest | None = None  # None until prepare_patch has built it
     missing: list[str] = field(default_factory=list)
     skipped_optional: list[str] = field(default_factory=list)
     targets: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def plan(self) -> dict[str, Any]:
+        """The patch op's plan, as the agent receives it."""
+        return self.request.to_plan() if self.request is not None else {}
 
 
 def new_run_id() -> str:
@@ -156,7 +162,7 @@ def prepare_patch(kb: Knowledge, tset: TargetSet, static_raw: dict[str, Any], op
     module = probe_module_name(run_id)
     run_dir = f"{opts.run_root.rstrip('/')}/runs/{run_id}"
     records_dir = f"{run_dir}/records"
-    prepared = PreparedPatch(run_id=run_id, plan={})
+    prepared = PreparedPatch(run_id=run_id)
     files: dict[str, dict[str, Any]] = {}
     plugin_targets: dict[str, list] = {}
     for t in tset.targets:
@@ -189,21 +195,19 @@ def prepare_patch(kb: Knowledge, tset: TargetSet, static_raw: dict[str, Any], op
     probe_src = templates.render("probe_module.py.j2", run_id=run_id, records_dir=records_dir,
                                  lease_path=f"{run_dir}/lease.json", max_detail=opts.max_detail,
                                  flush_s=opts.flush_s)
-    plan: dict[str, Any] = {
-        "op": "patch", "run_id": run_id, "run_root": opts.run_root, "vllm_dir": vdir, "ttl": opts.ttl,
-        "dry_run": opts.dry_run, "method": opts.method, "controller": {"pid": os.getpid(), "started": time.time()},
-        "probe": {"module": module, "source": probe_src},
-    }
+    request = PatchRequest(run_id=run_id, run_root=opts.run_root, vllm_dir=vdir, ttl=opts.ttl, dry_run=opts.dry_run,
+                           method=opts.method, controller={"pid": os.getpid(), "started": time.time()},
+                           probe={"module": module, "source": probe_src})
     if opts.method == "plugin":
         plugin_mod = module.replace("probe", "plugin", 1)  # only the prefix: a run id may say "probe" too
-        plan["files"] = []
-        plan["plugin"] = {
+        request.files = []
+        request.plugin = {
             "module": plugin_mod,
             "source": templates.render("plugin.py.j2", run_id=run_id, module=module,
                                        targets=plugin_targets),
             "entry_point": f"mla_doctor_{run_id.replace('-', '_')} = {plugin_mod}:register",
         }
     else:
-        plan["files"] = list(files.values())
-    prepared.plan = plan
+        request.files = list(files.values())
+    prepared.request = request
     return prepared

@@ -12,9 +12,9 @@ from typing import Any
 from mla_doctor.diagnosis.knowledge import Knowledge, load_knowledge
 from mla_doctor.errors import MlaDoctorError, UnreachableError
 from mla_doctor.exit_codes import ExitStatus
-from mla_doctor.host.audit import AuditOptions, build_static_report, static_plan
+from mla_doctor.host.audit import AuditOptions, build_static_report, static_request
 from mla_doctor.host.instrument import PatchOptions, TargetSet, Templates, load_targets, prepare_patch
-from mla_doctor.remote.runner import run_agent
+from mla_doctor.remote.protocol import RenewAnswer, RenewRequest, RevertRequest, call
 from mla_doctor.results import HostReport, HostStatus
 from mla_doctor.ssh.transport import ConnectOptions, Transport
 
@@ -30,9 +30,8 @@ def audit_for_patch(transport: Transport, name: str, conn: ConnectOptions, aopts
                     popts: PatchOptions, kb: Knowledge, tset: TargetSet | None = None
                     ) -> tuple[HostReport, dict[str, Any]]:
     """The static audit, with the patch targets resolved on the host in the same execution."""
-    plan = static_plan(kb, aopts)
-    plan["targets"] = (tset or load_targets(popts.targets)).agent_request()
-    raw = run_agent(transport, plan, python=aopts.python, sudo=conn.sudo, timeout=conn.command_timeout)
+    request = static_request(kb, aopts, targets=(tset or load_targets(popts.targets)).agent_request())
+    raw = call(transport, request, python=aopts.python, sudo=conn.sudo, timeout=conn.command_timeout).raw
     return build_static_report(name, raw, kb), raw
 
 
@@ -56,7 +55,7 @@ def patch_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Aud
         report.patch["outcome"] = "refused"
         return _fail(report, "refusing to patch: symbols not found in this install: " + "; ".join(prepared.missing))
     try:
-        res = run_agent(transport, prepared.plan, sudo=conn.sudo, timeout=conn.command_timeout)
+        res = call(transport, prepared.request, sudo=conn.sudo, timeout=conn.command_timeout)
     except MlaDoctorError as e:
         report.patch["outcome"] = "unknown"
         return _fail(report, f"patch step failed: {e.message} — run `mla-doctor revert --run {prepared.run_id}`",
@@ -65,11 +64,11 @@ def patch_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Aud
                                                  "plugin", "refused", "error", "revert")})
     report.patch["files"] = res.get("files") or []
     # what only the host could tell is missing (a function whose insertion point is gone) is a missing symbol too
-    report.patch["missing_symbols"] = prepared.missing + list(res.get("missing_symbols") or [])
+    report.patch["missing_symbols"] = prepared.missing + res.missing_symbols
     report.timings["patch_s"] = round(time.monotonic() - t0, 4)
-    if res.get("outcome") == "refused":
-        return _fail(report, "refused: " + "; ".join(res.get("refused") or []))
-    if res.get("outcome") == "failed":
+    if res.is_refused:
+        return _fail(report, "refused: " + "; ".join(res.refused))
+    if res.outcome == "failed":
         return _fail(report, f"patch failed and was rolled back: {res.get('error')}", "PatchFailed")
     return report
 
@@ -78,13 +77,13 @@ def revert_host(transport: Transport, name: str, conn: ConnectOptions, run_id: s
                 run_root: str) -> HostReport:
     report = HostReport(host=name)
     try:
-        res = run_agent(transport, {"op": "revert", "run_id": run_id, "dry_run": dry_run, "run_root": run_root},
-                        sudo=conn.sudo, timeout=conn.command_timeout)
+        res = call(transport, RevertRequest(run_id=run_id, dry_run=dry_run, run_root=run_root),
+                   sudo=conn.sudo, timeout=conn.command_timeout)
     except MlaDoctorError as e:
         return HostReport.failed(name, e)
-    report.revert = {"runs": res.get("runs") or [], "dry_run": dry_run}
-    if res.get("outcome") == "refused":
-        return _fail(report, "; ".join(res.get("refused") or []))
+    report.revert = {"runs": res.runs, "dry_run": dry_run}
+    if res.is_refused:
+        return _fail(report, "; ".join(res.refused))
     if run_id and not report.revert["runs"]:
         return _fail(report, f"no run {run_id} under {run_root} on this host", "RunNotFound")
     bad = [r for r in report.revert["runs"] if not dry_run and r.get("state") != "reverted"]
@@ -96,8 +95,8 @@ def revert_host(transport: Transport, name: str, conn: ConnectOptions, run_id: s
     return report
 
 
-def renew(transport: Transport, run_id: str, ttl: float, run_root: str, sudo: bool) -> dict[str, Any]:
-    return run_agent(transport, {"op": "renew", "run_id": run_id, "ttl": ttl, "run_root": run_root}, sudo=sudo)
+def renew(transport: Transport, run_id: str, ttl: float, run_root: str, sudo: bool) -> RenewAnswer:
+    return call(transport, RenewRequest(run_id=run_id, ttl=ttl, run_root=run_root), sudo=sudo)
 
 
 def hold(transport: Transport, run_id: str, ttl: float, run_root: str, sudo: bool, on_tick=None,
@@ -114,10 +113,10 @@ def hold(transport: Transport, run_id: str, ttl: float, run_root: str, sudo: boo
                 r = renew(transport, run_id, ttl, run_root, sudo)
             except UnreachableError:
                 return "connection lost: the host's watchdog reverts when the lease expires"
-            if not r.get("renewed"):
-                return f"run is {r.get('state')}: stopped holding"
+            if not r.renewed:
+                return f"run is {r.state}: stopped holding"
             if on_tick:
-                on_tick(r)
+                on_tick(r.raw)
         return "interrupted"
     finally:
         for sig, h in previous.items():

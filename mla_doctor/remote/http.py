@@ -5,7 +5,6 @@ rides a fresh channel of the one connection. With --local it is a plain loopback
 """
 from __future__ import annotations
 
-import base64
 import http.client
 import json
 import os
@@ -13,7 +12,7 @@ import socket
 from typing import Any
 
 from mla_doctor.errors import RemoteError
-from mla_doctor.remote.runner import run_agent
+from mla_doctor.remote.protocol import HttpRequest, call
 from mla_doctor.ssh.transport import SSHTransport, Transport
 
 
@@ -98,13 +97,12 @@ class HostHTTP:
                 sock.really_close()
 
     def _via_agent(self, method: str, path: str, data: bytes | None, headers: dict, timeout: float):
-        res = run_agent(self.transport, {"op": "http", "method": method, "host": self.host, "port": self.port,
-                                         "path": path, "headers": headers, "timeout": timeout,
-                                         "body_b64": base64.b64encode(data).decode() if data else None},
-                        sudo=self.sudo, timeout=timeout + 30)
-        if res.get("status") is None:
-            raise ConnectionError(f"{self.host}:{self.port} (via the agent): {res.get('error')}")
-        return res["status"], base64.b64decode(res.get("body_b64") or "")
+        res = call(self.transport, HttpRequest(method=method, host=self.host, port=self.port, path=path,
+                                               headers=headers, timeout=timeout, body=data),
+                   sudo=self.sudo, timeout=timeout + 30)
+        if res.status is None:
+            raise ConnectionError(f"{self.host}:{self.port} (via the agent): {res.error}")
+        return res.status, res.body
 
     def try_request(self, method: str, path: str, body: Any = None, timeout: float | None = None,
                     auth: bool = False) -> tuple[int | None, bytes, str | None]:

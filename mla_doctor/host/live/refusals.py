@@ -1,0 +1,64 @@
+"""Why a live run stops before it changes anything: each refusal has its error kind and its message.
+
+A refusal is raised as `HostRefusal` by the check that finds it and lands in the host's report
+(status error, `error_kind`, `error`); nothing on the host has changed at that point.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from mla_doctor.results import HostReport, HostStatus
+
+
+class HostRefusal(Exception):
+    """The run refuses this host: `kind` is the report's error_kind, `message` its error."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind, self.message = kind, message
+
+    def on(self, report: HostReport) -> HostReport:
+        report.status, report.error_kind, report.error = HostStatus.ERROR, self.kind, self.message
+        return report
+
+
+def the_server(servers: list[dict[str, Any]]) -> dict[str, Any]:
+    """The server to diagnose: the first one the audit found."""
+    if not servers:
+        raise HostRefusal("NoServer", "no running vLLM server found on the host (vllm serve / api_server): "
+                                      "nothing to diagnose")
+    return servers[0]
+
+
+def check_runtime(runtime: str, unit: str | None, server: dict[str, Any]) -> None:
+    """The runtime must be able to restart this server, and nothing else may restart it behind our back."""
+    if runtime == "systemd" and not (unit or (server.get("supervisor") or {}).get("unit")):
+        raise HostRefusal("NoUnit", f"--runtime systemd: the server (pid {server.get('pid')}) does not run in a "
+                                    "systemd unit; name it with --unit, or use --runtime process")
+    if runtime == "process" and server.get("process_runtime_refusal"):
+        # before anything changes: a supervisor would restart the server behind our back
+        raise HostRefusal("WrongRuntime", server["process_runtime_refusal"])
+
+
+def bad_setting(e: ValueError) -> HostRefusal:
+    """A second-pass setting this release does not accept."""
+    return HostRefusal("BadSetting", f"second pass: {e}")
+
+
+def check_idle(metrics: dict[str, float], force: bool) -> None:
+    """A server serving requests is not restarted unless --force."""
+    busy = metrics.get("vllm:num_requests_running", 0.0)
+    if busy and not force:
+        raise HostRefusal("ServerBusy", f"the server is serving {busy:g} request(s) (vllm:num_requests_running): "
+                                        "refusing to restart it; retry when idle, or --force")
+
+
+def not_answering(e: Exception) -> HostRefusal:
+    """The server must answer a completion before the run, or the restore could not be proved."""
+    return HostRefusal("ServerNotAnswering", f"the running server does not answer a completion before the run: {e}")
+
+
+def check_symbols(missing: list[str]) -> None:
+    """Every required patch target must exist in this install."""
+    if missing:
+        raise HostRefusal("PatchRefused", "refusing to patch: symbols not found: " + "; ".join(missing))

@@ -1,0 +1,37 @@
+"""`run_host`: the live diagnosis of one host as its steps (see the package's docstring)."""
+from __future__ import annotations
+
+from mla_doctor.diagnosis.knowledge import Knowledge, load_knowledge
+from mla_doctor.errors import MlaDoctorError
+from mla_doctor.host.audit import AuditOptions
+from mla_doctor.host.live import collect, steps
+from mla_doctor.host.live.options import RunOptions
+from mla_doctor.host.live.prepare import prepare
+from mla_doctor.host.live.session import Progress
+from mla_doctor.results import HostReport, HostStatus
+from mla_doctor.ssh.transport import ConnectOptions, Transport
+
+
+def run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: AuditOptions, ropts: RunOptions,
+             kb: Knowledge | None = None, progress: Progress | None = None) -> HostReport:
+    kb = kb or load_knowledge()
+    progress = progress or (lambda host, msg: None)
+    run = prepare(transport, name, conn, aopts, ropts, kb, progress)
+    if isinstance(run, HostReport):
+        return run  # failed or refused before anything changed
+    passes: list[steps.Pass] = []
+    try:
+        steps.patch(run)
+        passes.append(steps.production_pass(run))
+        if run.ropts.second_pass and run.start_error is None:
+            passes.append(steps.second_pass(run))
+    except MlaDoctorError as e:
+        run.start_error = run.start_error or e.message
+        if not run.restarted:
+            run.report.status, run.report.error, run.report.error_kind = HostStatus.ERROR, e.message, type(e).__name__
+    finally:
+        run.stop_lease()
+        steps.restore(run)
+    if not passes:
+        passes.append(steps.Pass("production", run.prompts_obs, 0, len(run.log_lines), run.start_error))
+    return collect.conclude(run, passes)

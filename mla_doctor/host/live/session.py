@@ -1,0 +1,104 @@
+"""The state of one host's live run, and its agent calls (tick, records, the lease kept alive)."""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+from mla_doctor.diagnosis.evidence import PromptObservation
+from mla_doctor.diagnosis.knowledge import Knowledge
+from mla_doctor.errors import MlaDoctorError
+from mla_doctor.host.audit import AuditOptions
+from mla_doctor.host.instrument import PreparedPatch
+from mla_doctor.host.live.options import RunOptions
+from mla_doctor.host.patch import renew
+from mla_doctor.remote.http import HostHTTP
+from mla_doctor.remote.protocol import A, RecordsRequest, Request, TickAnswer, TickRequest, call
+from mla_doctor.results import HostReport
+from mla_doctor.ssh.transport import ConnectOptions, Transport
+
+# the line that names a crash's cause (after a traceback), with or without vLLM's process prefix
+EXCEPTION_LINE = r"^(\(\S+ pid=\d+\) )?[A-Za-z_][\w.]*(Error|Exception|Exit)(: .*)?$"
+
+Progress = Callable[[str, str], None]
+PromptResults = list[tuple[PromptObservation, list[dict[str, Any]]]]
+
+
+class LiveRun:
+    """State of one host's run, so every exit path restores. `prepare` fills in what the audit found."""
+    def __init__(self, transport: Transport, name: str, conn: ConnectOptions, aopts: AuditOptions,
+                 ropts: RunOptions, kb: Knowledge, progress: Progress):
+        self.tr, self.name, self.conn, self.aopts, self.ropts, self.kb = transport, name, conn, aopts, ropts, kb
+        self.progress = progress
+        # where the server's lifecycle is handled (restart, tick, restore): the host itself, also when
+        # the files live in a container (then self.tr runs the agent inside it)
+        self.host_tr, self.host_sudo = transport, conn.sudo
+        self.host_lease = False  # the host holds a lease of its own (docker: the host's watchdog)
+        self.run_id: str | None = None
+        self.patched = False
+        self.restarted = False
+        self.log_offset: int | str = 0  # bytes into a log file, or a journal cursor (systemd)
+        self.log_lines: list[dict[str, Any]] = []
+        self.records_offsets: dict[str, int] = {}
+        self.armed: list[dict[str, Any]] = []
+        self.startup: list[dict[str, Any]] = []  # records before the first prompt: warm-up, capture
+        self.epoch = 0  # the probe's window; prompt i of a pass gets its own epoch
+        self.log_patterns = dict(kb.log_patterns(), exception_line=EXCEPTION_LINE)  # built once, sent per tick
+        # what prepare finds (the audit, the server, how to reach it) and the run's own results
+        self.report: HostReport = HostReport(host=name)
+        self.raw: dict[str, Any] = {}  # the static audit's answer
+        self.server: dict[str, Any] = {}
+        self.facts: Any = None  # the knowledge for this vLLM version
+        self.http: HostHTTP | None = None
+        self.live: dict[str, Any] = {}  # report.live
+        self.prepared: PreparedPatch | None = None
+        self.env: dict[str, str] = {}  # the settings the server is restarted with
+        self.prompts_obs: PromptResults = []  # the production pass's prompts
+        self.start_error: str | None = None
+        self.lease_keeper: threading.Event | None = None
+
+    def keep_lease(self) -> None:
+        """Renew the lease every ttl/3 in the background: a slow completion must not let the host's
+        watchdog revert a run that is alive. A lost connection stops it, and then the watchdog acts."""
+        stop = self.lease_keeper = threading.Event()
+
+        def loop():
+            while not stop.wait(max(1.0, self.ropts.ttl / 3)):
+                try:
+                    renew(self.tr, self.run_id, self.ropts.ttl, self.ropts.run_root, self.conn.sudo)
+                    if self.host_lease:
+                        renew(self.host_tr, self.run_id, self.ropts.ttl, self.ropts.run_root, self.host_sudo)
+                except MlaDoctorError:
+                    return
+
+        threading.Thread(target=loop, name=f"lease-{self.name}", daemon=True).start()
+
+    def stop_lease(self) -> None:
+        if self.lease_keeper is not None:
+            self.lease_keeper.set()
+
+    def step(self, msg: str) -> None:
+        self.progress(self.name, msg)
+
+    def call(self, request: Request[A], timeout: float | None = None, host: bool = False) -> A:
+        """One agent op where the files are (or, with host=True, where the server's lifecycle is handled)."""
+        if host:
+            return call(self.host_tr, request, sudo=self.host_sudo, timeout=timeout or self.conn.command_timeout)
+        return call(self.tr, request, sudo=self.conn.sudo, timeout=timeout or self.conn.command_timeout)
+
+    def tick(self) -> TickAnswer:
+        res = self.call(TickRequest(run_id=self.run_id, run_root=self.ropts.run_root, ttl=self.ropts.ttl,
+                                    log_offset=self.log_offset, log_patterns=self.log_patterns), host=True)
+        if res.log_offset is not None:
+            base = self.log_offset if isinstance(self.log_offset, int) else len(self.log_lines)
+            for ln in res.log_lines:
+                self.log_lines.append(dict(ln, n=ln["n"] + base))
+            self.log_offset = res.log_offset
+        return res
+
+    def records(self, new_epoch: int | None = None) -> list[dict[str, Any]]:
+        res = self.call(RecordsRequest(run_id=self.run_id, run_root=self.ropts.run_root,
+                                       offset_bytes=self.records_offsets, new_epoch=new_epoch))
+        self.records_offsets = res.offsets or self.records_offsets
+        recs = res.records
+        self.armed += [r for r in recs if r.get("event") == "armed"]
+        return recs

