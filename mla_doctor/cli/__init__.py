@@ -12,10 +12,15 @@ import click
 from mla_doctor.cli import explain as _explain  # noqa: F401
 from mla_doctor.cli import fleet as _fleet  # noqa: F401  (registers audit, playbooks, report)
 from mla_doctor.cli import host as _host  # noqa: F401  (registers static, patch, revert, run)
+from mla_doctor.cli import completion as _completion  # noqa: F401  (registers completion)
 from mla_doctor.cli.common import STATE, cli, command_name, error_doc, json_asked
+from mla_doctor.cli.config import show_envvars
+from mla_doctor.errors import MlaDoctorError
 from mla_doctor.exit_codes import ExitStatus
 
 __all__ = ["cli", "main"]
+
+show_envvars(cli)
 
 
 def _fail(argv: list[str], message: str, status: ExitStatus) -> None:
@@ -33,6 +38,10 @@ def main(argv: list[str] | None = None) -> None:
         _fail(argv, "interrupted", ExitStatus.INTERRUPTED)
         click.echo("mla-doctor: interrupted", err=True)
         sys.exit(int(ExitStatus.INTERRUPTED))
+    except MlaDoctorError as e:  # raised before a command runs (e.g. a bad config file)
+        _fail(argv, str(e), e.exit_status)
+        click.echo(f"mla-doctor: error: {e}", err=True)
+        sys.exit(int(e.exit_status))
     except click.ClickException as e:
         # Usage errors: one clear message, exit 2, and JSON that parses when JSON was asked for (either spelling).
         _fail(argv, e.format_message(), ExitStatus.USAGE)

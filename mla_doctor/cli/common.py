@@ -183,7 +183,11 @@ def handle_errors(command: str):
 @click.option("-v", "--verbose", count=True, help="More detail (-v: every entry and detail; -vv: also the "
               "connection's own debug log on stderr).")
 @click.option("--debug", is_flag=True, help="Show the traceback of an internal error (exit 70).")
-def cli(verbose, debug):
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Option defaults (YAML; default ~/.config/mla-doctor/config.yaml when present). "
+                   "Precedence: command line > MLA_DOCTOR_* environment > config file > built-in.")
+@click.pass_context
+def cli(ctx, verbose, debug, config_path):
     """Tell which MLA attention path a vLLM server really runs (forward_mha / forward_mqa / sparse), and why.
 
     \b
@@ -192,6 +196,10 @@ def cli(verbose, debug):
     70 internal error (a bug: rerun with --debug for the traceback), 130 interrupted.
     """
     STATE.verbose, STATE.debug = verbose, debug
+    from mla_doctor.cli import config
+
+    path = config_path or str(config.default_path())
+    ctx.default_map = config.default_map(ctx.command, path, explicit=bool(config_path))
     if verbose >= 2:
         import logging
 

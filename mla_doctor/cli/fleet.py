@@ -263,7 +263,12 @@ def _print_plan(plans, pb, meta, fmt, output, kw) -> None:
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @handle_errors("playbooks")
 def playbooks_cmd(fmt):
-    """List the bundled runbooks (for `audit --playbook`) and patch-target files (for `patch --targets`)."""
+    """List the bundled runbooks (for `audit --playbook`) and patch-target files (for `patch --targets`).
+
+    \b
+    mla-doctor playbooks
+    mla-doctor playbooks --format json
+    """
     items = catalog()
     if fmt == "json":
         click.echo(json.dumps({"playbooks": items}, indent=2))
@@ -303,7 +308,12 @@ def report_group():
 @click.option("--retry-file", type=_OUT, callback=check_writable, help="Write the hosts that did not pass to FILE.")
 @handle_errors("report merge")
 def report_merge(files, fmt, output, junit_out, md_out, html_out, retry_file):
-    """Combine shard reports (`audit --shard I/N --format json`) into one; exit with the worst host's status."""
+    """Combine shard reports (`audit --shard I/N --format json`) into one; exit with the worst host's status.
+    A shard whose audit failed as a whole makes the result an error, never OK.
+
+    \b
+    mla-doctor report merge shard*.json --html fleet.html --junit fleet.xml -o fleet.json
+    """
     doc = reports.merge([(f, reports.load_report(f)) for f in files])
     if retry_file:
         reports.write(retry_file, "".join(f"{h}\n" for h in doc["fleet"]["retry"]))
@@ -322,7 +332,11 @@ def report_merge(files, fmt, output, junit_out, md_out, html_out, retry_file):
 @output_file_option("Write to FILE instead of stdout.")
 @handle_errors("report render")
 def report_render(file, fmt, output):
-    """Render a saved JSON fleet report as text, Markdown, JUnit XML or HTML."""
+    """Render a saved JSON fleet report as text, Markdown, JUnit XML or HTML.
+
+    \b
+    mla-doctor report render fleet.json --format html -o fleet.html
+    """
     doc = reports.load_report(file)
     if "fleet" not in doc:
         doc = reports.finish(doc)

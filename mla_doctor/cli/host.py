@@ -44,7 +44,14 @@ from mla_doctor.ssh.container import inside
 @output_options
 @handle_errors("static")
 def static(fmt, output, model, log, container, **kw):
-    """Read-only audit of one host: vLLM version, MLA code paths, integrity, server, model, log."""
+    """Read-only audit of one host: vLLM version, MLA code paths, integrity, server, model, log.
+
+    \b
+    mla-doctor static --host gpu-17
+    mla-doctor static --host ops@10.1.230.174 --sudo --python /opt/vllm/bin/python --format json
+    mla-doctor static --local -v                     # on the host itself; every entry and detail
+    mla-doctor static --host gpu-17 --model /models/glm5 --log /var/log/vllm/server.log -o gpu-17.txt
+    """
     conn = conn_options(kw)
     check_no_control(container, "--container")
 
@@ -79,7 +86,14 @@ def instrument_options(f):
 @output_options
 @handle_errors("patch")
 def patch(fmt, output, run_root, dry_run, ttl, method, hold, targets, templates, run_id, **kw):
-    """Instrument the installed vLLM (backups, atomic writes, lease + watchdog) and leave it in place."""
+    """Instrument the installed vLLM (backups, atomic writes, lease + watchdog) and leave it in place.
+
+    \b
+    mla-doctor patch --host gpu-17 --dry-run         # unified diff per file, nothing changed
+    mla-doctor patch --host gpu-17 --ttl 1800        # prints the run id and the exact undo command
+    mla-doctor patch --host gpu-17 --ttl 60 --hold   # renew until Ctrl-C, then revert
+    mla-doctor patch --local --method plugin         # a vLLM general plugin: no vLLM file edited
+    """
     conn = conn_options(kw)
 
     if ttl < 0:
@@ -126,7 +140,14 @@ def revert(fmt, output, run_root, dry_run, run_id, container, **kw):
     """Undo what mla-doctor runs left on a host: restore files byte-for-byte, never clobber later edits.
 
     The host's own runs include docker-runtime runs: their container's files are reverted through docker exec
-    and the container restarted. --container reverts a run that never got that far, inside the container."""
+    and the container restarted. --container reverts a run that never got that far, inside the container.
+
+    \b
+    mla-doctor revert --host gpu-17                  # every run that left changes
+    mla-doctor revert --host gpu-17 --run 20260101T120000-ab12cd
+    mla-doctor revert --local --run-root /srv/mla-runs --dry-run
+    mla-doctor revert --host gpu-17 --container vllm
+    """
     conn = conn_options(kw)
     check_no_control(container, "--container")
 
@@ -179,7 +200,15 @@ def revert(fmt, output, run_root, dry_run, run_id, container, **kw):
 def run_cmd(fmt, output, runtime, unit, container, start_command, stop_command, log_file, method, yes, force,
             api_key_env, ready_timeout, ttl, expect, prompts,
             max_tokens, second_pass, extra_env, run_root, **kw):
-    """The live diagnosis: instrument, restart with debug settings, send calibrated prompts, restore, verdict."""
+    """The live diagnosis: instrument, restart with debug settings, send calibrated prompts, restore, verdict.
+
+    \b
+    mla-doctor run --host gpu-17 --yes                          # restarts the server twice: consent required
+    mla-doctor run --host gpu-17 --yes --api-key-env VLLM_KEY   # the key by variable name, never on a command line
+    mla-doctor run --host gpu-17 --yes --expect prefill=mha,decode=mqa
+    mla-doctor run --host gpu-17 --yes --runtime systemd --unit vllm
+    mla-doctor run --host gpu-17 --yes --second-pass enforce_eager=on
+    """
     conn = conn_options(kw)
     for what, value in (("--env", extra_env), ("--second-pass", second_pass), ("--unit", unit),
                         ("--container", container), ("--start-command", start_command),
