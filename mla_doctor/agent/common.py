@@ -14,12 +14,10 @@ def _now():
     return time.time()
 
 
-
 def _read_text(path, limit=None):
     with open(path, "rb") as f:
         data = f.read(limit) if limit else f.read()
     return data.decode("utf-8", "replace")
-
 
 
 def _sha256_b64(data):
@@ -27,10 +25,8 @@ def _sha256_b64(data):
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-
 def _sha(data):
     return hashlib.sha256(data).hexdigest()
-
 
 
 def _run(argv, timeout=10, env=None):
@@ -46,7 +42,6 @@ def _run(argv, timeout=10, env=None):
         return 126, "", str(e)
 
 
-
 def _int_or_none(v):
     try:
         return int(v)
@@ -54,13 +49,11 @@ def _int_or_none(v):
         return None
 
 
-
 def _user_name(uid):
     try:
         return pwd.getpwuid(int(uid)).pw_name
     except (KeyError, ValueError):
         return str(uid)
-
 
 
 def _pid_running(pid):

@@ -2,7 +2,8 @@
 manifest, lease, lock, the server's spec and logs, backups, probe records, the watchdog's pid and log,
 the plugin directory, the systemd drop-in, and the writes themselves (atomic, private, create-once).
 Nothing else in the agent opens, creates or removes a file of a run: this is the one place to harden
-against other local users.
+against other local users. vLLM's own files are read where they are judged (facts/, change/patch.py)
+and written only through atomic_write here; /proc is read by facts/processes.py.
 """
 from __future__ import annotations
 

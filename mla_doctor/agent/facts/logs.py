@@ -14,7 +14,6 @@ from ..common import _run
 MAX_LOG_LINES = 400
 
 
-
 def _filter_lines(lines, patterns, source):
     regs = {}
     for pid, rx in (patterns or {}).items():
@@ -31,7 +30,6 @@ def _filter_lines(lines, patterns, source):
     if len(out) > MAX_LOG_LINES:
         out = out[: MAX_LOG_LINES // 2] + out[-MAX_LOG_LINES // 2:]
     return {"source": source, "total_lines": len(lines), "lines": out}
-
 
 
 def log_section(plan, server):

@@ -20,7 +20,6 @@ CONFIG_KEYS = ("model_type", "architectures", "kv_lora_rank", "q_lora_rank", "qk
                "torch_dtype", "compress_ratios", "head_dim", "is_causal")
 
 
-
 def _hf_cache_dirs(env, user_home):
     env = env or {}
     dirs = []
@@ -32,7 +31,6 @@ def _hf_cache_dirs(env, user_home):
     if user_home:
         dirs.append(os.path.join(user_home, ".cache", "huggingface", "hub"))
     return dirs
-
 
 
 def resolve_model_config(model, hf_config_path=None, env=None, user_home=None, cwd=None):
@@ -78,7 +76,6 @@ def resolve_model_config(model, hf_config_path=None, env=None, user_home=None, c
     return None, None, tried
 
 
-
 def read_model_config(path):
     data = json.loads(_read_text(path, MAX_CONFIG_BYTES))
     picked = {k: data[k] for k in CONFIG_KEYS if k in data}
@@ -86,7 +83,6 @@ def read_model_config(path):
     if isinstance(text, dict):
         picked["text_config"] = {k: text[k] for k in CONFIG_KEYS if k in text}
     return picked
-
 
 
 def model_section(plan, server):

@@ -27,7 +27,6 @@ def _step(errors, name, fn, *args):
         return None
 
 
-
 def op_static(plan):
     t0 = _now()
     errors = []
@@ -58,7 +57,6 @@ def op_static(plan):
         s.pop("_argv", None)
     result["elapsed_s"] = round(_now() - t0, 4)
     return result
-
 
 
 def op_index(plan):

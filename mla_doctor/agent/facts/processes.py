@@ -22,7 +22,6 @@ REPORT_ENV_RE = re.compile(r"^(VLLM_|HF_|HUGGING|TRANSFORMERS_|CUDA_VISIBLE|PYTH
 REDACTED = "<redacted>"
 
 
-
 def redact_argv(argv):
     out = []
     hide_next = False
@@ -41,7 +40,6 @@ def redact_argv(argv):
     return out
 
 
-
 def redact_env(env):
     out = {}
     for k, v in sorted(env.items()):
@@ -51,14 +49,12 @@ def redact_env(env):
     return out
 
 
-
 def _proc_cmdline(pid):
     try:
         raw = open("/proc/%s/cmdline" % pid, "rb").read()
     except OSError:
         return None
     return [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
-
 
 
 def _proc_environ(pid):
@@ -74,7 +70,6 @@ def _proc_environ(pid):
     return env
 
 
-
 def _proc_status(pid):
     fields = {}
     try:
@@ -84,7 +79,6 @@ def _proc_status(pid):
     except OSError:
         pass
     return fields
-
 
 
 def is_server_argv(argv):
@@ -97,7 +91,6 @@ def is_server_argv(argv):
         if a in SERVER_MODULES:
             return True
     return False
-
 
 
 def server_model_arg(argv):
@@ -115,7 +108,6 @@ def server_model_arg(argv):
     return None
 
 
-
 def arg_value(argv, *names):
     for i, a in enumerate(argv):
         for n in names:
@@ -124,7 +116,6 @@ def arg_value(argv, *names):
             if a.startswith(n + "="):
                 return a.split("=", 1)[1]
     return None
-
 
 
 def _supervisor(pid, argv):
@@ -173,7 +164,6 @@ def _supervisor(pid, argv):
     return sup
 
 
-
 def supervised_refusal(sup):
     kind = sup.get("kind")
     if kind == "systemd" and (sup.get("restart") or "no") != "no":
@@ -187,7 +177,6 @@ def supervised_refusal(sup):
     if kind == "supervisord":
         return "the server is managed by supervisord; use --runtime command with supervisorctl"
     return None
-
 
 
 def _mapped_vllm_dirs(pid):
@@ -208,14 +197,12 @@ def _mapped_vllm_dirs(pid):
     return dirs
 
 
-
 def _stdout_target(pid):
     try:
         t = os.readlink("/proc/%s/fd/1" % pid)
     except OSError:
         return None
     return t if t.startswith("/") and os.path.isfile(t) else None
-
 
 
 def find_servers():

@@ -43,9 +43,7 @@ def _index_defs(tree):
     return defs, classes
 
 
-
 _DEF_RE = re.compile(r"^(?P<ind>[ \t]*)(?:async[ \t]+)?(?P<kw>def|class)[ \t]+(?P<name>\w+)")
-
 
 
 def _regex_index(text):
@@ -65,7 +63,6 @@ def _regex_index(text):
             defs.setdefault(q, i)
         stack.append((ind, m.group("name")))
     return defs, classes
-
 
 
 def index_file(path, patterns):
@@ -105,7 +102,6 @@ def index_file(path, patterns):
                 matches[pid] = found
     out["matches"] = matches
     return out
-
 
 
 def index_tree(vdir, request):

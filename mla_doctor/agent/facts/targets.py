@@ -36,7 +36,6 @@ def _find_function(tree, qualname):
     return node
 
 
-
 def resolve_targets(vdir, targets):
     """Expand file globs and `*.method` wildcards into concrete (file, Class.method) with file hashes."""
     trees = {}

@@ -34,7 +34,6 @@ def _docker(args, timeout=60, stdin=None):
     return p.returncode, p.stdout, p.stderr
 
 
-
 def docker_inspect(container):
     rc, out, err = _docker(["inspect", "--type", "container", container], timeout=30)
     if rc != 0:
@@ -46,7 +45,6 @@ def docker_inspect(container):
             "started_at": st.get("StartedAt"), "restart_count": d.get("RestartCount", 0),
             "restart_policy": ((d.get("HostConfig") or {}).get("RestartPolicy") or {}).get("Name") or "no",
             "network_mode": (d.get("HostConfig") or {}).get("NetworkMode")}
-
 
 
 def op_docker_find(plan):
@@ -71,7 +69,6 @@ def op_docker_find(plan):
     return out
 
 
-
 def _docker_log_lines(container, since):
     # the server's stdout and stderr (vLLM logs to stderr) through one pipe: in the order written, so a
     # line count stays a position from one tick to the next
@@ -83,12 +80,10 @@ def _docker_log_lines(container, since):
     return p.stdout.decode("utf-8", "replace").splitlines() if p.returncode == 0 else []
 
 
-
 def _docker_now():
     # docker logs --since takes RFC 3339 with fractions
     t = time.time()
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + (".%06dZ" % int((t % 1) * 1e6))
-
 
 
 def _docker_restart(spec, run_dir, n, mode):
@@ -111,7 +106,6 @@ def _docker_restart(spec, run_dir, n, mode):
     return cur
 
 
-
 def _capture_container(plan):
     info = docker_inspect(plan["container"])
     if not info["running"]:
@@ -119,7 +113,6 @@ def _capture_container(plan):
     return dict(info, runtime="docker", port=int(plan["port"]), grace_s=plan.get("grace_s", 30),
                 python=plan.get("container_python"), container_run_root=plan.get("container_run_root"),
                 run_id=plan["run_id"], captured=_now())
-
 
 
 def op_docker_restart(plan):
@@ -134,7 +127,6 @@ def op_docker_restart(plan):
             "log": "docker:" + spec["name"], "log_offset": 0, "port": spec["port"], "watchdog_pid": wd}
 
 
-
 def _container_agent(spec, plan, timeout=300):
     """This agent, run inside the container with one plan (the host watchdog's revert)."""
     py = spec.get("python") or "python3"
@@ -144,7 +136,6 @@ def _container_agent(spec, plan, timeout=300):
         return json.loads(out.decode("utf-8", "replace"))
     except ValueError:
         return {"fatal": "exit %d: %s" % (rc, err.decode("utf-8", "replace")[-300:])}
-
 
 
 def docker_revert_and_restore(run_dir, reason, note=lambda m: None):
@@ -168,7 +159,6 @@ def docker_revert_and_restore(run_dir, reason, note=lambda m: None):
     return out
 
 
-
 def docker_watchdog_loop(run_dir, poll):
     note, stop = _watchdog_start(run_dir, "host watchdog (container run)")
     _orig_path, cur_path = _server_paths(run_dir)
@@ -186,7 +176,6 @@ def docker_watchdog_loop(run_dir, poll):
             return
         time.sleep(poll)
     note("stopped by SIGTERM")
-
 
 
 def _docker_tick(cur, plan, out):
