@@ -228,12 +228,19 @@ def host_rows(doc: dict) -> list[dict[str, Any]]:
     for h in doc["hosts"]:
         st = h.get("static") or {}
         fails = [f["code"] for f in h.get("findings") or [] if f.get("severity") == "fail"]
+        warns = [f["code"] for f in h.get("findings") or [] if f.get("severity") == "warn"]
+        cls = ((h.get("model") or {}).get("classification") or {})
         rows.append({
             "host": h["host"], "verdict": h.get("verdict"), "exit": h.get("exit_status"),
             "version": host_version(h), "backend": host_backend(h) or "-",
             "prefill": ((st.get("prefill_entry") or {}).get("symbol") or "-"),
             "decode": ((st.get("decode_entry") or {}).get("symbol") or "-"),
-            "sparse": "yes" if (st.get("sparse_gate") or {}).get("present") else ("no" if st else "-"),
+            # sparse about the served model (DSA or not), not about the release's gate
+            "sparse": "-" if cls.get("is_sparse") is None else ("yes" if cls["is_sparse"] else "no"),
+            "sparse_gate": "yes" if (st.get("sparse_gate") or {}).get("present") else ("no" if st else "-"),
+            "warns": warns,
+            # the problem column: the error, else the failures, then the warnings
+            "problem": h.get("error") or ", ".join(fails + [f"warn {w}" for w in warns]),
             "modified": list(st.get("modified_files") or []),
             "error": h.get("error"), "fails": fails, "groups": h.get("groups") or [],
         })

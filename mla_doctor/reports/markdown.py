@@ -4,8 +4,28 @@ from __future__ import annotations
 from mla_doctor.reports import host_rows
 
 
+_MD_SPECIAL = "\\`*_[]<>|#!~"
+_HTML = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+
+
 def _cell(x) -> str:
-    return str(x).replace("|", "\\|").replace("\n", " ")
+    """A host-provided string as inert Markdown text: no raw HTML, no emphasis/links/code, one line."""
+    out = []
+    for ch in str(x).replace("\r", " ").replace("\n", " "):
+        if ch in _HTML:
+            out.append(_HTML[ch])
+        elif ch in _MD_SPECIAL:
+            out.append("\\" + ch)
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def _code(x) -> str:
+    """Inline code for a host-provided string (a file path): backticks cannot end it early."""
+    text = str(x).replace("\n", " ")
+    fence = "``" if "`" in text else "`"
+    return f"{fence} {text} {fence}" if fence == "``" else f"`{text}`"
 
 
 def render(doc: dict) -> str:
@@ -13,7 +33,7 @@ def render(doc: dict) -> str:
     s = fl.get("summary") or {}
     rows = host_rows(doc)
     out = [f"# mla-doctor fleet audit: {doc.get('overall', '?').upper()}", ""]
-    out.append(f"Playbook `{fl.get('playbook')}`, inventory `{fl.get('inventory')}`, {len(rows)} hosts, "
+    out.append(f"Playbook {_code(fl.get('playbook'))}, inventory {_code(fl.get('inventory'))}, {len(rows)} hosts, "
                f"exit {doc.get('exit_status')} ({doc.get('exit_name')}), started {doc.get('started')}.")
     out.append("")
     out.append("| verdict | hosts |")
@@ -26,15 +46,15 @@ def render(doc: dict) -> str:
     out += [f"| {_cell(k)} | {n} |" for k, n in (s.get("backends") or {}).items()]
     if s.get("modified_files"):
         out += ["", "## Modified vLLM files", ""]
-        out += [f"- **{h}**: " + ", ".join(f"`{f}`" for f in files) for h, files in s["modified_files"].items()]
+        out += [f"- **{_cell(h)}**: " + ", ".join(_code(f) for f in files) for h, files in s["modified_files"].items()]
     if s.get("unreachable"):
-        out += ["", "## Unreachable", ""] + [f"- {h}" for h in s["unreachable"]]
-    out += ["", "## Hosts", "", "| host | verdict | vLLM | backend | prefill entry | decode entry | sparse | problem |",
+        out += ["", "## Unreachable", ""] + [f"- {_cell(h)}" for h in s["unreachable"]]
+    out += ["", "## Hosts", "",
+            "| host | verdict | vLLM | backend | prefill entry | decode entry | model sparse | problem (fail, warn) |",
             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        why = r["error"] or ", ".join(r["fails"])
         out.append("| " + " | ".join(_cell(x) for x in (r["host"], r["verdict"], r["version"], r["backend"],
-                                                         r["prefill"], r["decode"], r["sparse"], why or "")) + " |")
+                                                         r["prefill"], r["decode"], r["sparse"], r["problem"])) + " |")
     if fl.get("retry"):
-        out += ["", "Re-run the hosts that did not pass: " + ", ".join(fl["retry"])]
+        out += ["", "Re-run the hosts that did not pass: " + ", ".join(_cell(h) for h in fl["retry"])]
     return "\n".join(out) + "\n"
