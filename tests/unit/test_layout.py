@@ -114,3 +114,8 @@ def test_one_default_run_root():
     hits = [str(p.relative_to(PKG)) for p in PKG.rglob("*.py") if '"/var/tmp/mla-doctor"' in p.read_text()]
     # the controller's constant, and the agent's own (it imports nothing of the controller)
     assert len(hits) <= 2 and "paths.py" in hits, hits
+
+
+def test_no_module_over_the_size_limit():
+    big = {str(p.relative_to(PKG)): n for p in PKG.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not big, big
