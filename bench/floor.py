@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""Benchmark: the static audit against the read-and-hash floor, in CPU time, on a real release.
+
+Builds a venv whose site-packages hold the real vLLM 0.33.0 sources (tests/support/corpus.py, the same tree
+bench/static_audit.py installs on the fleet), then measures in interleaved rounds (rotated order), medians:
+
+  (a) floor  - one Python process (the venv's interpreter) that reads and sha256-hashes every RECORD-listed
+               vllm/*.py file: what the integrity check cannot cost less than (start-up included);
+  (b) agent  - the agent alone for a static audit: the bootstrap run through LocalTransport with --python the
+               venv's interpreter (the same one that runs the agent), CPU of that child tree (the sh, the agent
+               and any interpreter it starts), from resource.getrusage(RUSAGE_CHILDREN);
+  (c) cli    - the whole `python -m mla_doctor static --local --python VENV --format json` process tree;
+  (d) fleet  - N `--local` audits at once from one controller process (audit_host in N threads): the
+               controller's own CPU per host (RUSAGE_SELF) and its peak RSS growth per host (VmHWM), the agents'
+               CPU apart. No SSH here: paramiko's handshake and cipher cost is not in it (bench/fleet_compare.py
+               measures that on the sshd fleet).
+
+CPU time (user + sys), not wall time: the machine may be shared. Prints a Markdown table and the ratios
+(b)/(a), (c)/(a) against the goals (agent <= 1.5x, whole process <= 3x).
+
+    .venv/bin/python bench/floor.py [--rounds 9] [--fleet 20] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+FLOOR = r"""
+import csv, glob, hashlib, io, os, sys
+site = sys.argv[1]
+di = glob.glob(os.path.join(site, "vllm-*.dist-info"))[0]
+n = 0
+with open(os.path.join(di, "RECORD"), encoding="utf-8") as f:
+    for row in csv.reader(f):
+        if row and row[0].startswith("vllm/") and row[0].endswith(".py"):
+            with open(os.path.join(site, row[0]), "rb") as g:
+                hashlib.sha256(g.read()).digest()
+            n += 1
+print(n)
+"""
+
+
+def child_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def self_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def measured(fn) -> float:
+    """CPU of the children that fn starts and waits for."""
+    c0 = child_cpu()
+    fn()
+    return child_cpu() - c0
+
+
+def make_release_venv(tmp: Path, version: str) -> tuple[str, Path]:
+    from tests.support import corpus
+
+    tree = corpus.ensure("vllm", version)
+    venv = tmp / "venv"
+    base = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
+    site = next(venv.glob("lib/python3*/site-packages"))
+    for p in sorted(tree.iterdir()):
+        if not p.name.startswith("."):
+            subprocess.run(["cp", "-R", str(p), str(site)], check=True)
+    return str(venv / "bin" / "python"), site
+
+
+def vm_hwm_kib() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
+
+
+def reset_hwm() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--fleet", type=int, default=20, help="parallel --local audits for (d); 0 skips it")
+    ap.add_argument("--version", default="0.33.0")
+    ap.add_argument("--json", help="also write the raw figures here")
+    args = ap.parse_args()
+
+    from mla_doctor.diagnosis.knowledge import load_knowledge
+    from mla_doctor.host.audit import AuditOptions, audit_host, static_plan
+    from mla_doctor.remote.runner import run_agent
+    from mla_doctor.ssh.transport import ConnectOptions, LocalTransport
+
+    kb = load_knowledge()
+    with tempfile.TemporaryDirectory(prefix="mla-floor-") as tmp:
+        py, site = make_release_venv(Path(tmp), args.version)
+        opts = AuditOptions(python=py)
+        plan = static_plan(kb, opts)
+        n_files = len([ln for ln in next(site.glob("vllm-*.dist-info")).joinpath("RECORD").read_text().splitlines()
+                       if ln.startswith("vllm/") and ln.split(",")[0].endswith(".py")])
+        mb = sum(f.stat().st_size for f in (site / "vllm").rglob("*.py")) / 1e6
+        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+        out = str(Path(tmp) / "report.json")
+
+        def floor():
+            subprocess.run([py, "-B", "-c", FLOOR, str(site)], check=True, capture_output=True, env=env)
+
+        answers = {}
+
+        def agent():
+            answers["agent"] = run_agent(LocalTransport(), plan, python=py)
+
+        def cli():
+            p = subprocess.run([sys.executable, "-m", "mla_doctor", "static", "--local", "--python", py,
+                                "--format", "json", "-o", out], capture_output=True, cwd=ROOT, env=env)
+            if p.returncode not in (0, 1):
+                raise SystemExit(f"cli failed ({p.returncode}): {p.stderr.decode()[-800:]}")
+
+        kinds = {"floor": floor, "agent": agent, "cli": cli}
+        for fn in kinds.values():  # warm the page cache and the imports
+            fn()
+        assert answers["agent"]["scan"]["py_files"] > 3000 and not answers["agent"]["scan"]["modified"], \
+            answers["agent"].get("errors")
+        cpu: dict[str, list[float]] = {k: [] for k in kinds}
+        names = list(kinds)
+        for r in range(args.rounds):
+            for k in names[r % 3:] + names[:r % 3]:
+                cpu[k].append(measured(kinds[k]))
+
+        fleet = None
+        if args.fleet:
+            conn = ConnectOptions(local=True)
+            audit_host(None, conn, opts, kb)
+            reset_ok = reset_hwm()
+            rss0 = vm_hwm_kib()
+            s0, c0, t0 = self_cpu(), child_cpu(), time.perf_counter()
+            with ThreadPoolExecutor(args.fleet) as ex:
+                reports = list(ex.map(lambda _: audit_host(None, conn, opts, kb), range(args.fleet)))
+            wall = time.perf_counter() - t0
+            s1, c1 = self_cpu(), child_cpu()
+            assert all(r.status.value == "ok" for r in reports), [r.error for r in reports]
+            fleet = {"hosts": args.fleet, "wall_s": wall, "controller_cpu_s": s1 - s0,
+                     "controller_cpu_per_host_s": (s1 - s0) / args.fleet, "agents_cpu_s": c1 - c0,
+                     "peak_rss_growth_per_host_mib": (vm_hwm_kib() - rss0) / 1024 / args.fleet if reset_ok else None}
+
+    med = {k: statistics.median(v) for k, v in cpu.items()}
+    ratio_agent, ratio_cli = med["agent"] / med["floor"], med["cli"] / med["floor"]
+    print(f"vLLM {args.version}: {n_files} RECORD-listed .py files, {mb:.0f} MB; {args.rounds} interleaved rounds; "
+          f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}, Python "
+          f"{platform.python_version()}; load {os.getloadavg()[0]:.2f}")
+    print()
+    print("| what (CPU = user + sys) | median | min–max | ratio to the floor |")
+    print("|---|---|---|---|")
+    for k, label in (("floor", "(a) read + sha256 every RECORD-listed file, one process"),
+                     ("agent", "(b) the agent alone, static audit"),
+                     ("cli", "(c) `mla-doctor static --local --format json`, whole process")):
+        v = cpu[k]
+        print(f"| {label} | {med[k]:.3f} s | {min(v):.3f}–{max(v):.3f} | {med[k] / med['floor']:.2f}× |")
+    print()
+    print(f"goal agent <= 1.5x the floor: {'met' if ratio_agent <= 1.5 else 'NOT met'} ({ratio_agent:.2f}x)")
+    print(f"goal whole process <= 3x the floor: {'met' if ratio_cli <= 3 else 'NOT met'} ({ratio_cli:.2f}x)")
+    if fleet:
+        print()
+        print(f"(d) {fleet['hosts']} --local audits at once from one controller process: wall {fleet['wall_s']:.2f} s, "
+              f"controller CPU {fleet['controller_cpu_s']:.3f} s = {fleet['controller_cpu_per_host_s'] * 1000:.1f} ms "
+              f"per host, agents {fleet['agents_cpu_s']:.2f} s; controller peak RSS growth "
+              + (f"{fleet['peak_rss_growth_per_host_mib']:.2f} MiB per host" if fleet["peak_rss_growth_per_host_mib"]
+                 is not None else "n/a"))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"cpu": cpu, "median": med, "ratio_agent": ratio_agent,
+                                               "ratio_cli": ratio_cli, "fleet": fleet, "files": n_files}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
