@@ -5,6 +5,7 @@ is pure, so it is tested from recorded agent output without a host.
 """
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -25,11 +26,38 @@ class AuditOptions:
     log: str | None = None  # the server log, overriding journal / container / stdout discovery
 
 
+def index_pairs(data: Any) -> dict[str, list[str]]:
+    """{file: [pattern id, ...]}: every (file, pattern) the knowledge reads, in any release's entry (a dict
+    holding both "file" and "pattern"): the agent searches a file only for those."""
+    pairs: dict[str, list[str]] = {}
+    todo = [data]
+    while todo:
+        x = todo.pop()
+        if isinstance(x, dict):
+            f, pat = x.get("file"), x.get("pattern")
+            if isinstance(f, str) and isinstance(pat, str) and pat not in pairs.setdefault(f, []):
+                pairs[f].append(pat)
+            todo.extend(x.values())
+        elif isinstance(x, list):
+            todo.extend(x)
+    return {f: sorted(p) for f, p in sorted(pairs.items())}
+
+
+@functools.lru_cache(maxsize=8)
+def _agent_index(kb: Knowledge) -> dict[str, Any]:
+    """The index request: the knowledge's files, only the patterns it reads and which file each is read in."""
+    index = kb.agent_request()["index"]
+    pairs = index_pairs(kb.data)
+    used = {p for ps in pairs.values() for p in ps}
+    return {"files": index["files"], "patterns": {k: v for k, v in index["patterns"].items() if k in used},
+            "pairs": pairs}
+
+
 def static_request(kb: Knowledge, opts: AuditOptions, targets: Any = None) -> StaticRequest:
     """The audit the knowledge asks for; with `targets`, the patch targets resolved in the same execution."""
     req = kb.agent_request()
     return StaticRequest(python=opts.python, model=opts.model, log=opts.log, symbols=req["symbols"],
-                         index=req["index"], log_patterns=req["log_patterns"], targets=targets)
+                         index=_agent_index(kb), log_patterns=req["log_patterns"], targets=targets)
 
 
 def static_plan(kb: Knowledge, opts: AuditOptions) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 
 from ..common import _read_text
 
@@ -24,8 +25,19 @@ print(json.dumps(out))
 """
 
 
+def _is_this_interpreter(python):
+    """`python` names the interpreter running the agent (as the host's sh resolved it to start us)."""
+    path = python if os.path.isabs(python) else shutil.which(python)
+    return bool(path) and os.path.abspath(path) == sys.executable
+
+
 def probe_interpreter(python, env=None, cwd=None):
-    """Ask an interpreter where `vllm` is, without importing it (find_spec only locates)."""
+    """Ask an interpreter where `vllm` is, without importing it (find_spec only locates). The interpreter
+    running the agent, in the agent's own environment, answers in-process: the same sys.path and find_spec."""
+    if env is None and cwd is None and _is_this_interpreter(python):
+        g = {"__name__": "probe"}
+        exec(PY_PROBE.replace("print(json.dumps(out))", ""), g)
+        return g["out"], None
     if not (os.path.isabs(python) or shutil.which(python)):
         return None, "no such interpreter: %s" % python
     if os.path.isabs(python) and not os.access(python, os.X_OK):

@@ -4,7 +4,7 @@ fallback for syntax this interpreter cannot parse) and pattern matches as [line,
 from __future__ import annotations
 
 import ast
-import bisect
+import gc
 import hashlib
 import os
 import re
@@ -65,6 +65,33 @@ def _regex_index(text):
     return defs, classes
 
 
+def _pattern_matches(text, patterns):
+    """pattern id -> [[line, text], ...] (at most 50, one per line) for the patterns that match; line numbers
+    are counted only up to a match, so a file where nothing matches costs one search per pattern."""
+    matches = {}
+    for pid, rx in patterns.items():
+        try:
+            r = re.compile(rx, re.MULTILINE)
+        except re.error as e:
+            matches[pid] = {"error": str(e)}
+            continue
+        found, last, line, pos = [], -1, 1, 0
+        for m in r.finditer(text):
+            start = m.start()
+            line += text.count("\n", pos, start)
+            pos = start
+            if line != last:
+                begin = text.rfind("\n", 0, start) + 1
+                end = text.find("\n", start)
+                found.append([line, text[begin: end if end >= 0 else len(text)].strip()[:240]])
+                last = line
+            if len(found) >= 50:
+                break
+        if found:
+            matches[pid] = found
+    return matches
+
+
 def index_file(path, patterns):
     """Definitions (qualified name -> line) and pattern matches ([line, text]) of one source file."""
     try:
@@ -80,38 +107,28 @@ def index_file(path, patterns):
     except (SyntaxError, ValueError) as e:
         defs, classes = _regex_index(text)
         out.update(parser="regex", parse_error=str(e), defs=defs, classes=classes)
-    matches = {}
-    if patterns:
-        starts = [0] + [m.end() for m in re.finditer("\n", text)]
-        for pid, rx in patterns.items():
-            try:
-                r = re.compile(rx, re.MULTILINE)
-            except re.error as e:
-                matches[pid] = {"error": str(e)}
-                continue
-            found, last = [], -1
-            for m in r.finditer(text):
-                n = bisect.bisect_right(starts, m.start())
-                if n != last:
-                    end = text.find("\n", starts[n - 1])
-                    found.append([n, text[starts[n - 1]: end if end >= 0 else len(text)].strip()[:240]])
-                    last = n
-                if len(found) >= 50:
-                    break
-            if found:
-                matches[pid] = found
-    out["matches"] = matches
+    out["matches"] = _pattern_matches(text, patterns) if patterns else {}
     return out
 
 
 def index_tree(vdir, request):
-    """Index the files a plan names (paths relative to the vllm package dir)."""
+    """Index the files a plan names (paths relative to the vllm package dir). With "pairs" ({file: [pattern
+    id, ...]}) a file is searched only for the patterns named for it; without, for every pattern. The
+    collector is off meanwhile: the syntax trees are many small objects and hold no cycles worth collecting."""
     files = {}
     patterns = request.get("patterns") or {}
-    for rel in request.get("files") or []:
-        full = os.path.join(vdir, rel)
-        if os.path.isfile(full):
-            files[rel] = index_file(full, patterns)
-        else:
-            files[rel] = {"exists": False}
+    pairs = request.get("pairs")
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for rel in request.get("files") or []:
+            full = os.path.join(vdir, rel)
+            if os.path.isfile(full):
+                mine = patterns if pairs is None else {p: patterns[p] for p in pairs.get(rel) or () if p in patterns}
+                files[rel] = index_file(full, mine)
+            else:
+                files[rel] = {"exists": False}
+    finally:
+        if enabled:
+            gc.enable()
     return files
