@@ -5,6 +5,8 @@ commands. `main` is the entry point: it maps click's own errors to the documente
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sys
 
 import click
@@ -29,6 +31,28 @@ def _fail(argv: list[str], message: str, status: ExitStatus) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The entry point. As the process's own (no argv given), exit without the interpreter's teardown once the
+    output is flushed: freeing every module and object costs tens of ms and changes nothing after the report."""
+    if argv is not None:
+        return _main(argv)
+    try:
+        _main(None)
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    if code is not None and not isinstance(code, int):  # what sys.exit does with a message
+        print(code, file=sys.stderr)
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    logging.shutdown()  # what the interpreter's exit would flush: file handlers
+    os._exit(code or 0)
+
+
+def _main(argv: list[str] | None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         cli.main(args=argv, prog_name="mla-doctor", standalone_mode=False, auto_envvar_prefix="MLA_DOCTOR")

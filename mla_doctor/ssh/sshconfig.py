@@ -12,8 +12,6 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-import paramiko
-
 from mla_doctor.errors import ConfigFileError
 
 MAX_INCLUDE_DEPTH = 16
@@ -79,6 +77,8 @@ class SSHConfigFile:
     """An ssh_config (with includes expanded) that answers host look-ups."""
 
     def __init__(self, path: str | None):
+        import paramiko  # here, not at the top: `--local` never reads ssh_config nor loads paramiko
+
         self.path = path
         self._config = paramiko.SSHConfig()
         if path and os.path.exists(path):

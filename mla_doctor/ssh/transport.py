@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import logging
 import os
 import re
@@ -22,17 +23,26 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-
-import paramiko
+from typing import TYPE_CHECKING
 
 from mla_doctor.errors import AuthError, HostKeyError, RemoteError, UnreachableError, UsageError
 from mla_doctor.ssh.sshconfig import HostParams, SSHConfigFile, default_config_path, parse_jump
+
+if TYPE_CHECKING:
+    import paramiko
 
 HOST_KEY_POLICIES = ("strict", "accept-new", "off")
 
 # paramiko logs a refused tunnel channel ("Secsh channel N open FAILED") at ERROR; while a restarted
 # server loads, every readiness poll is one. Its failures reach us as exceptions: keep stderr clean.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
+
+
+def _paramiko():
+    """paramiko, imported on first SSH use: `--local` never loads it (it pulls invoke, asyncio, unittest.mock)."""
+    import paramiko
+
+    return paramiko
 
 
 @dataclass
@@ -111,23 +121,39 @@ class LocalTransport(Transport):
         return CommandResult(p.returncode, p.stdout, p.stderr, time.monotonic() - t0)
 
 
-class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
-    """Like OpenSSH's accept-new: record an unknown key by appending one line; never rewrite the file."""
+@functools.lru_cache(maxsize=None)
+def _policies():
+    """The host-key policy classes (they subclass paramiko's, so they are made on first SSH use)."""
+    paramiko = _paramiko()
 
-    def __init__(self, path: str | None):
-        self.path = path
+    class AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
+        """Like OpenSSH's accept-new: record an unknown key by appending one line; never rewrite the file."""
 
-    def missing_host_key(self, client, hostname, key):
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        if self.path:
-            os.makedirs(os.path.dirname(os.path.abspath(self.path)) or ".", exist_ok=True)
-            with open(self.path, "a", encoding="ascii") as f:
-                f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        def __init__(self, path: str | None):
+            self.path = path
 
+        def missing_host_key(self, client, hostname, key):
+            client.get_host_keys().add(hostname, key.get_name(), key)
+            if self.path:
+                os.makedirs(os.path.dirname(os.path.abspath(self.path)) or ".", exist_ok=True)
+                with open(self.path, "a", encoding="ascii") as f:
+                    f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
 
-class _AcceptAnyPolicy(paramiko.MissingHostKeyPolicy):
-    def missing_host_key(self, client, hostname, key):
-        return None
+    class AcceptAnyPolicy(paramiko.MissingHostKeyPolicy):
+        def missing_host_key(self, client, hostname, key):
+            return None
+
+    class CheckedPolicy(paramiko.MissingHostKeyPolicy):
+        """Before the policy sees an unknown key: refuse a revoked key or a host only a CA vouches for."""
+
+        def __init__(self, inner, known: KnownHosts, label: str):
+            self.inner, self.known, self.label = inner, known, label
+
+        def missing_host_key(self, client, hostname, key):
+            self.known.refuse(hostname, key, self.label)
+            return self.inner.missing_host_key(client, hostname, key)
+
+    return AcceptNewPolicy, AcceptAnyPolicy, CheckedPolicy
 
 
 @dataclass
@@ -183,7 +209,7 @@ def host_matches(patterns: list[str], name: str) -> bool:
         pat = pat[1:] if neg else pat
         if pat.startswith("|1|"):
             try:
-                ok = paramiko.HostKeys.hash_host(name, pat) == pat
+                ok = _paramiko().HostKeys.hash_host(name, pat) == pat
             except (AssertionError, binascii.Error, ValueError, IndexError):
                 ok = False
         else:  # only * and ? are special (no [classes]: `[host]:port` is literal)
@@ -219,7 +245,7 @@ def read_known_hosts(path: str, into: KnownHosts) -> KnownHosts:
             into.skipped.append((path, n, f"unknown marker {marker}"))
         else:
             try:
-                entry = paramiko.hostkeys.HostKeyEntry.from_line(" ".join(fields[:3]), n)
+                entry = _paramiko().hostkeys.HostKeyEntry.from_line(" ".join(fields[:3]), n)
             except Exception as e:  # InvalidHostKey, SSHException, binascii.Error: skip the line, as ssh does
                 into.skipped.append((path, n, f"unreadable key: {e}"))
                 continue
@@ -245,17 +271,6 @@ def load_known_hosts(paths: list[str], system: str | None = "/etc/ssh/ssh_known_
         except OSError:
             pass
     return kh
-
-
-class _CheckedPolicy(paramiko.MissingHostKeyPolicy):
-    """Before the policy sees an unknown key: refuse a revoked key or a host only a CA vouches for."""
-
-    def __init__(self, inner: paramiko.MissingHostKeyPolicy, known: KnownHosts, label: str):
-        self.inner, self.known, self.label = inner, known, label
-
-    def missing_host_key(self, client, hostname, key):
-        self.known.refuse(hostname, key, self.label)
-        return self.inner.missing_host_key(client, hostname, key)
 
 
 def _fingerprint(key) -> str:
@@ -298,6 +313,7 @@ class SSHTransport(Transport):
         return list(params.known_hosts_files) or [os.path.expanduser("~/.ssh/known_hosts")]
 
     def _connect_chain(self) -> paramiko.SSHClient:
+        paramiko = _paramiko()
         jumps = parse_jump(self.params.proxy_jump) if self.params.proxy_jump else []
         hops: list[tuple[HostParams, str, int]] = []
         for juser, jhost, jport in jumps:
@@ -340,14 +356,16 @@ class SSHTransport(Transport):
         return s
 
     def _handshake(self, params: HostParams, user: str, port: int, sock, label: str) -> paramiko.SSHClient:
+        paramiko = _paramiko()
+        AcceptNewPolicy, AcceptAnyPolicy, CheckedPolicy = _policies()
         client = paramiko.SSHClient()
         policy = self._policy(params)
         known = self._known_hosts(params)
         kh = load_known_hosts(known) if policy != "off" else KnownHosts()
         kh.fill(client.get_host_keys())
         inner = (paramiko.RejectPolicy() if policy == "strict"
-                 else _AcceptNewPolicy(known[0]) if policy == "accept-new" else _AcceptAnyPolicy())
-        client.set_missing_host_key_policy(inner if policy == "off" else _CheckedPolicy(inner, kh, label))
+                 else AcceptNewPolicy(known[0]) if policy == "accept-new" else AcceptAnyPolicy())
+        client.set_missing_host_key_policy(inner if policy == "off" else CheckedPolicy(inner, kh, label))
         # paramiko saves *all* keys on AutoAdd; we append one line ourselves instead.
         client._host_keys_filename = None
         # The name keys are looked up under: HostKeyAlias, else host (and [host]:port off 22).
@@ -400,6 +418,7 @@ class SSHTransport(Transport):
     # -- running ----------------------------------------------------------------------------
 
     def run(self, command, stdin=None, timeout=None):
+        paramiko = _paramiko()
         timeout = timeout or self.options.command_timeout
         t0 = time.monotonic()
         tr = self.client.get_transport()

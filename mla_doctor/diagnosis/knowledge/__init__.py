@@ -376,5 +376,7 @@ class Knowledge:
 
 @functools.lru_cache(maxsize=1)
 def load_knowledge() -> Knowledge:
+    # libyaml's loader when PyYAML has it (same safe subset, ~10x faster on this file), else the pure-Python one
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     with open(DATA_FILE, encoding="utf-8") as f:
-        return Knowledge(yaml.safe_load(f))
+        return Knowledge(yaml.load(f, Loader=loader))  # noqa: S506 - a safe loader
