@@ -24,6 +24,22 @@ def test_redact_argv_hides_secrets_in_both_forms():
     assert out[:4] == ["vllm", "serve", "m", "--api-key"] and out[-2:] == ["--port", "8000"]
 
 
+def test_redact_argv_hides_every_value_word_and_keeps_tokens_and_tokenizer():
+    from mla_doctor import redact as controller
+
+    argv = ["vllm", "serve", "/m", "--api-key", "k1", "k2", "--max-num-batched-tokens", "8192", "--tokenizer", "/t",
+            "--hf-token", "hf_x", "--num-speculative-tokens", "3", "--auth-token=a", "--key", "k3", "--port", "8000"]
+    out = processes.redact_argv(argv)
+    assert out == ["vllm", "serve", "/m", "--api-key", processes.REDACTED, processes.REDACTED,
+                   "--max-num-batched-tokens", "8192", "--tokenizer", "/t", "--hf-token", processes.REDACTED,
+                   "--num-speculative-tokens", "3", "--auth-token=" + processes.REDACTED, "--key", processes.REDACTED,
+                   "--port", "8000"]
+    # the same rule as the controller's last net
+    for flag in ("--api-key", "--hf-token", "--tokenizer", "--max-num-batched-tokens", "--ssl-keyfile", "--key",
+                 "--client-secret", "--db-password", "--tokenizer-mode", "--token"):
+        assert bool(processes.SECRET_ARG_RE.match(flag)) == controller.is_secret_flag(flag), flag
+
+
 def test_redact_env_keeps_only_relevant_and_hides_secret_values():
     env = {"VLLM_API_KEY": "sk", "HF_TOKEN": "hf", "VLLM_MLA_DISABLE": "1", "PATH": "/bin", "AWS_SECRET": "x"}
     out = processes.redact_env(env)

@@ -549,10 +549,10 @@ def test_a_file_that_cannot_be_restored_does_not_stop_the_others(tmp_path, signa
     assert patch.op_patch(plan)["outcome"] == "patched"
     real = revert.atomic_write
 
-    def failing(path, data, st=None):
+    def failing(path, data, st=None, **kw):
         if path == str(target):
             raise OSError(30, "Read-only file system")
-        return real(path, data, st)
+        return real(path, data, st, **kw)
 
     monkeypatch.setattr(revert, "atomic_write", failing)
     run = revert.op_revert({"op": "revert", "run_root": str(tmp_path / "runroot")})["runs"][0]

@@ -9,6 +9,7 @@ import time
 
 from .. import fs
 from ..common import _pid_running
+from ..protocol import Refusal
 
 
 def _watchdog_pid(run_dir):
@@ -19,7 +20,7 @@ def _watchdog_pid(run_dir):
             if b"mla-doctor" not in f.read():
                 return None
         return pid if _pid_running(pid) else None
-    except (OSError, ValueError):
+    except (OSError, ValueError, Refusal):
         return None
 
 
@@ -72,7 +73,10 @@ def _watchdog_start(run_dir, what):
     log = fs.watchdog_log_path(run_dir)
 
     def note(msg):
-        fs.append_text(log, "%s %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), msg))
+        try:
+            fs.append_text(log, "%s %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), msg))
+        except (OSError, Refusal):  # a log that cannot be written safely is not written
+            pass
 
     fs.write_text(fs.watchdog_pid_path(run_dir), str(os.getpid()))
     note("%s pid %d watching %s" % (what, os.getpid(), os.path.basename(run_dir)))

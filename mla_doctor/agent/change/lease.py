@@ -7,7 +7,7 @@ from __future__ import annotations
 from .. import fs
 from ..common import _now
 from ..fs import _lease_path, _read_json, _run_dir, _server_paths, _write_json
-from ..protocol import AGENT_VERSION
+from ..protocol import AGENT_VERSION, Refusal
 
 
 def write_lease(run_dir, ttl, epoch=None):
@@ -18,17 +18,16 @@ def write_lease(run_dir, ttl, epoch=None):
         except (OSError, ValueError):
             epoch = 0
     lease = {"expires": (_now() + ttl) if ttl and ttl > 0 else 0, "ttl": ttl, "renewed": _now(), "epoch": epoch}
-    _write_json(_lease_path(run_dir), lease)
-    fs.set_mode(_lease_path(run_dir), 0o644)  # the probe, running as the server's user, reads it
+    _write_json(_lease_path(run_dir), lease, 0o644)  # the probe, running as the server's user, reads it
     return lease
 
 
 def lease_expired(run_dir):
     try:
         lease = _read_json(_lease_path(run_dir))
-    except (OSError, ValueError):
+        return bool(lease.get("expires")) and _now() > float(lease["expires"])
+    except (OSError, ValueError, TypeError, AttributeError, Refusal):
         return True
-    return bool(lease.get("expires")) and _now() > lease["expires"]
 
 
 def op_renew(plan):

@@ -52,7 +52,7 @@ def _holder_alive(held, path):
     pid = held.get("pid")
     if not isinstance(pid, int):  # empty or torn: a holder may be writing it right now
         try:
-            return _now() - os.stat(path).st_mtime < 60
+            return _now() - fs.mtime(path) < 60
         except OSError:
             return False
     if held.get("host") not in (None, socket.gethostname()):

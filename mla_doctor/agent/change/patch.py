@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import pwd
 import re
 import signal
 import stat
@@ -55,7 +56,7 @@ def op_patch(plan):
         path = os.path.join(vdir, spec["rel"])
         entry = {"rel": spec["rel"], "path": path}
         try:
-            data = open(path, "rb").read()
+            data = fs.read_install_file(path)
         except OSError as e:
             problems.append("%s: cannot read: %s" % (path, e.strerror))
             continue
@@ -139,11 +140,13 @@ def op_patch(plan):
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     _run_root(plan)
     _take_lock(root, run_id)
-    fs.make_run_dirs(root, run_dir)
+    owner = records_owner_for(plan, vdir)
+    fs.make_run_dirs(root, run_dir, owner)
     manifest_path = fs.manifest_path(run_dir)
-    manifest = {"run_id": run_id, "state": "patching", "created": _now(), "vllm_dir": vdir, "files": [],
-                "created_files": [], "controller": plan.get("controller"), "ttl": plan.get("ttl", 0),
-                "records_dir": out["records_dir"], "server": plan.get("server")}
+    # "vllm_dir" and "site" are the install this run audited: revert and the watchdog act only inside it
+    manifest = {"run_id": run_id, "state": "patching", "created": _now(), "vllm_dir": vdir, "site": site,
+                "files": [], "created_files": [], "controller": plan.get("controller"), "ttl": plan.get("ttl", 0),
+                "records_dir": out["records_dir"], "records_uid": owner[0], "server": plan.get("server")}
     if fs.exists(manifest_path):
         old = _read_json(manifest_path)
         if old.get("state") != "reverted":  # same run id again: what it changed so far is still to undo
@@ -172,8 +175,7 @@ def op_patch(plan):
             if ppath not in manifest["created_files"]:
                 manifest["created_files"].append(ppath)
             _write_json(manifest_path, manifest)
-            atomic_write(ppath, probe["source"].encode("utf-8"))
-            os.chmod(ppath, 0o644)
+            atomic_write(ppath, probe["source"].encode("utf-8"), mode=0o644)
         for entry, path, data, new_data in prepared:
             st = os.stat(path)
             bfile = os.path.join(fs.backup_dir(run_dir), entry["rel"].replace("/", "__"))
@@ -184,7 +186,7 @@ def op_patch(plan):
             manifest["files"].append(rec)
             _write_json(manifest_path, manifest)  # recorded before the file changes
             atomic_write(path, new_data, st)
-            if _sha(open(path, "rb").read()) != entry["patched_sha256"]:
+            if _sha(fs.read_install_file(path)) != entry["patched_sha256"]:
                 raise OSError("verification failed after writing %s" % path)
             compile(new_data, path, "exec", dont_inherit=True)
             entry["bytecode_removed"] = remove_bytecode(path)
@@ -210,7 +212,6 @@ def install_plugin(run_dir, probe, plugin):
     pdir = fs.plugin_dir(run_dir)
     dist = plugin["module"] + "-0.0.0.dist-info"
     fs.make_dir(os.path.join(pdir, dist), 0o755)
-    fs.set_mode(pdir, 0o755)
     files = {
         probe["module"] + ".py": probe["source"],
         plugin["module"] + ".py": plugin["source"],
@@ -219,11 +220,33 @@ def install_plugin(run_dir, probe, plugin):
         os.path.join(dist, "top_level.txt"): plugin["module"] + "\n",
     }
     for rel, text in files.items():
-        atomic_write(os.path.join(pdir, rel), text.encode("utf-8"))
-        fs.set_mode(os.path.join(pdir, rel), 0o644)
+        atomic_write(os.path.join(pdir, rel), text.encode("utf-8"), mode=0o644)
     name = plugin["entry_point"].split("=", 1)[0].strip()
     return {"dir": pdir, "entry_point_name": name,
             "env": {"PYTHONPATH": pdir, "VLLM_PLUGINS_ADD": name}}
+
+
+def records_owner_for(plan, vdir):
+    """(uid, gid) the records directory belongs to: the uid of the server running this install (the probe
+    writes as it); root when none runs now (a restart hands it to the server it starts)."""
+    uid = plan.get("records_uid")
+    if not isinstance(uid, int) or isinstance(uid, bool):
+        uids = set()
+        try:
+            from ..facts.processes import find_servers
+            site = os.path.dirname(vdir or "")
+            for srv in find_servers():
+                prefix = os.path.dirname(os.path.dirname(srv.get("exe") or "/"))
+                if vdir in (srv.get("mapped_vllm_dirs") or []) or (prefix != "/" and site.startswith(prefix + "/")):
+                    uids.add(srv["uid"])
+        except Exception:  # a server we cannot read: root keeps the records (nothing forged, maybe nothing written)
+            uids = set()
+        uid = uids.pop() if len(uids) == 1 else 0
+    try:
+        gid = pwd.getpwuid(uid).pw_gid
+    except KeyError:
+        gid = 0
+    return uid, gid
 
 
 def _can_create(d):

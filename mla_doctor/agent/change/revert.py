@@ -3,14 +3,14 @@ edited since (both versions kept); the server put back as found. Also the `rever
 """
 from __future__ import annotations
 
-import glob
 import os
+import re
 import signal
 
 from .. import fs
 from ..common import _now, _sha
-from ..fs import _lease_path, _read_json, _server_paths, _write_json, atomic_write
-from ..protocol import AGENT_VERSION
+from ..fs import UnsafeRunState, _lease_path, _read_json, _server_paths, _write_json, atomic_write
+from ..protocol import AGENT_VERSION, Refusal
 from ..runtimes.lifecycle import restore_server
 from ..runtimes.registry import runtime
 from .daemon import _stop_watchdog
@@ -18,30 +18,93 @@ from .lock import _release_lock
 
 
 def remove_bytecode(path):
-    """Stale .pyc next to a patched file: Python checks mtime+size, an mtime-preserving restore may not change them."""
+    """Stale .pyc next to a patched file: Python checks mtime+size, an mtime-preserving restore may not change them.
+    Through the __pycache__ directory's descriptor, never a symlinked one."""
     d, base = os.path.split(path)
     stem = base[:-3]
     removed = []
-    for pyc in glob.glob(os.path.join(d, "__pycache__", stem + ".*.pyc")):
-        try:
-            os.unlink(pyc)
-            removed.append(pyc)
-        except OSError:
-            pass
+    try:
+        dfd = os.open(os.path.join(d, "__pycache__"), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return removed
+    try:
+        for name in os.listdir(dfd):
+            if name.startswith(stem + ".") and name.endswith(".pyc") and name.count(".") == 2:
+                try:
+                    os.unlink(name, dir_fd=dfd)
+                    removed.append(os.path.join(d, "__pycache__", name))
+                except OSError:
+                    pass
+    finally:
+        os.close(dfd)
     return removed
 
 
+PROBE_RE = re.compile(r"^mla_doctor_probe_[A-Za-z0-9_]+\.py$")
+
+
+def _inside(path, top):
+    return os.path.isabs(path) and os.path.normpath(path) == path and path.startswith(top.rstrip("/") + "/")
+
+
+def manifest_problems(manifest, run_dir):
+    """What in a manifest is outside what its run may touch: files inside the audited install (vllm_dir,
+    .py), backups inside the run's backup/, the probe module and __pycache__ beside vLLM. Each problem is
+    refused and reported; nothing named there is written, deleted or run."""
+    vdir = manifest.get("vllm_dir")
+    problems = []
+    if not (manifest.get("files") or manifest.get("created_files") or manifest.get("created_dirs")):
+        return problems  # nothing to touch
+    for key in ("files", "created_files", "created_dirs"):
+        if not isinstance(manifest.get(key, []), list):
+            return ["manifest's %s is not a list: nothing of it is touched" % key]
+    if not isinstance(vdir, str) or not os.path.isabs(vdir) or os.path.normpath(vdir) != vdir \
+            or os.path.basename(vdir) != "vllm":
+        return ["manifest names no audited vLLM install (vllm_dir %r): nothing of it is touched" % (vdir,)]
+    site = os.path.dirname(vdir)
+    for rec in manifest.get("files", []):
+        if not isinstance(rec, dict):
+            problems.append("file entry %r is not a record" % (rec,))
+            continue
+        path, rel = rec.get("path"), rec.get("rel")
+        if not isinstance(rel, str) or ".." in rel.split("/") or not isinstance(path, str) \
+                or path != os.path.join(vdir, rel) or not _inside(path, vdir) or not path.endswith(".py"):
+            problems.append("%r is not a Python file of the audited install %s" % (path, vdir))
+        elif rec.get("backup") != os.path.join(fs.backup_dir(run_dir), rel.replace("/", "__")):
+            problems.append("backup %r of %s is not in the run's backup directory" % (rec.get("backup"), path))
+        elif not all(isinstance(rec.get(k), int) for k in ("mode", "uid", "gid", "mtime_ns")):
+            problems.append("%s: mode, owner or mtime missing from the manifest" % path)
+    for p in manifest.get("created_files", []):
+        if not (isinstance(p, str) and _inside(p, site) and os.path.dirname(p) == site
+                and PROBE_RE.match(os.path.basename(p))):
+            problems.append("created file %r is not the run's probe module beside vLLM (%s)" % (p, site))
+    for d in manifest.get("created_dirs", []):
+        if d != os.path.join(site, "__pycache__"):
+            problems.append("created directory %r is not %s/__pycache__" % (d, site))
+    return problems
+
+
 def revert_run(run_dir, reason="revert"):
-    """Restore every file of one run byte-for-byte, but never clobber a file someone edited since."""
+    """Restore every file of one run byte-for-byte, but never clobber a file someone edited since; act only
+    inside the install the run audited (manifest_problems)."""
     manifest_path = fs.manifest_path(run_dir)
     manifest = _read_json(manifest_path)
+    if not isinstance(manifest, dict):
+        raise Refusal("%s is not a manifest" % manifest_path)
+    refused = manifest_problems(manifest, run_dir)
+    if refused:
+        manifest["state"] = "revert-refused"
+        manifest["reverted"] = {"at": _now(), "reason": reason, "by_pid": os.getpid(), "refused": refused}
+        _write_json(manifest_path, manifest)
+        return {"run_id": manifest.get("run_id"), "state": "revert-refused", "files": [],
+                "refused": ["%s: %s" % (manifest_path, p) for p in refused]}
     results = []
     for rec in manifest.get("files", []):
         path = rec["path"]
         res = {"rel": rec["rel"], "path": path, "original_sha256": rec["original_sha256"],
                "patched_sha256": rec["patched_sha256"]}
         try:
-            cur = open(path, "rb").read()
+            cur = fs.read_install_file(path)
         except OSError as e:
             cur = None
             res["current"] = "missing: %s" % e.strerror
@@ -64,14 +127,11 @@ def revert_run(run_dir, reason="revert"):
             continue
         if cur_sha == rec["patched_sha256"] or cur is None:
             try:  # one file that cannot be written (read-only, full) must not stop the others
-                st = os.stat(path) if cur is not None else None
-                atomic_write(path, original, st)
-                os.chmod(path, rec["mode"])
-                if os.getuid() == 0:
-                    os.chown(path, rec["uid"], rec["gid"])
-                os.utime(path, ns=(rec.get("atime_ns", rec["mtime_ns"]), rec["mtime_ns"]))
+                # mode, owner and times set on the new file before it is renamed into place
+                atomic_write(path, original, mode=rec["mode"], owner=(rec["uid"], rec["gid"]),
+                             times_ns=(rec.get("atime_ns", rec["mtime_ns"]), rec["mtime_ns"]))
                 remove_bytecode(path)
-                ok = _sha(open(path, "rb").read()) == rec["original_sha256"]
+                ok = _sha(fs.read_install_file(path)) == rec["original_sha256"]
                 res["outcome"] = "restored" if ok else "restore-unverified"
             except OSError as e:
                 res["outcome"] = "restore-failed"
@@ -85,40 +145,68 @@ def revert_run(run_dir, reason="revert"):
             res["kept"] = {"original": rec["backup"], "current": keep}
         results.append(res)
     for created in manifest.get("created_files", []):
-        for p in (created, ) + tuple(glob.glob(os.path.join(os.path.dirname(created), "__pycache__",
-                                                            os.path.basename(created)[:-3] + ".*.pyc"))):
-            try:
-                os.unlink(p)
-            except OSError:
-                pass
-    for d in manifest.get("created_dirs", []):  # e.g. the __pycache__ the probe's import made: only if empty
+        d, base = os.path.split(created)
         try:
-            os.rmdir(d)
+            dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            continue
+        try:
+            os.unlink(base, dir_fd=dfd)
         except OSError:
             pass
+        finally:
+            os.close(dfd)
+        remove_bytecode(created)
+    for d in manifest.get("created_dirs", []):  # e.g. the __pycache__ the probe's import made: only if empty
+        try:
+            pfd = os.open(os.path.dirname(d), os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            continue
+        try:
+            os.rmdir(os.path.basename(d), dir_fd=pfd)
+        except OSError:
+            pass
+        finally:
+            os.close(pfd)
     fs.remove_tree(fs.plugin_dir(run_dir))
     ok = all(r.get("outcome") in ("restored", "already-original") for r in results)
     manifest["state"] = "reverted" if ok else "revert-incomplete"
     manifest["reverted"] = {"at": _now(), "reason": reason, "by_pid": os.getpid(), "files": results}
-    # drop backups only when every file is verified original again; keep manifest + records as the report
+    # drop backups only when every file is verified original again; keep the manifest as the report;
+    # the probe's records are gone with the run (collected by then)
     if ok:
         for rec in manifest.get("files", []):
             fs.remove_quietly(rec["backup"])
         fs.remove_empty_dir(fs.backup_dir(run_dir))
         fs.remove_quietly(_lease_path(run_dir))
+        fs.remove_records(run_dir)
     _write_json(manifest_path, manifest)
     return {"run_id": manifest.get("run_id"), "state": manifest["state"], "files": results}
 
 
-def _list_runs(root):
+def _list_runs(root, refused):
+    """(run dir, manifest) of every run with a manifest; a run directory or manifest that is not root's alone
+    is refused (reported in `refused` as a run of state "refused"), never acted on."""
     runs = []
     for d in fs.run_dirs(root):
         try:
             m = _read_json(fs.manifest_path(d))
+        except UnsafeRunState as e:
+            refused.append(_refused_run(d, str(e)))
+            continue
         except (OSError, ValueError):
+            continue
+        if not isinstance(m, dict):
+            refused.append(_refused_run(d, "%s is not a manifest" % fs.manifest_path(d)))
             continue
         runs.append((d, m))
     return runs
+
+
+def _refused_run(run_dir, why):
+    # shaped like a run whose files were not restored, so every report names what was refused and why
+    return {"run_id": os.path.basename(run_dir), "state": "refused", "refused": [why],
+            "files": [{"path": run_dir, "outcome": "refused: " + why}]}
 
 
 def op_revert(plan):
@@ -126,7 +214,8 @@ def op_revert(plan):
     out = {"agent_version": AGENT_VERSION, "op": "revert", "runs": []}
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    for d, m in _list_runs(root):
+    refused = []
+    for d, m in _list_runs(root, refused):
         if plan.get("run_id") and m.get("run_id") != plan["run_id"]:
             continue
         if m.get("state") == "reverted" and not plan.get("run_id"):
@@ -137,7 +226,9 @@ def op_revert(plan):
             continue
         _stop_watchdog(d)
         res = revert_run(d, reason=plan.get("reason") or "mla-doctor revert")
-        if plan.get("restore_server", True):
+        if res["state"] == "revert-refused":  # nothing of it touched, its server spec not run either
+            res["files"] = [{"path": fs.manifest_path(d), "outcome": "refused: " + p} for p in res["refused"]]
+        elif plan.get("restore_server", True):
             try:
                 res["server"] = restore_server(d)
             except Exception as e:  # report, keep going: files are already restored
@@ -147,10 +238,17 @@ def op_revert(plan):
     # the host side of container runs (docker runtime): their files are inside the container
     for d in fs.run_dirs(root):
         orig, cur_path = _server_paths(d)
-        if fs.exists(fs.manifest_path(d)) or not fs.exists(orig):
+        try:
+            if fs.exists(fs.manifest_path(d)) or not fs.exists(orig):
+                continue
+            spec = _read_json(orig)
+            cur = _read_json(cur_path) if fs.exists(cur_path) else {}
+        except UnsafeRunState as e:
+            if not any(r["run_id"] == os.path.basename(d) for r in refused):
+                refused.append(_refused_run(d, str(e)))
             continue
-        spec = _read_json(orig)
-        cur = _read_json(cur_path) if fs.exists(cur_path) else {}
+        except (OSError, ValueError):
+            continue
         if spec.get("runtime") != "docker" or (plan.get("run_id") and spec.get("run_id") != plan["run_id"]):
             continue
         if cur.get("mode") == "original" and not plan.get("run_id"):
@@ -161,4 +259,5 @@ def op_revert(plan):
             continue
         _stop_watchdog(d)
         out["runs"].append(runtime("docker").revert_host_run(d, plan.get("reason") or "mla-doctor revert"))
+    out["runs"] += [r for r in refused if not plan.get("run_id") or r["run_id"] == plan["run_id"]]
     return out

@@ -9,6 +9,7 @@ import time
 from .. import fs
 from ..common import _pid_running
 from ..fs import _read_json
+from ..protocol import Refusal
 from ..runtimes.lifecycle import restore_server
 from .daemon import _watchdog_start, start_daemon
 from .lease import lease_expired
@@ -26,12 +27,21 @@ def watchdog_loop(root, run_id, poll, agent_pid=None):
     run_dir = fs.run_dir_of(root, run_id)
     manifest_path = fs.manifest_path(run_dir)
     note, stop = _watchdog_start(run_dir, "watchdog")
+    try:
+        held = fs.hold_dir(run_dir)  # the run directory it watches, kept open; re-verified before acting
+    except (OSError, Refusal) as e:
+        note("run directory unusable: %s: exiting" % e)
+        return
     while not stop:
+        if not fs.still_same_dir(held, run_dir):
+            # replaced, moved or loosened since: act on nothing found there (a forged manifest or spec)
+            note("run directory %s is no longer the verified one: refusing to act, exiting" % run_dir)
+            return
         try:
             state = _read_json(manifest_path).get("state")
-        except (OSError, ValueError):
+        except (OSError, ValueError, Refusal):
             state = None
-        if state in ("reverted", "revert-incomplete", None):
+        if state in ("reverted", "revert-incomplete", "revert-refused", None):
             note("run is %s: exiting" % state)
             return
         if state == "patching" and agent_pid and _pid_running(agent_pid):
@@ -40,9 +50,13 @@ def watchdog_loop(root, run_id, poll, agent_pid=None):
         if lease_expired(run_dir):
             note("lease expired: reverting")
             try:
+                if not fs.still_same_dir(held, run_dir):
+                    note("run directory %s is no longer the verified one: refusing to act, exiting" % run_dir)
+                    return
                 res = revert_run(run_dir, reason="watchdog: lease expired")
-                note("revert: %s" % res["state"])
-                note("server: %s" % restore_server(run_dir, note))
+                note("revert: %s %s" % (res["state"], "; ".join(res.get("refused") or [])))
+                if res["state"] != "revert-refused":
+                    note("server: %s" % restore_server(run_dir, note))
             except Exception as e:
                 note("revert failed: %s: %s" % (type(e).__name__, e))
             _release_lock(root, run_id)

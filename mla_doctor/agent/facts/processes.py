@@ -12,7 +12,10 @@ from ..common import _int_or_none, _read_text, _run, _user_name
 # Server processes we recognise in /proc/<pid>/cmdline.
 SERVER_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server")
 
-SECRET_ARG_RE = re.compile(r"(?i)^--?(api[-_]?key|.*token.*|.*secret.*|.*password.*|hf[-_]token)$")
+# The controller's rule (mla_doctor/redact.py): --api-key, --key, --*-key, and any flag naming a token, secret,
+# password or credential -- but not tokens/tokenizer (--max-num-batched-tokens, --tokenizer are evidence)
+SECRET_ARG_RE = re.compile(r"(?i)^--?(?:.*(?:api[-_]?key|secret|password|passwd|credential).*|(?:.*[-_])?key"
+                           r"|.*token(?!s|iz).*)$")
 
 SECRET_ENV_RE = re.compile(r"(?i)(key|token|secret|password|passwd|credential|auth)")
 
@@ -23,19 +26,21 @@ REDACTED = "<redacted>"
 
 
 def redact_argv(argv):
+    """Every value word after a secret flag, up to the next flag (`--api-key a b`: newer vLLM takes
+    several), and `--flag=value`."""
     out = []
-    hide_next = False
+    hiding = False
     for a in argv:
-        if hide_next:
+        if hiding and not a.startswith("-"):
             out.append(REDACTED)
-            hide_next = False
             continue
+        hiding = False
         if a.startswith("-") and "=" in a:
             k, _, _v = a.partition("=")
             out.append(k + "=" + REDACTED if SECRET_ARG_RE.match(k) else a)
             continue
         if a.startswith("-") and SECRET_ARG_RE.match(a):
-            hide_next = True
+            hiding = True
         out.append(a)
     return out
 

@@ -9,6 +9,7 @@ import os
 import resource
 import shutil
 import signal
+import stat
 import time
 
 from .. import fs
@@ -145,26 +146,28 @@ def _resolve_exe(spec):
     return found or spec.get("exe") or a0
 
 
-def launch_server(spec, log_path, extra_env=None, add_args=(), drop_env=()):
-    """Start the server detached (new session), as its user, logging to log_path; return its pid."""
+def launch_server(spec, log_path, extra_env=None, add_args=(), drop_env=(), original_log=None):
+    """Start the server detached (new session), as its user; return (pid, argv, exe, log it writes to).
+
+    Its log: `log_path`, a run log created in the run directory and owned by the server's user; or, with
+    `original_log` (the file its stdout went to as found), that file, reopened by the child only after it
+    dropped privileges, never through a final symlink, never a FIFO; should that fail, the run log."""
     env = dict(spec["env"])
     for k in drop_env:
         env.pop(k, None)
     env.update(extra_env or {})
     argv = list(spec["argv"]) + [a for a in add_args if a not in spec["argv"]]
     exe = _resolve_exe(spec)
-    logfd, created = fs.open_append(log_path, 0o640)
-    if os.getuid() == 0 and created:  # a run log we made belongs to the server's user
-        os.chown(log_path, spec["uid"], spec["gid"])
+    logfd, _created = fs.open_append(log_path, 0o640, owner=(spec["uid"], spec["gid"]))
     r, w = os.pipe()
+    lr, lw = os.pipe()  # which log the child writes to
     pid = os.fork()
     if pid == 0:
         try:
             os.close(r)
+            os.close(lr)
             os.setsid()
             os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-            os.dup2(logfd, 1)
-            os.dup2(logfd, 2)
             for name, (soft, hard) in (spec.get("limits") or {}).items():
                 try:
                     resource.setrlimit(getattr(resource, name), (soft, hard))
@@ -177,6 +180,11 @@ def launch_server(spec, log_path, extra_env=None, add_args=(), drop_env=()):
                     os.setgroups([])
                 os.setgid(spec["gid"])
                 os.setuid(spec["uid"])
+            out = _open_original_log(original_log) if original_log else None
+            os.write(lw, b"o" if out is not None else b"r")
+            os.close(lw)
+            os.dup2(logfd if out is None else out, 1)
+            os.dup2(logfd if out is None else out, 2)
             os.chdir(spec["cwd"])
             fcntl_cloexec(w)  # closes on a successful exec: the parent then reads EOF
             os.execve(exe, argv, env)
@@ -186,13 +194,39 @@ def launch_server(spec, log_path, extra_env=None, add_args=(), drop_env=()):
             finally:
                 os._exit(127)
     os.close(w)
+    os.close(lw)
     os.close(logfd)
+    which = os.read(lr, 1)
+    os.close(lr)
     err = os.read(r, 600)
     os.close(r)
     if err:
         os.waitpid(pid, 0)
         raise Refusal("could not start the server (%s): %s" % (exe, err.decode("utf-8", "replace")))
-    return pid, argv, exe
+    return pid, argv, exe, (original_log if which == b"o" else log_path)
+
+
+def _open_original_log(path):
+    """In the child, as the server's user: its original stdout file for appending, or None."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o640)
+    except OSError:
+        return None
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def hand_records_to(run_dir, uid, gid):
+    """The run's records directory (if it patched here) belongs to the uid the server now runs as."""
+    owner = fs.records_owner(run_dir)
+    if owner is not None and owner != uid:
+        fs.set_records_owner(run_dir, uid, gid)
 
 
 def fcntl_cloexec(fd):
@@ -218,8 +252,9 @@ def op_server_restart(plan):
     _gpu_free_or_refuse(plan)
     n = int(current.get("launch", 0)) + 1
     log_path = fs.server_log_path(run_dir, n)
-    pid, argv, exe = launch_server(spec, log_path, plan.get("env") or {}, plan.get("add_args") or [],
-                                   plan.get("drop_env") or [])
+    hand_records_to(run_dir, spec["uid"], spec["gid"])
+    pid, argv, exe, _log = launch_server(spec, log_path, plan.get("env") or {}, plan.get("add_args") or [],
+                                         plan.get("drop_env") or [])
     cur = {"pid": pid, "launch": n, "log": log_path, "started": _now(), "mode": plan.get("mode", "debug"),
            "added_args": plan.get("add_args") or [], "added_env": sorted((plan.get("env") or {}).keys())}
     _write_private(_server_paths(run_dir)[1], cur)
@@ -241,10 +276,13 @@ class ProcessRuntime(Runtime):
         if current.get("pid"):
             stop_server(current["pid"], 30.0, spec["port"], spec.get("bind_host"))
         n = int(current.get("launch", 0)) + 1
-        # as found: back to the file its stdout went to, when that was a file; else a run log
-        log_path = spec.get("stdout") or fs.server_log_path(run_dir, n)
-        offset = fs.size(log_path) if fs.exists(log_path) else 0  # earlier servers' lines: not ours
-        pid, _argv, _exe = launch_server(spec, log_path)
+        # as found: back to the file its stdout went to, when that was a file (opened as the server's user);
+        # else (or when it cannot be opened so) a run log
+        original = spec.get("stdout")
+        offset = fs.size(original) if original and fs.exists(original) else 0  # earlier servers' lines: not ours
+        pid, _argv, _exe, log_path = launch_server(spec, fs.server_log_path(run_dir, n), original_log=original)
+        if log_path != original:
+            offset = 0
         # the original server logged wherever its stdout pointed; keep that: relaunch writes the run log
         _write_private(cur_path, {"pid": pid, "launch": n, "log": log_path, "started": _now(), "mode": "original"})
         note("server relaunched with its original argv as pid %d" % pid)

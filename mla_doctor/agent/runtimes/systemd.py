@@ -6,6 +6,8 @@ restarted, so systemd's own unit (ExecStart, User, limits, Restart=) is what run
 from __future__ import annotations
 
 import os
+import pwd
+import re
 import time
 
 from .. import fs
@@ -15,9 +17,11 @@ from ..facts.processes import _proc_cmdline, is_server_argv
 from ..fs import _server_paths, _write_private, atomic_write
 from ..protocol import AGENT_VERSION, Refusal
 from .base import Runtime, _gpu_free_or_refuse, _restart_state
+from .process import hand_records_to
 
 
 SYSTEMD_DROPIN_ROOT = "/run/systemd/system"
+UNIT_RE = re.compile(r"^[A-Za-z0-9:_.@-]+$")
 
 
 def _systemctl(args, timeout=120):
@@ -93,7 +97,7 @@ def _unit_wait(unit, want, timeout):
 
 def _systemd_start(spec, run_dir, n, env, add_args, mode):
     """Write (or drop) the run's drop-in, daemon-reload, start the unit; the journal from here is ours."""
-    unit, dropin = spec["unit"], spec["dropin"]
+    unit, dropin = spec["unit"], _dropin_checked(spec, run_dir)
     if env or add_args:
         exec_argv = None
         if add_args:
@@ -102,9 +106,8 @@ def _systemd_start(spec, run_dir, n, env, add_args, mode):
                 raise Refusal("unit %s's main process is not the vLLM server itself (a wrapper?): extra arguments "
                               "cannot be added to its ExecStart; use --runtime command" % unit)
             exec_argv = list(argv) + [a for a in add_args if a not in argv]
-        fs.make_dir(os.path.dirname(dropin), 0o777)
-        atomic_write(dropin, render_dropin(env, exec_argv).encode(), None)
-        fs.set_mode(dropin, 0o600)  # may hold the server's settings: root only
+        fs.make_dir(os.path.dirname(dropin), 0o755)
+        atomic_write(dropin, render_dropin(env, exec_argv).encode(), mode=0o600)  # the server's settings: root only
     else:
         fs.remove_quietly(dropin)
         fs.remove_empty_dir(os.path.dirname(dropin))
@@ -148,13 +151,34 @@ def _capture_unit(plan):
             "argv": _proc_cmdline(main) if main else None, "port": int(plan["port"]),
             "bind_host": plan.get("bind_host"), "restart": info.get("Restart"), "type": info.get("Type"),
             "fragment": info.get("FragmentPath"), "dropins_before": info.get("DropInPaths"),
-            "timeout": plan.get("timeout", 120), "captured": _now()}
+            "timeout": plan.get("timeout", 120), "captured": _now(), "user": info.get("User") or None}
     spec["dropin"] = systemd_dropin(spec["unit"], plan["run_id"])
     return spec
 
 
+def _dropin_checked(spec, run_dir):
+    """The drop-in a spec names: only the run's own, under /run/systemd/system (never another path)."""
+    unit = spec.get("unit")
+    if not isinstance(unit, str) or not UNIT_RE.match(unit) \
+            or spec.get("dropin") != systemd_dropin(unit, os.path.basename(run_dir)):
+        raise Refusal("%s names a drop-in %r that is not this run's (%s): refused, nothing removed or written"
+                      % (_server_paths(run_dir)[0], spec.get("dropin"), os.path.basename(run_dir)))
+    return spec["dropin"]
+
+
+def _hand_records(spec, run_dir):
+    """The records directory (if the run patched here) to the unit's User= (root when none)."""
+    try:
+        pw = pwd.getpwnam(spec["user"]) if spec.get("user") else pwd.getpwuid(0)
+    except KeyError:  # DynamicUser= or a name only the unit knows: leave it as the patch set it
+        return
+    hand_records_to(run_dir, pw.pw_uid, pw.pw_gid)
+
+
 def op_systemd_restart(plan):
     run_dir, spec, current = _restart_state(plan, lambda: _capture_unit(plan))
+    _dropin_checked(spec, run_dir)
+    _hand_records(spec, run_dir)
     _systemd_stop(spec)
     _gpu_free_or_refuse(plan)
     cur = _systemd_start(spec, run_dir, int(current.get("launch", 0)) + 1, plan.get("env") or {},
@@ -166,6 +190,7 @@ def op_systemd_restart(plan):
 
 def _systemd_restore(spec, run_dir, current, note):
     """Drop-in removed, daemon-reload, the unit started as systemd defines it."""
+    _dropin_checked(spec, run_dir)
     if current.get("mode") == "original" and not fs.exists(spec["dropin"]):
         info = unit_show(spec["unit"])
         if info.get("ActiveState") in ("active", "activating"):

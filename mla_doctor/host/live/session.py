@@ -23,6 +23,13 @@ Progress = Callable[[str, str], None]
 PromptResults = list[tuple[PromptObservation, list[dict[str, Any]]]]
 
 
+def well_typed(rec: Any) -> bool:
+    """A probe record as the agent passes it on (the agent checks the same): an object with a known event and
+    an integer pid and epoch."""
+    return (isinstance(rec, dict) and rec.get("event") in ("armed", "call", "counters")
+            and all(isinstance(rec.get(k, 0), int) and not isinstance(rec.get(k), bool) for k in ("pid", "epoch")))
+
+
 class LiveRun:
     """State of one host's run, so every exit path restores. `prepare` fills in what the audit found."""
     def __init__(self, transport: Transport, name: str, conn: ConnectOptions, aopts: AuditOptions,
@@ -99,6 +106,10 @@ class LiveRun:
         res = self.call(RecordsRequest(run_id=self.run_id, run_root=self.ropts.run_root,
                                        offset_bytes=self.records_offsets, new_epoch=new_epoch))
         self.records_offsets = res.offsets or self.records_offsets
-        recs = res.records
+        recs = [r for r in res.records if well_typed(r)]  # a line `1` or junk from the host: never a crash
+        notes = [res.get("note")] * bool(res.get("capped")) + list(res.get("refused_files") or []) + (
+            ["%d malformed record line(s) skipped" % res.get("bad_lines")] if res.get("bad_lines") else [])
+        if notes:
+            self.live.setdefault("records_notes", []).extend(n for n in notes if n)
         self.armed += [r for r in recs if r.get("event") == "armed"]
         return recs
