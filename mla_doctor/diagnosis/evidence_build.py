@@ -13,6 +13,7 @@ from typing import Any
 
 from mla_doctor.diagnosis.evidence import ROLE_KEYS, LiveEvidence, PromptObservation, RoleCount, observe
 from mla_doctor.diagnosis.knowledge import ReleaseFacts
+from mla_doctor.diagnosis.log_reading import installed_records
 from mla_doctor.diagnosis.static_facts import LogEvidence, classify_model, parse_log
 
 __all__ = ["build_live_evidence", "resolve_threshold", "text_config"]
@@ -35,7 +36,8 @@ def text_config(config: dict | None) -> dict:
     return text if isinstance(text, dict) and text.get("model_type") else config
 
 
-def _parse(facts: ReleaseFacts, lines: list[Any]) -> LogEvidence:
+def _parse(facts: ReleaseFacts, lines: list[Any], harvested: list[dict] | None = None,
+           version: str | None = None) -> LogEvidence:
     items, originals = [], {}
     for i, item in enumerate(lines or [], 1):
         if isinstance(item, dict):
@@ -44,7 +46,7 @@ def _parse(facts: ReleaseFacts, lines: list[Any]) -> LogEvidence:
             n, raw = i, str(item)
         originals[n] = _ANSI.sub("", raw).rstrip()
         items.append({"n": n, "text": _LEGACY_PREFIX.sub(lambda m: m.group(1) + "[" + m.group(2), raw, count=1)})
-    log = parse_log(_log_facts(facts), items)
+    log = parse_log(_log_facts(facts), items, harvested=harvested, version=version)
     for group in (log.backend_lines, log.cudagraph_lines, log.mla_lines, log.sparse_lines, log.fatal_lines,
                   log.other_lines, [log.decode_backend_line, log.prefill_backend_line, log.engine_line]):
         for ll in group:
@@ -149,7 +151,9 @@ def build_live_evidence(*, facts: ReleaseFacts, version: str | None, model_confi
     """
     settings = dict(settings or {})
     server = server or {}
-    log = _parse(facts, log_lines or [])
+    # the formats the static audit harvested from the installed vllm/ (this process), else the shipped ones
+    harvested = installed_records(((static or {}).get("log_formats") or {}).get("key"))
+    log = _parse(facts, log_lines or [], harvested, version)
     cfg = text_config(model_config)
     mc = classify_model(facts, model_config) if model_config else None
     n_layers = cfg.get("num_hidden_layers") if isinstance(cfg.get("num_hidden_layers"), int) else None

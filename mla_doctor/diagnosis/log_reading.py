@@ -28,7 +28,7 @@ from mla_doctor.diagnosis.knowledge import load_knowledge, parse_version
 
 __all__ = ["Format", "Match", "Fact", "LogReading", "Matcher", "load_formats", "load_meanings", "matcher",
            "read_log", "message_of", "is_source_build", "shipped_releases", "release_of_version",
-           "literal_len"]
+           "literal_len", "records_of", "remember_installed", "installed_records"]
 
 _KNOWLEDGE = Path(__file__).with_name("knowledge")
 FORMATS_FILE = _KNOWLEDGE / "log_formats.json"
@@ -230,17 +230,56 @@ def _records(doc: dict, key: str) -> List[dict]:
     return out
 
 
+def records_of(doc: Any) -> Optional[List[dict]]:
+    """The agent's compact ``log.formats`` (``{"formats", "files", "sites"}``) as harvested records; None
+    when absent or malformed."""
+    if not isinstance(doc, dict) or not all(isinstance(doc.get(k), list) for k in ("formats", "files", "sites")):
+        return None
+    out = []
+    try:
+        for fi, pi, line, level in doc["sites"]:
+            rec = {"file": str(doc["files"][pi]), "line": int(line), "level": str(level).split(":", 1)[0],
+                   "format": str(doc["formats"][fi])}
+            if ":" in str(level):
+                rec["exc"] = str(level).split(":", 1)[1]
+            out.append(rec)
+    except (TypeError, ValueError, IndexError):
+        return None
+    return out
+
+
+# The formats harvested from an install, kept for the live run of the same process (the static audit reads
+# them; the run's evidence is built later from the report, which names them by key only).
+_INSTALLED: Dict[str, List[dict]] = {}
+
+
+def remember_installed(key: str, records: List[dict]) -> str:
+    _INSTALLED[key] = records
+    return key
+
+
+def installed_records(key: Optional[str]) -> Optional[List[dict]]:
+    return _INSTALLED.get(key) if key else None
+
+
 @functools.lru_cache(maxsize=64)
 def _shipped_matcher(keys: Tuple[str, ...]) -> Matcher:
     doc = load_formats()
     return Matcher(_build({k: _records(doc, k) for k in keys}))
 
 
+_HARVESTED_MATCHERS: Dict[Tuple[int, int, str], Tuple[List[dict], "Matcher"]] = {}
+
+
 def matcher(releases: Optional[Sequence[str]] = None, harvested: Optional[List[dict]] = None,
             label: str = "installed") -> Matcher:
     """The matcher for shipped releases (default: all of them), or for formats harvested from an install."""
     if harvested is not None:
-        return Matcher(_build({label: harvested}))
+        key = (id(harvested), len(harvested), label)
+        cached = _HARVESTED_MATCHERS.get(key)
+        if cached is None or cached[0] is not harvested:
+            cached = _HARVESTED_MATCHERS[key] = (harvested, Matcher(_build({label: harvested})))
+        return cached[1]
     return _shipped_matcher(tuple(releases) if releases else tuple(shipped_releases()))
 
 
@@ -377,6 +416,9 @@ def read_log(lines: Sequence[Any], version: Optional[str] = None, distribution: 
     if harvested is not None:
         keys = ["installed"]
         m_all = matcher(harvested=harvested)
+        # a line the install has no format for (a module not harvested) is still read with every release's
+        # formats, so its most specific reading is never lost; the installed format wins ties
+        m_any = matcher()
     else:
         exact = release_of_version(out.version, distribution)
         keys = [exact] if exact else shipped_releases()
@@ -392,7 +434,7 @@ def read_log(lines: Sequence[Any], version: Optional[str] = None, distribution: 
         if not msg:
             continue
         m = m_all.match(msg)
-        if harvested is None and m_any is not None:
+        if m_any is not None:
             other = m_any.match(msg)
             if other is not None and (m is None or (other.literal, not other.partial) > (m.literal, not m.partial)):
                 m = other

@@ -295,6 +295,8 @@ class LogLine:
     id: str
     kind: str
     groups: List[str] = field(default_factory=list)
+    format: Optional[str] = None      # the vLLM format string the line matched (most specific wins)
+    source: Optional[str] = None      # "vllm/<file>:<line>" of that format
 
 
 @dataclass
@@ -314,6 +316,7 @@ class LogEvidence:
     sparse_lines: List[LogLine] = field(default_factory=list)
     fatal_lines: List[LogLine] = field(default_factory=list)
     other_lines: List[LogLine] = field(default_factory=list)
+    formats: Dict[str, Any] = field(default_factory=dict)   # whose formats read the lines: installed / shipped
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -353,7 +356,96 @@ def _cudagraph_mode(facts: ReleaseFacts, text: str) -> Optional[str]:
     return facts.cudagraph_mode_values.get(val, val)
 
 
-def parse_log(facts: ReleaseFacts, lines: List[Union[str, dict]]) -> LogEvidence:
+def parse_log(facts: ReleaseFacts, lines: List[Union[str, dict]], harvested: Optional[List[dict]] = None,
+              version: Optional[str] = None, distribution: Optional[str] = None) -> LogEvidence:
+    """The knowledge's patterns name each line (ids, categories); then the lines are read with vLLM's own
+    format strings (``log_reading.read_log``: ``harvested`` from the installed ``vllm/``, else the shipped
+    formats of ``version``): the most specific format decides what a line is, so a KV-cache, MoE or vision
+    line is never the attention backend, fatal lines the patterns miss are added, and every line says which
+    format (``vllm/file:line``) it matched."""
+    ev = _parse_patterns(facts, lines)
+    _read_formats(ev, facts, lines, harvested, version or facts.version or None, distribution)
+    return ev
+
+
+_BACKEND_KINDS = ("attention_backend",)
+
+
+def _read_formats(ev: LogEvidence, facts: ReleaseFacts, lines: List[Union[str, dict]],
+                  harvested: Optional[List[dict]], version: Optional[str], distribution: Optional[str]) -> None:
+    from mla_doctor.diagnosis.log_reading import read_log  # log_reading imports the knowledge package
+
+    if not lines:
+        ev.formats = {"from": "installed" if harvested is not None else "shipped", "releases": [], "lines": 0}
+        return
+    reading = read_log(lines, version=version, distribution=distribution, harvested=harvested,
+                       aliases=facts.backend_aliases)
+    ev.formats = {"from": "installed" if harvested is not None else "shipped", "releases": reading.releases,
+                  "version": reading.version, "source_build": reading.source_build,
+                  "lines": sum(1 for f in reading.facts if f.source)}
+    by_n = {f.n: f for f in reading.facts if f.source}
+    groups = (ev.backend_lines, ev.cudagraph_lines, ev.mla_lines, ev.sparse_lines, ev.fatal_lines, ev.other_lines)
+    for group in groups:
+        for ll in group:
+            f = by_n.get(ll.n)
+            if f is not None:
+                ll.format, ll.source = f.format, f.source
+    for ll in (ev.decode_backend_line, ev.prefill_backend_line, ev.engine_line):
+        f = by_n.get(ll.n) if ll is not None else None
+        if f is not None:
+            ll.format, ll.source = f.format, f.source
+
+    # a pattern's "backend" line that a more specific format reads as something else (KV cache, MoE, vision)
+    wrong = [ll for ll in ev.backend_lines if ll.n in by_n and by_n[ll.n].kind not in _BACKEND_KINDS]
+    for ll in wrong:
+        ev.backend_lines.remove(ll)
+        ll.kind = by_n[ll.n].kind
+        ev.other_lines.append(ll)
+    if ev.decode_backend_line is not None and ev.decode_backend_line in wrong:
+        ev.decode_backend = ev.decode_backend_line = ev.decode_backend_is_mla = None
+    ab = reading.attention_backend
+    if ab is not None and ab.source and ab.value:
+        line = next((ll for ll in ev.backend_lines if ll.n == ab.n), None)
+        if line is None:
+            line = LogLine(ab.n, ab.text, "format", "decode_backend", [ab.value], ab.format, ab.source)
+            ev.backend_lines.append(line)
+            ev.backend_lines.sort(key=lambda x: x.n)
+        if ev.decode_backend_line is None or ev.decode_backend_line.n <= ab.n:
+            ev.decode_backend, ev.decode_backend_line = ab.value, line
+            ev.decode_backend_is_mla = "MLA" in ab.value.upper()
+    elif ev.decode_backend_line is None and ev.backend_lines:
+        last = ev.backend_lines[-1]
+        ev.decode_backend_line = last
+        ev.decode_backend = _backend_name(facts, last.groups[0] if last.groups else None)
+        ev.decode_backend_is_mla = bool(ev.decode_backend) and "MLA" in ev.decode_backend.upper()
+    pline = ev.prefill_backend_line
+    if pline is not None and pline.n in by_n and by_n[pline.n].kind != "prefill_backend":
+        ev.prefill_backend = ev.prefill_backend_line = None
+        ev.other_lines.append(pline)
+    pb = reading.prefill_backend
+    if ev.prefill_backend is None and pb is not None and pb.source and pb.value:
+        ev.prefill_backend = pb.value
+        ev.prefill_backend_line = LogLine(pb.n, pb.text, "format", "prefill_backend", [pb.value], pb.format,
+                                          pb.source)
+    if ev.engine is None and reading.engine:
+        ev.engine = reading.engine
+        el = reading.engine_line
+        if el is not None and ev.engine_line is None:
+            ev.engine_line = LogLine(el.n, el.text, "format", "engine", [], el.format, el.source)
+    if ev.cudagraph_mode is None and reading.cudagraph_mode:
+        ev.cudagraph_mode = reading.cudagraph_mode
+    if ev.eager is None and reading.eager is not None:
+        ev.eager = reading.eager
+    # fatal lines the patterns miss ("No valid attention backend found ...", "... is already dead")
+    have = {ll.n for ll in ev.fatal_lines}
+    for f in reading.fatal:
+        if f.source and f.n not in have:
+            ev.fatal_lines.append(LogLine(f.n, f.text, "format", "fatal", [f.value] if f.value else [], f.format,
+                                          f.source))
+    ev.fatal_lines.sort(key=lambda x: x.n)
+
+
+def _parse_patterns(facts: ReleaseFacts, lines: List[Union[str, dict]]) -> LogEvidence:
     ev = LogEvidence()
     fatal = [(k, re.compile(rx)) for k, rx in facts.fatal_patterns]
     # the specific prefill line ("Using %s MLA prefill backend.") before the generic "Using %s backend."

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from mla_doctor.diagnosis import static_rules as rules
 from mla_doctor.diagnosis.knowledge import Knowledge, load_knowledge
+from mla_doctor.diagnosis.log_reading import records_of, remember_installed
 from mla_doctor.diagnosis.static_facts import classify_model, parse_log, verify_static
 from mla_doctor.errors import MlaDoctorError, UsageError
 from mla_doctor.remote.protocol import StaticRequest, call
@@ -175,9 +176,17 @@ def build_static_report(name: str, raw: dict[str, Any], kb: Knowledge) -> HostRe
     log_raw = raw.get("log") or {}
     log_ev = None
     if log_raw.get("found"):
-        log_ev = parse_log(facts, log_raw.get("lines", []))
+        harvested = records_of(log_raw.get("formats"))  # the installed vllm/'s own formats
+        log_ev = parse_log(facts, log_raw.get("lines", []), harvested=harvested, version=version,
+                           distribution=ident.get("distribution"))
         report.log = {"source": log_raw.get("source"), "total_lines": log_raw.get("total_lines"),
                       "evidence": plain(log_ev)}
+        if harvested is not None:
+            key = remember_installed(f"{loc.get('dir')}@{version}", harvested)
+            static["log_formats"] = {"from": "installed", "key": key, "sites": len(harvested),
+                                     "harvest_s": (log_raw.get("formats") or {}).get("elapsed_s")}
+        elif log_raw.get("formats_error"):
+            static["log_formats"] = {"from": "shipped", "error": log_raw["formats_error"]}
     else:
         report.log = {"source": None, "reason": log_raw.get("reason")}
     report.findings = rules.static_findings(

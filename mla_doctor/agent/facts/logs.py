@@ -8,7 +8,8 @@ import re
 import shutil
 import subprocess
 
-from ..common import _run
+from ..common import _now, _run
+from .log_formats import harvest_tree
 
 
 MAX_LOG_LINES = 400
@@ -32,7 +33,33 @@ def _filter_lines(lines, patterns, source):
     return {"source": source, "total_lines": len(lines), "lines": out}
 
 
-def log_section(plan, server):
+def installed_formats(vdir):
+    """The log formats of the installed ``vllm/`` (``log_formats.harvest_tree``), stored compactly like the
+    shipped data: each format and file once, a site as ``[format, file, line, level[:exc]]``."""
+    t0 = _now()
+    recs = harvest_tree(vdir)
+    formats = sorted({r["format"] for r in recs})
+    files = sorted({r["file"] for r in recs})
+    fidx = dict((f, i) for i, f in enumerate(formats))
+    pidx = dict((f, i) for i, f in enumerate(files))
+    sites = [[fidx[r["format"]], pidx[r["file"]], r["line"], r["level"] + (":" + r["exc"] if r.get("exc") else "")]
+             for r in recs]
+    return {"formats": formats, "files": files, "sites": sites, "elapsed_s": round(_now() - t0, 4)}
+
+
+def log_section(plan, server, vdir=None):
+    """The log's selected lines; with ``vdir`` (the installed ``vllm/``) and a log found, the formats
+    harvested from that install, which the controller reads the lines with."""
+    res = _log_lines(plan, server)
+    if vdir and res.get("found"):
+        try:
+            res["formats"] = installed_formats(vdir)
+        except Exception as e:  # the lines are still read with the shipped formats
+            res["formats_error"] = "%s: %s" % (type(e).__name__, e)
+    return res
+
+
+def _log_lines(plan, server):
     patterns = plan.get("log_patterns") or {}
     tail = int(plan.get("log_tail_bytes") or 8 * 1024 * 1024)
     sources = []

@@ -50,7 +50,7 @@ def op_static(plan):
         if plan.get("targets"):
             result["targets"] = _step(errors, "targets", resolve_targets, vdir, plan["targets"])
     result["model"] = _step(errors, "model", model_section, plan, server)
-    result["log"] = _step(errors, "log", log_section, plan, server)
+    result["log"] = _step(errors, "log", log_section, plan, server, loc.get("dir"))
     result["gpu"] = _step(errors, "gpu", gpu_section)
     for s in servers:
         s.pop("_raw_env", None)
