@@ -19,8 +19,9 @@ from typing import Any
 
 REDACTED = "<redacted>"
 
-_SECRET_FLAG = re.compile(r"(?i)^--?(?:.*(?:api[-_]?key|secret|password|passwd|credential).*|(?:.*[-_])?key"
-                          r"|.*token(?!s|iz).*)$")
+# a flag that names an environment variable (`--api-key-env NAME`) holds a name, not a secret
+_SECRET_FLAG = re.compile(r"(?i)^(?!.*[-_]env:?$)--?(?:.*(?:api[-_]?key|secret|password|passwd|credential).*"
+                          r"|(?:.*[-_])?key|.*token(?!s|iz).*)$")
 SECRET_ENV = re.compile(r"(?i)(key|token|secret|password|passwd|credential|auth)")
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 _URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@?#]+@")

@@ -16,7 +16,9 @@ from mla_doctor import __version__
 from mla_doctor.errors import MlaDoctorError, NoPythonError, UsageError
 from mla_doctor.exit_codes import ExitStatus
 from mla_doctor.host.audit import on_host
+from mla_doctor.host.undo import revert_command
 from mla_doctor.reports.host_text import render as render_host_text
+from mla_doctor.redact import redact_text
 from mla_doctor.results import HostStatus, RunReport
 from mla_doctor.ssh.transport import HOST_KEY_POLICIES, ConnectOptions
 
@@ -117,11 +119,14 @@ def write_output(output: str, text: str, status: ExitStatus, overall: str) -> Ex
 
 
 def emit(report: RunReport, fmt: str, output: str | None) -> ExitStatus:
-    """Print (or write) the report; returns the exit status to end with."""
+    """Print (or write) the report; returns the exit status to end with. Text: the first screen (every detail
+    with -v), fitted to the terminal's width, severity in colour only on a terminal without NO_COLOR."""
+    report = report.redacted()  # the final catch-all for secrets, whatever the command put in the report
     if fmt == "json":
         text = json.dumps(report.to_dict(), indent=2, sort_keys=False) + "\n"
     else:
-        text = render_host_text(report)
+        color = not output and sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+        text = render_host_text(report, verbose=STATE.verbose, color=color)
     status = report.exit_status()
     if output:
         return write_output(output, text, status, report.overall())
@@ -168,9 +173,10 @@ def handle_errors(command: str):
             try:
                 return f(*args, **kw)
             except MlaDoctorError as e:
+                message = redact_text(str(e))  # a message may echo an option's value: never a secret
                 if kw.get("fmt") == "json" or (kw.get("fmt") is None and json_asked(sys.argv[1:])):
-                    click.echo(json.dumps(error_doc(command, str(e), e.exit_status), indent=2))
-                click.echo(f"mla-doctor: error: {e}", err=True)
+                    click.echo(json.dumps(error_doc(command, message, e.exit_status), indent=2))
+                click.echo(f"mla-doctor: error: {message}", err=True)
                 sys.exit(int(e.exit_status))
 
         return wrapper
@@ -249,23 +255,9 @@ def explain_python(host, transport, python: str | None, sudo: bool) -> None:
 
 
 def undo_command(kw: dict, run_id: str | None, run_root: str | None, default_run_root: str) -> str:
-    """The exact `mla-doctor revert` that undoes a run made with these connection options."""
-    args = ["mla-doctor", "revert"]
-    if kw.get("local"):
-        args.append("--local")
-    else:
-        args += ["--host", kw["host"]]
-    for opt, key in (("--port", "port"), ("--user", "user"), ("--ssh-config", "ssh_config"),
-                     ("--known-hosts", "known_hosts"), ("--host-key-policy", "host_key_policy"),
-                     ("--python", "python")):
-        if kw.get(key) is not None:
-            args += [opt, str(kw[key])]
-    for ident in kw.get("identity") or ():
-        args += ["-i", ident]
-    if kw.get("sudo"):
-        args.append("--sudo")
-    if run_root and run_root != default_run_root:
-        args += ["--run-root", run_root]
-    if run_id:
-        args += ["--run", run_id]
-    return shlex.join(args)
+    """The exact `mla-doctor revert` that undoes a run made with these (command-line) connection options."""
+    conn = ConnectOptions(port=kw.get("port"), user=kw.get("user"), identity=tuple(kw.get("identity") or ()),
+                          ssh_config=kw.get("ssh_config"), known_hosts=kw.get("known_hosts"),
+                          host_key_policy=kw.get("host_key_policy"), sudo=bool(kw.get("sudo")),
+                          local=bool(kw.get("local")))
+    return revert_command(kw.get("host"), conn, kw.get("python"), run_id, run_root, default_run_root)

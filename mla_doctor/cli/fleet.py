@@ -27,10 +27,10 @@ from mla_doctor.errors import UsageError
 from mla_doctor.exit_codes import ExitStatus
 from mla_doctor.fleet import inventory as inv_mod
 from mla_doctor.fleet import playbook as pb_mod
-from mla_doctor.fleet import job as job_mod
 from mla_doctor.fleet.job import execute_host
 from mla_doctor.fleet.playbook import catalog
 from mla_doctor.fleet.scheduler import Events, FleetHostReport, run_fleet
+from mla_doctor.redact import redact_tree
 from mla_doctor.results import HostStatus
 from mla_doctor.ssh.transport import HOST_KEY_POLICIES, ConnectOptions
 
@@ -150,11 +150,6 @@ def audit_cmd(inventory_path, limit, playbook_name, forks, serial, max_fail_perc
                               ssh_config=kw.get("ssh_config"), known_hosts=kw.get("known_hosts"),
                               host_key_policy=kw.get("host_key_policy"), connect_timeout=kw["connect_timeout"],
                               command_timeout=kw["command_timeout"], sudo=kw.get("sudo", False))
-    local_hosts = [h.name for h in hosts if h.vars.get("connection") == "local"]
-    if local_hosts and not job_mod.host_conn(defaults, {"connection": "local"}).local:
-        # never SSH to localhost behind the inventory's back
-        raise UsageError(f"connection local (hosts {', '.join(local_hosts)}) is not supported by this "
-                         "mla-doctor's fleet runner")
     mode = progress_mode
     if mode == "auto":
         mode = "quiet" if fmt == "json" else ("live" if sys.stderr.isatty() else "plain")
@@ -229,6 +224,7 @@ def _print_plan(plans, pb, meta, fmt, output, kw) -> None:
             "runtime": hv.get("runtime"), "server_port": hv.get("server_port"), "api_key_env": hv.get("api_key_env"),
             "steps": [{"name": s.name, "kind": s.kind, "options": s.options, "restarts": s.restarts}
                       for s in p.steps]})
+    doc = redact_tree(doc)  # secrets in -e values, runbook options or inventory vars never reach the plan
     if fmt == "json":
         text = json.dumps(doc, indent=2) + "\n"
     else:

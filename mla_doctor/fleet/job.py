@@ -21,7 +21,8 @@ from mla_doctor.ssh.transport import ConnectOptions, Transport, open_transport
 
 
 def host_conn(defaults: ConnectOptions, hvars: dict[str, Any]) -> ConnectOptions:
-    """The CLI's connection options are defaults; the host's inventory vars win."""
+    """The CLI's connection options are defaults; the host's inventory vars win. `connection: local`
+    (Ansible's ansible_connection=local) runs on this machine without SSH (LocalTransport)."""
     ident = tuple(hvars.get("identity") or ()) or defaults.identity
     return ConnectOptions(
         port=hvars.get("port", defaults.port), user=hvars.get("user", defaults.user), identity=ident,
@@ -29,7 +30,8 @@ def host_conn(defaults: ConnectOptions, hvars: dict[str, Any]) -> ConnectOptions
         host_key_policy=hvars.get("host_key_policy", defaults.host_key_policy),
         connect_timeout=float(hvars.get("connect_timeout", defaults.connect_timeout)),
         command_timeout=float(hvars.get("command_timeout", defaults.command_timeout)),
-        sudo=bool(hvars.get("sudo", defaults.sudo)), local=False)
+        sudo=bool(hvars.get("sudo", defaults.sudo)),
+        local=hvars.get("connection") == "local")
 
 
 def _adopt(into: FleetHostReport, other: HostReport) -> None:
@@ -80,8 +82,9 @@ def execute_host(plan: HostPlan, defaults: ConnectOptions, cancel: Cancel | None
     finally:
         stats = transport.stats
         transport.close()
-    report.transport = {"kind": "ssh", "connections": stats.connections, "executions": stats.executions,
-                        "hops": stats.hops, "bytes_sent": stats.bytes_sent, "bytes_received": stats.bytes_received}
+    report.transport = {"kind": "local" if conn.local else "ssh", "connections": stats.connections,
+                        "executions": stats.executions, "hops": stats.hops, "bytes_sent": stats.bytes_sent,
+                        "bytes_received": stats.bytes_received}
     report.timings["total_s"] = round(time.monotonic() - t0, 4)
     return report
 

@@ -268,6 +268,8 @@ def plan(pb: Playbook, host: Host, extra: dict[str, Any] | None = None) -> HostP
         what = f"step #{i + 1} ({s.name}), host {host.name}"
         try:
             opts = _render(s.options, ctx)
+            if s.kind == "expect":  # the host's inventory expectations are templates too: rendered first
+                host_expect = _render(dict(host.vars.get("expect") or {}), ctx)
         except Exception as e:  # noqa: BLE001 - any error a template raises (1/0, a capped range) is the file's
             raise ConfigFileError(pb.path, s.line, f"{what}: template error: {templating.describe(e)}") from e
         if s.kind == "command" and isinstance(opts.get("run"), list):
@@ -275,7 +277,7 @@ def plan(pb: Playbook, host: Host, extra: dict[str, Any] | None = None) -> HostP
         if s.kind == "live" and isinstance(opts.get("prompts"), str):
             opts["prompts"] = [x.strip() for x in opts["prompts"].split(",") if x.strip()]
         if s.kind == "expect":  # the step's checks over the host's inventory expectations
-            opts = {**{k: v for k, v in (host.vars.get("expect") or {}).items()}, **opts}
+            opts = {**host_expect, **opts}
         _check_options(pb.path, s.line, what, s.kind, opts, rendered=True)
         out.append(Step(kind=s.kind, name=s.name, options=opts, line=s.line))
     return HostPlan(host=host, steps=out)

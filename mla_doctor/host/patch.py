@@ -13,6 +13,7 @@ from mla_doctor.diagnosis.knowledge import Knowledge, load_knowledge
 from mla_doctor.errors import MlaDoctorError, UnreachableError
 from mla_doctor.exit_codes import ExitStatus
 from mla_doctor.host.audit import AuditOptions, build_static_report, static_request
+from mla_doctor.host.undo import revert_command
 from mla_doctor.host.instrument import PatchOptions, TargetSet, Templates, load_targets, prepare_patch
 from mla_doctor.remote.protocol import RenewAnswer, RenewRequest, RevertRequest, call
 from mla_doctor.results import HostReport, HostStatus
@@ -58,8 +59,8 @@ def patch_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Aud
         res = call(transport, prepared.request, sudo=conn.sudo, timeout=conn.command_timeout)
     except MlaDoctorError as e:
         report.patch["outcome"] = "unknown"
-        return _fail(report, f"patch step failed: {e.message} — run `mla-doctor revert --run {prepared.run_id}`",
-                     type(e).__name__)
+        undo = revert_command(None if conn.local else name, conn, aopts.python, prepared.run_id, popts.run_root)
+        return _fail(report, f"patch step failed: {e.message} — run `{undo}`", type(e).__name__)
     report.patch.update({k: res.get(k) for k in ("outcome", "run_dir", "records_dir", "lease", "watchdog_pid",
                                                  "plugin", "refused", "error", "revert")})
     report.patch["files"] = res.get("files") or []

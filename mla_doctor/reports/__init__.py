@@ -13,6 +13,7 @@ from typing import Any
 
 from mla_doctor.errors import UsageError
 from mla_doctor.exit_codes import ExitStatus, worst
+from mla_doctor.redact import redact_tree
 from mla_doctor.results import HostReport, RunReport, backend_of
 
 FORMATS = ("text", "json", "junit", "markdown", "html")
@@ -170,6 +171,7 @@ def comparable(doc: dict) -> dict:
 
 
 def render(doc: dict, fmt: str) -> str:
+    doc = redact_tree(doc)  # the last net: a saved report (`report render|merge`) is redacted like a live one
     if fmt == "json":
         return json.dumps(doc, indent=2) + "\n"
     if fmt not in _WRITERS:
@@ -224,6 +226,7 @@ def write(path: str, text: str) -> None:
 
 def host_rows(doc: dict) -> list[dict[str, Any]]:
     """One flat row per host, shared by the text, Markdown and HTML writers."""
+    from mla_doctor.reports import first_screen
     rows = []
     for h in doc["hosts"]:
         st = h.get("static") or {}
@@ -241,6 +244,8 @@ def host_rows(doc: dict) -> list[dict[str, Any]]:
             "warns": warns,
             # the problem column: the error, else the failures, then the warnings
             "problem": h.get("error") or ", ".join(fails + [f"warn {w}" for w in warns]),
+            # the answer: the live verdict per prompt where the host ran one, else the static one
+            "path_verdict": first_screen.verdict_cell(h),
             "modified": list(st.get("modified_files") or []),
             "error": h.get("error"), "fails": fails, "groups": h.get("groups") or [],
         })

@@ -1,6 +1,13 @@
-"""Human-readable rendering of a RunReport (the only place, with the CLI, that formats for people)."""
+"""Human-readable rendering of a RunReport (the only place, with the CLI, that formats for people).
+
+Each host starts with its first screen (reports/first_screen.py: the answer, at most ~15 lines fitted to the
+width); `verbose` >= 1 adds every entry and detail below it. No line is wider than `width`, except a patch's
+unified diff (kept byte-exact, so that it can be applied)."""
 from __future__ import annotations
 
+import shutil
+
+from mla_doctor.reports import first_screen
 from mla_doctor.results import HostReport, HostStatus, RunReport
 
 _MARK = {"info": "  ", "warn": "! ", "fail": "X "}
@@ -38,7 +45,8 @@ def render_host(h: HostReport) -> list[str]:
                + (f" — {gate.get('routing')}" if gate.get("routing") else ""))
     th = s.get("decode_thresholds") or {}
     if th:
-        out.append("   decode thresholds: " + ", ".join(f"{k}={v}" for k, v in sorted(th.items())))
+        out.append("   decode thresholds: " + ", ".join(f"{k}={first_screen.fmt_threshold(v)}"
+                                                        for k, v in sorted(th.items())))
     out.append(f"   integrity: {s.get('integrity')}; modified {len(s.get('modified_files') or [])}, "
                f"missing {len(s.get('missing_files') or [])}, unrecorded {len(s.get('unrecorded_files') or [])}")
     srv = h.server or {}
@@ -142,23 +150,37 @@ def render_revert(h: HostReport) -> list[str]:
     return out
 
 
-def render(report: RunReport) -> str:
-    lines: list[str] = []
+def _fitted(lines: list[str], width: int) -> list[str]:
+    out: list[str] = []
+    for ln in lines:
+        out += first_screen.fit(ln, width)
+    return out
+
+
+def render(report: RunReport, verbose: int = 0, width: int | None = None, color: bool = False) -> str:
+    """The report for people: `verbose` 0 is the first screen, 1+ adds every detail; `width` defaults to the
+    terminal's columns; `color` (severity in colour) only when the caller writes to a terminal."""
+    width = max(int(width or shutil.get_terminal_size().columns), 40)
+    text = ""
     for h in report.hosts:
         if report.command == "revert":
-            lines.append(f"== {h.host}: {h.verdict().upper()}")
-            lines += ([f"   {h.error}"] if h.error else []) + render_revert(h)
+            lines = [f"== {h.host}: {h.verdict().upper()}"] + ([f"   {h.error}"] if h.error else []) + render_revert(h)
+            text += "\n".join(_fitted(lines, width)) + "\n"
         else:
-            lines += render_host(h)
-            if h.live:
-                lines += render_live(h)
-            elif h.patch:
-                lines += render_patch(h)
-        lines.append("")
+            rows = first_screen.screen(h, width, verbose)
+            text += first_screen.coloured(rows) if color else first_screen.plain(rows)
+            if verbose:
+                detail = render_host(h)[1:] + (render_live(h) if h.live else [])
+                text += "\n".join(["   details:"] + _fitted(detail, width)) + "\n"
+            if h.patch and not h.live:
+                patch = render_patch(h)
+                text += "\n".join(ln if ln.startswith("      ") else "\n".join(first_screen.fit(ln, width))
+                                   for ln in patch) + "\n"
+        text += "\n"
     counts: dict[str, int] = {}
     for h in report.hosts:
         counts[h.verdict()] = counts.get(h.verdict(), 0) + 1
     summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
-    lines.append(f"overall: {report.overall().upper()} ({summary}) in {report.duration_s:.2f}s "
-                 f"— exit {int(report.exit_status())} ({report.exit_status().name})")
-    return "\n".join(lines) + "\n"
+    last = (f"overall: {report.overall().upper()} ({summary}) in {report.duration_s:.2f}s "
+            f"— exit {int(report.exit_status())} ({report.exit_status().name})")
+    return text + "\n".join(first_screen.fit(last, width)) + "\n"

@@ -50,11 +50,13 @@ def render(doc: dict) -> str:
     if s.get("unreachable"):
         out += ["", "## Unreachable", ""] + [f"- {_cell(h)}" for h in s["unreachable"]]
     out += ["", "## Hosts", "",
-            "| host | verdict | vLLM | backend | prefill entry | decode entry | model sparse | problem (fail, warn) |",
-            "|---|---|---|---|---|---|---|---|"]
+            "| host | verdict | vLLM | backend | prefill entry | decode entry | model sparse | problem (fail, warn) "
+            "| path verdict (live, else static) |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append("| " + " | ".join(_cell(x) for x in (r["host"], r["verdict"], r["version"], r["backend"],
-                                                         r["prefill"], r["decode"], r["sparse"], r["problem"])) + " |")
+                                                         r["prefill"], r["decode"], r["sparse"], r["problem"],
+                                                         r["path_verdict"])) + " |")
     if fl.get("retry"):
         out += ["", "Re-run the hosts that did not pass: " + ", ".join(_cell(h) for h in fl["retry"])]
     return "\n".join(out) + "\n"

