@@ -10,6 +10,7 @@ bench/static_audit.py installs on the fleet), then measures in interleaved round
                venv's interpreter (the same one that runs the agent), CPU of that child tree (the sh, the agent
                and any interpreter it starts), from resource.getrusage(RUSAGE_CHILDREN);
   (c) cli    - the whole `python -m mla_doctor static --local --python VENV --format json` process tree;
+  (e) ops    - a live run's small ops: one-shot executions against one serving agent (remote/session.py);
   (d) fleet  - N `--local` audits at once from one controller process (audit_host in N threads): the
                controller's own CPU per host (RUSAGE_SELF) and its peak RSS growth per host (VmHWM), the agents'
                CPU apart. No SSH here: paramiko's handshake and cipher cost is not in it (bench/fleet_compare.py
@@ -101,6 +102,32 @@ def reset_hwm() -> bool:
         return False
 
 
+def per_op_cost(py: str, tmp: Path, n: int = 20) -> dict:
+    """CPU of n small ops: each a one-shot agent execution, then all on one serving agent (remote/session.py)."""
+    from mla_doctor.remote.runner import run_once
+    from mla_doctor.remote.session import AgentSession
+    from mla_doctor.ssh.transport import LocalTransport
+
+    v = tmp / "tiny" / "vllm"
+    v.mkdir(parents=True)
+    (v / "__init__.py").write_text("")
+    plan = {"op": "index", "vllm_dir": str(v), "index": {"files": ["__init__.py"]}}
+    out = {"n": n}
+    tr = LocalTransport()
+    s0, c0 = self_cpu(), child_cpu()
+    for _ in range(n):
+        run_once(tr, plan, python=py)
+    out["one_shot_cpu_s"], out["one_shot_executions"] = self_cpu() - s0 + child_cpu() - c0, tr.stats.executions
+    tr = LocalTransport()
+    s0, c0 = self_cpu(), child_cpu()
+    session = AgentSession(tr, python=py)
+    for _ in range(n):
+        session.run_agent(plan)
+    tr.close()  # the serving agent exits and is waited for: its CPU is in RUSAGE_CHILDREN
+    out["session_cpu_s"], out["session_executions"] = self_cpu() - s0 + child_cpu() - c0, tr.stats.executions
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=9)
@@ -166,6 +193,8 @@ def main() -> int:
                      "controller_cpu_per_host_s": (s1 - s0) / args.fleet, "agents_cpu_s": c1 - c0,
                      "peak_rss_growth_per_host_mib": (vm_hwm_kib() - rss0) / 1024 / args.fleet if reset_ok else None}
 
+        ops = per_op_cost(py, Path(tmp))
+
     med = {k: statistics.median(v) for k, v in cpu.items()}
     ratio_agent, ratio_cli = med["agent"] / med["floor"], med["cli"] / med["floor"]
     print(f"vLLM {args.version}: {n_files} RECORD-listed .py files, {mb:.0f} MB; {args.rounds} interleaved rounds; "
@@ -189,9 +218,15 @@ def main() -> int:
               f"per host, agents {fleet['agents_cpu_s']:.2f} s; controller peak RSS growth "
               + (f"{fleet['peak_rss_growth_per_host_mib']:.2f} MiB per host" if fleet["peak_rss_growth_per_host_mib"]
                  is not None else "n/a"))
+    print()
+    print(f"(e) a live run's small ops ({ops['n']} `index` ops on a one-file tree, like a tick): one-shot "
+          f"{ops['one_shot_cpu_s'] / ops['n'] * 1000:.1f} ms CPU per op (agent + controller), on one serving agent "
+          f"{ops['session_cpu_s'] / ops['n'] * 1000:.1f} ms (its start included); executions "
+          f"{ops['one_shot_executions']} vs {ops['session_executions']}")
     if args.json:
         Path(args.json).write_text(json.dumps({"cpu": cpu, "median": med, "ratio_agent": ratio_agent,
-                                               "ratio_cli": ratio_cli, "fleet": fleet, "files": n_files}, indent=1))
+                                               "ratio_cli": ratio_cli, "fleet": fleet, "ops": ops,
+                                               "files": n_files}, indent=1))
     return 0
 
 

@@ -62,10 +62,20 @@ def remember(filename, source):
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
 
 
-def start(sources, payload, plan_bytes):
-    """Install the importer, keep the payload for re-runs elsewhere, answer the plan; the exit status."""
+def _install(sources, payload):
+    """Install the importer and keep the payload for re-runs elsewhere; the package's name."""
     package = __name__.rpartition(".")[0]
     remember(package + "/_boot.py", sources["_boot.py"])
     sys.meta_path.insert(0, SourceImporter(package, sources))
     importlib.import_module(package + ".reexec").PAYLOAD = payload
-    return importlib.import_module(package + ".main").main(plan_bytes)
+    return package
+
+
+def start(sources, payload, plan_bytes):
+    """Answer the one plan; the exit status."""
+    return importlib.import_module(_install(sources, payload) + ".main").main(plan_bytes)
+
+
+def serve(sources, payload):
+    """Answer framed plans on stdin until it ends (protocol.SERVE_BOOTSTRAP); the exit status."""
+    return importlib.import_module(_install(sources, payload) + ".main").serve()

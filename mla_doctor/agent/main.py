@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 import traceback
 
-from .protocol import AGENT_VERSION, Refusal
+from .protocol import AGENT_VERSION, FRAME_HEADER, Refusal
 
 # op -> (module, function), relative to this package
 DISPATCH = {
@@ -45,7 +46,8 @@ def modules_loaded():
     return sorted(m[len(pkg) + 1:] for m in sys.modules if m.startswith(pkg + "."))
 
 
-def main(plan_bytes):
+def answer(plan_bytes):
+    """The answer to one JSON plan, whatever happens."""
     plan = None
     try:
         plan = json.loads(plan_bytes.decode("utf-8") or "{}")
@@ -62,7 +64,48 @@ def main(plan_bytes):
             out["traceback"] = traceback.format_exc()
     if isinstance(plan, dict) and plan.get("debug"):
         out["modules_loaded"] = modules_loaded()
-    sys.stdout.write(json.dumps(out, sort_keys=True))
+    return out
+
+
+def main(plan_bytes):
+    sys.stdout.write(json.dumps(answer(plan_bytes), sort_keys=True))
     sys.stdout.write("\n")
     sys.stdout.flush()
     return 0
+
+
+def _read_exact(fd, n):
+    buf = b""
+    while len(buf) < n:
+        chunk = os.read(fd, n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return buf
+
+
+def _write_frame(fd, obj):
+    data = json.dumps(obj, sort_keys=True).encode("utf-8")
+    view = memoryview(len(data).to_bytes(FRAME_HEADER, "big") + data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def serve():
+    """Every op of a live run on one process: a hello frame, then one answer frame per request frame until
+    stdin ends. The frames keep private copies of fd 0 and 1; whatever else this process or its children
+    read or print meets /dev/null, so nothing can interleave with a frame."""
+    rfd, wfd = os.dup(0), os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    _write_frame(wfd, {"agent_version": AGENT_VERSION, "serve": True, "pid": os.getpid()})
+    while True:
+        head = _read_exact(rfd, FRAME_HEADER)
+        if head is None:
+            return 0
+        body = _read_exact(rfd, int.from_bytes(head, "big"))
+        if body is None:
+            return 0
+        _write_frame(wfd, answer(body))

@@ -37,6 +37,31 @@ BOOTSTRAP = (
 ) % (OLD_PYTHON_RC, PAYLOAD_HEADER, len(PAYLOAD_MAGIC), PAYLOAD_HEADER, len(PAYLOAD_MAGIC), PAYLOAD_MAGIC,
      PAYLOAD_HEADER, PACKAGE, PACKAGE)
 
+# The same agent serving every op of a live run on one connection (`serve`): the payload as above, then
+# frames both ways, each a 4-byte big-endian length and that many bytes of JSON. The agent answers a hello
+# frame first (before any request: the controller knows it started), then one answer frame per request
+# frame, in order, until stdin ends. Its real stdin/stdout carry only frames (fd 0 and 1 are /dev/null to
+# everything else it runs).
+FRAME_HEADER = 4
+SERVE_BOOTSTRAP = (
+    "import sys\n"
+    "if sys.version_info < (3, 8):\n"
+    "    sys.stderr.write('mla-doctor: the agent needs Python 3.8+, %%s is %%d.%%d\\n' %% "
+    "((sys.executable,) + tuple(sys.version_info[:2])))\n"
+    "    sys.exit(%d)\n"
+    "import json, zlib\n"
+    "h = sys.stdin.buffer.read(%d)\n"
+    "b = sys.stdin.buffer.read(int.from_bytes(h[%d:%d], 'big')) if h[:%d] == %r and len(h) == %d else b''\n"
+    "if not b:\n"
+    "    sys.stderr.write('mla-doctor: the agent payload on stdin is not framed as expected\\n')\n"
+    "    sys.exit(2)\n"
+    "m = json.loads(zlib.decompress(b).decode('utf-8'))\n"
+    "g = {'__name__': '%s._boot'}\n"
+    "exec(compile(m['_boot.py'], '%s/_boot.py', 'exec', dont_inherit=True), g)\n"
+    "sys.exit(g['serve'](m, h + b))\n"
+) % (OLD_PYTHON_RC, PAYLOAD_HEADER, len(PAYLOAD_MAGIC), PAYLOAD_HEADER, len(PAYLOAD_MAGIC), PAYLOAD_MAGIC,
+     PAYLOAD_HEADER, PACKAGE, PACKAGE)
+
 
 class Refusal(Exception):
     """A precondition failed: nothing has been changed."""

@@ -407,7 +407,12 @@ REQUESTS: dict[str, type[Request[Any]]] = {cls.op: cls for cls in (
 
 
 def call(transport: Transport, request: Request[A], *, python: str | None = None, sudo: bool = False,
-         timeout: float | None = None) -> A:
-    """One agent execution: ship the request's plan, return its answer type (raises as run_agent does)."""
-    raw = runner.run_agent(transport, request.to_plan(), python=python, sudo=sudo, timeout=timeout)
+         timeout: float | None = None, session: Any = None) -> A:
+    """One agent op: ship the request's plan, return its answer type (raises as run_agent does). With
+    `session` (remote/session.py), on that run's serving agent."""
+    if session is None:
+        raw = runner.run_agent(transport, request.to_plan(), python=python, sudo=sudo, timeout=timeout)
+    else:
+        raw = runner.run_agent(transport, request.to_plan(), python=python, sudo=sudo, timeout=timeout,
+                               session=session)
     return request.answer(raw)  # type: ignore[return-value]

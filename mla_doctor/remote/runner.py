@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from typing import Any
 
 from mla_doctor.agent.protocol import BOOTSTRAP, OLD_PYTHON_RC
 from mla_doctor.errors import NoPythonError, RemoteError, SudoError
@@ -18,14 +19,15 @@ NO_PYTHON_RC = 127
 FALLBACK_PYTHONS = ("python3", "python", "/usr/bin/python3", "/usr/local/bin/python3")
 
 
-def agent_command(python: str | None = None, sudo: bool = False) -> str:
-    """The single shell command that finds an interpreter and runs the agent from stdin."""
+def agent_command(python: str | None = None, sudo: bool = False, bootstrap: str = BOOTSTRAP) -> str:
+    """The single shell command that finds an interpreter and runs the agent from stdin (`bootstrap`: the
+    one-shot BOOTSTRAP, or SERVE_BOOTSTRAP for an agent serving a run: remote/session.py)."""
     candidates = ([python] if python else []) + list(FALLBACK_PYTHONS)
     prefix = "sudo -n " if sudo else ""
     script = (
         "for p in " + " ".join(shlex.quote(c) for c in candidates) + "; do "
         'if command -v "$p" >/dev/null 2>&1; then '
-        f'exec {prefix}"$(command -v "$p")" -B -c {shlex.quote(BOOTSTRAP)}; '
+        f'exec {prefix}"$(command -v "$p")" -B -c {shlex.quote(bootstrap)}; '
         "fi; done; "
         "echo 'mla-doctor: no Python interpreter found on this host (tried: "
         + " ".join(candidates).replace("'", "") + ")' >&2; "
@@ -36,7 +38,17 @@ def agent_command(python: str | None = None, sudo: bool = False) -> str:
 
 
 def run_agent(transport: Transport, plan: dict, *, python: str | None = None, sudo: bool = False,
-              timeout: float | None = None) -> dict:
+              timeout: float | None = None, session: Any = None) -> dict:
+    """One op's answer. With `session` (remote/session.py AgentSession, made for this transport, python and
+    sudo), on the run's serving agent; else one remote execution (run_once)."""
+    if session is not None:
+        return session.run_agent(plan, timeout=timeout)
+    return run_once(transport, plan, python=python, sudo=sudo, timeout=timeout)
+
+
+def run_once(transport: Transport, plan: dict, *, python: str | None = None, sudo: bool = False,
+             timeout: float | None = None) -> dict:
+    """Start the agent, send the payload and the plan, read the one answer: one remote execution."""
     res = transport.run(agent_command(python, sudo), stdin=agent_stdin(plan), timeout=timeout)
     err = res.stderr.decode("utf-8", "replace").strip()
     if res.rc == NO_PYTHON_RC and "no Python interpreter" in err:

@@ -79,6 +79,92 @@ class TransportStats:
     hops: list[str] = field(default_factory=list)
 
 
+class Stream:
+    """One long-lived command with its stdin and stdout kept open (a serving agent): write bytes, read exactly
+    n bytes within a deadline. Its stderr is drained in the background (the last 8 KiB kept for messages)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._err = bytearray()
+        self.closed = False
+
+    def _keep_err(self, data: bytes) -> None:
+        self._err += data
+        del self._err[:-8192]
+
+    def stderr_tail(self) -> str:
+        return self._err.decode("utf-8", "replace").strip()
+
+    def write(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    def _recv(self, n: int, timeout: float) -> bytes:
+        """Up to n bytes; b"" at end of stream; socket.timeout / TimeoutError past the timeout."""
+        raise NotImplementedError
+
+    def read_exact(self, n: int, timeout: float) -> bytes:
+        deadline = time.monotonic() + timeout
+        buf = bytearray()
+        while len(buf) < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RemoteError(f"no answer within {timeout:g}s", host=self.name)
+            try:
+                chunk = self._recv(n - len(buf), left)
+            except (socket.timeout, TimeoutError) as e:
+                raise RemoteError(f"no answer within {timeout:g}s", host=self.name) from e
+            except (OSError, EOFError) as e:
+                raise RemoteError(f"the agent's channel failed: {e}", host=self.name) from e
+            if not chunk:
+                tail = self.stderr_tail()
+                raise RemoteError("the agent's channel closed" + (f": {tail[-400:]}" if tail else ""),
+                                  host=self.name)
+            buf += chunk
+        return bytes(buf)
+
+    def close(self, kill: bool = False) -> None:
+        """End the command: its stdin closes (a serving agent exits); with kill, do not wait for that."""
+        self.closed = True
+
+
+class _LocalStream(Stream):
+    def __init__(self, command: str, name: str):
+        super().__init__(name)
+        self.proc = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, bufsize=0)
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        for chunk in iter(lambda: self.proc.stderr.read(4096), b""):
+            self._keep_err(chunk)
+
+    def write(self, data: bytes) -> None:
+        try:
+            self.proc.stdin.write(data)
+        except (OSError, ValueError) as e:
+            raise RemoteError(f"the agent's channel failed: {e}", host=self.name) from e
+
+    def _recv(self, n: int, timeout: float) -> bytes:
+        fd = self.proc.stdout.fileno()
+        if not select.select([fd], [], [], timeout)[0]:
+            raise TimeoutError
+        return os.read(fd, n)
+
+    def close(self, kill: bool = False) -> None:
+        if self.closed:
+            return
+        super().close()
+        try:
+            if kill:
+                self.proc.kill()
+            self.proc.stdin.close()  # end of requests: the agent exits
+            self.proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+
+
 class Transport:
     """Runs shell command strings on one host."""
 
@@ -86,12 +172,30 @@ class Transport:
 
     def __init__(self) -> None:
         self.stats = TransportStats()
+        self._streams: list[Stream] = []
 
     def run(self, command: str, stdin: bytes | None = None, timeout: float | None = None) -> CommandResult:
         raise NotImplementedError
 
+    def open_stream(self, command: str) -> Stream:
+        """Start `command` and keep its stdin/stdout open (closed with the transport at the latest)."""
+        raise NotImplementedError
+
+    def _opened(self, stream: Stream) -> Stream:
+        self.stats.executions += 1
+        self._streams.append(stream)
+        return stream
+
+    def close_streams(self) -> None:
+        for st in self._streams:
+            try:
+                st.close()
+            except Exception:  # noqa: BLE001 - closing: nothing left to do about it
+                pass
+        self._streams = []
+
     def close(self) -> None:
-        pass
+        self.close_streams()
 
     def __enter__(self):
         return self
@@ -119,6 +223,9 @@ class LocalTransport(Transport):
         self.stats.bytes_sent += len(stdin or b"")
         self.stats.bytes_received += len(p.stdout) + len(p.stderr)
         return CommandResult(p.returncode, p.stdout, p.stderr, time.monotonic() - t0)
+
+    def open_stream(self, command):
+        return self._opened(_LocalStream(command, self.name))
 
 
 @functools.lru_cache(maxsize=None)
@@ -476,13 +583,64 @@ class SSHTransport(Transport):
         self.stats.bytes_received += len(out) + len(err)
         return CommandResult(rc, bytes(out), bytes(err), time.monotonic() - t0)
 
+    def open_stream(self, command):
+        paramiko = _paramiko()
+        tr = self.client.get_transport()
+        if tr is None or not tr.is_active():
+            raise UnreachableError("SSH connection lost", host=self.name)
+        try:
+            chan = tr.open_session(timeout=self.options.connect_timeout)
+            chan.exec_command(command)
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise UnreachableError(f"cannot open a session: {e}", host=self.name) from e
+        return self._opened(_SSHStream(chan, self.name))
+
     def close(self):
+        self.close_streams()
         for c in reversed(self._clients):
             try:
                 c.close()
             except Exception:
                 pass
         self._clients = []
+
+
+class _SSHStream(Stream):
+    """An `exec` channel kept open: stdout read with a timeout, stderr drained by a thread."""
+
+    def __init__(self, chan, name: str):
+        super().__init__(name)
+        self.chan = chan
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        try:
+            for chunk in iter(lambda: self.chan.recv_stderr(4096), b""):
+                self._keep_err(chunk)
+        except (OSError, EOFError):
+            pass
+
+    def write(self, data: bytes) -> None:
+        try:
+            self.chan.sendall(data)
+        except (OSError, EOFError) as e:
+            raise RemoteError(f"the agent's channel failed: {e}", host=self.name) from e
+        except Exception as e:  # paramiko.SSHException
+            raise RemoteError(f"the agent's channel failed: {e}", host=self.name) from e
+
+    def _recv(self, n: int, timeout: float) -> bytes:
+        self.chan.settimeout(timeout)
+        return self.chan.recv(n)
+
+    def close(self, kill: bool = False) -> None:
+        if self.closed:
+            return
+        super().close()
+        try:
+            self.chan.shutdown_write()  # end of requests: the agent exits
+            self.chan.close()
+        except Exception:  # noqa: BLE001 - a dead connection: nothing left to close
+            pass
 
 
 def _kh_name(host: str, port: int) -> str:

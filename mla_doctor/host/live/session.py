@@ -13,6 +13,7 @@ from mla_doctor.host.live.options import RunOptions
 from mla_doctor.host.patch import renew
 from mla_doctor.remote.http import HostHTTP
 from mla_doctor.remote.protocol import A, RecordsRequest, Request, TickAnswer, TickRequest, call
+from mla_doctor.remote.session import AgentSession
 from mla_doctor.results import HostReport
 from mla_doctor.ssh.transport import ConnectOptions, Transport
 
@@ -62,6 +63,7 @@ class LiveRun:
         self.prompts_obs: PromptResults = []  # the production pass's prompts
         self.start_error: str | None = None
         self.lease_keeper: threading.Event | None = None
+        self.sessions: dict[tuple[int, bool], AgentSession] = {}  # serving agents by (transport, sudo)
 
     def keep_lease(self) -> None:
         """Renew the lease every ttl/3 in the background: a slow completion must not let the host's
@@ -86,11 +88,23 @@ class LiveRun:
     def step(self, msg: str) -> None:
         self.progress(self.name, msg)
 
+    def agent(self, tr: Transport, sudo: bool) -> AgentSession:
+        """The run's serving agent on `tr` (one process and channel for every op there; one-shot runs once
+        it is dead or cannot start: remote/session.py). It ends when the run closes its transports."""
+        key = (id(tr), sudo)
+        if key not in self.sessions:
+            self.sessions[key] = AgentSession(tr, sudo=sudo)
+        return self.sessions[key]
+
     def call(self, request: Request[A], timeout: float | None = None, host: bool = False) -> A:
         """One agent op where the files are (or, with host=True, where the server's lifecycle is handled)."""
-        if host:
-            return call(self.host_tr, request, sudo=self.host_sudo, timeout=timeout or self.conn.command_timeout)
-        return call(self.tr, request, sudo=self.conn.sudo, timeout=timeout or self.conn.command_timeout)
+        tr, sudo = (self.host_tr, self.host_sudo) if host else (self.tr, self.conn.sudo)
+        return call(tr, request, sudo=sudo, timeout=timeout or self.conn.command_timeout,
+                    session=self.agent(tr, sudo))
+
+    def close_agents(self) -> None:
+        for s in self.sessions.values():
+            s.close()
 
     def tick(self) -> TickAnswer:
         res = self.call(TickRequest(run_id=self.run_id, run_root=self.ropts.run_root, ttl=self.ropts.ttl,
