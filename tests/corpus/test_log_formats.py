@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mla_doctor.diagnosis.log_reading import load_formats, meaning_of, read_log
-from tests.support.corpus import RELEASES, ensure
+from tests.support.corpus import RELEASES, cached_json, ensure
 
 pytestmark = pytest.mark.corpus
 
@@ -29,13 +29,24 @@ def render(fmt: str, value: str = SAMPLE) -> str:
 
 
 _HARVEST: dict = {}
+# the harvester's own source: a changed harvester re-harvests every release, an unchanged one reads the cache
+HARVESTER_SRC = (ROOT / "mla_doctor" / "agent" / "facts" / "log_formats.py").read_text(encoding="utf-8")
 
 
-def harvested(dist: str, version: str) -> list:
-    key = gen.release_key(dist, version)
+def harvested(dist: str, version: str, whole: bool = False) -> list:
+    key = (gen.release_key(dist, version), whole)
     if key not in _HARVEST:
-        _HARVEST[key] = gen.harvest_release(ensure(dist, version) / "vllm")
+        def build():
+            return gen.harvester.harvest_tree(str(ensure(dist, version) / "vllm"), whole=whole)
+        _HARVEST[key] = cached_json("log-formats-whole" if whole else "log-formats", dist, version, HARVESTER_SRC,
+                                    build)
     return _HARVEST[key]
+
+
+@pytest.mark.parametrize("dist, version", RELEASES)
+def test_fast_harvest_equals_the_whole_file_parse(dist, version):
+    """What the agent sends (candidate statements only) is exactly what parsing every module whole gives."""
+    assert harvested(dist, version) == harvested(dist, version, whole=True)
 
 
 @pytest.mark.parametrize("dist, version", RELEASES)

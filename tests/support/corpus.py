@@ -77,6 +77,27 @@ def ensure(dist: str, version: str) -> Path:
     return dest
 
 
+def cached_json(kind: str, dist: str, version: str, salt: str, build):
+    """``build()``'s JSON result for one release, cached under ``<cache>/derived/<kind>/`` keyed by the release
+    and ``salt`` (e.g. the hash of the code that derives it): a changed deriver recomputes, nothing goes stale."""
+    import hashlib
+    import json
+
+    tag = hashlib.sha256(salt.encode()).hexdigest()[:16]
+    path = cache_root() / "derived" / kind / f"{dist}-{version}-{tag}.json"
+    if path.is_file():
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except ValueError:
+            pass
+    value = build()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(value), encoding="utf-8")
+    tmp.replace(path)
+    return value
+
+
 def main(argv: list[str]) -> int:
     wanted = [tuple(a.split("==", 1)) for a in argv] or RELEASES
     for dist, version in wanted:
