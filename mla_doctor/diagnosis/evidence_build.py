@@ -152,7 +152,7 @@ def build_live_evidence(*, facts: ReleaseFacts, version: str | None, model_confi
     settings = dict(settings or {})
     server = server or {}
     # the formats the static audit harvested from the installed vllm/ (this process), else the shipped ones
-    harvested = installed_records(((static or {}).get("log_formats") or {}).get("key"))
+    harvested = installed_records(static)
     log = _parse(facts, log_lines or [], harvested, version)
     cfg = text_config(model_config)
     mc = classify_model(facts, model_config) if model_config else None

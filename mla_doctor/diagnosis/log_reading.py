@@ -248,18 +248,21 @@ def records_of(doc: Any) -> Optional[List[dict]]:
     return out
 
 
-# The formats harvested from an install, kept for the live run of the same process (the static audit reads
-# them; the run's evidence is built later from the report, which names them by key only).
-_INSTALLED: Dict[str, List[dict]] = {}
+# The formats harvested from an install, kept for the live run of the same process: the static audit reads
+# them; the run's evidence is built later from that audit's very ``static`` dict (one entry per host audited,
+# so two hosts of one fleet never share them; the newest 256 are kept).
+_INSTALLED: Dict[int, Tuple[Any, List[dict]]] = {}
 
 
-def remember_installed(key: str, records: List[dict]) -> str:
-    _INSTALLED[key] = records
-    return key
+def remember_installed(owner: Any, records: List[dict]) -> None:
+    _INSTALLED[id(owner)] = (owner, records)
+    while len(_INSTALLED) > 256:
+        del _INSTALLED[next(iter(_INSTALLED))]
 
 
-def installed_records(key: Optional[str]) -> Optional[List[dict]]:
-    return _INSTALLED.get(key) if key else None
+def installed_records(owner: Any) -> Optional[List[dict]]:
+    got = _INSTALLED.get(id(owner)) if owner is not None else None
+    return got[1] if got is not None and got[0] is owner else None
 
 
 @functools.lru_cache(maxsize=64)

@@ -181,12 +181,12 @@ def build_static_report(name: str, raw: dict[str, Any], kb: Knowledge) -> HostRe
                            distribution=ident.get("distribution"))
         report.log = {"source": log_raw.get("source"), "total_lines": log_raw.get("total_lines"),
                       "evidence": plain(log_ev)}
-        if harvested is not None:
-            key = remember_installed(f"{loc.get('dir')}@{version}", harvested)
-            static["log_formats"] = {"from": "installed", "key": key, "sites": len(harvested),
+        if harvested is not None:  # kept for this host's live run (it reads its log with them too)
+            remember_installed(static, harvested)
+            report.log["formats"] = {"from": "installed", "sites": len(harvested),
                                      "harvest_s": (log_raw.get("formats") or {}).get("elapsed_s")}
         elif log_raw.get("formats_error"):
-            static["log_formats"] = {"from": "shipped", "error": log_raw["formats_error"]}
+            report.log["formats"] = {"from": "shipped", "error": log_raw["formats_error"]}
     else:
         report.log = {"source": None, "reason": log_raw.get("reason")}
     report.findings = rules.static_findings(

@@ -113,13 +113,17 @@ def test_installed_formats_decide_in_static(vllm_tree):
     moe = [ll for ll in ev["other_lines"] if ll["n"] == 200]
     assert moe and moe[0]["source"] == "vllm/model_executor/layers/fused_moe/oracle/w4a8.py:2"
     assert ev["decode_backend_line"]["source"] == "vllm/platforms/cuda.py:7"  # "Using %s backend." installed
-    assert report.static["log_formats"]["from"] == "installed" and report.static["log_formats"]["sites"] == 3
+    assert report.log["formats"]["from"] == "installed" and report.log["formats"]["sites"] == 3
+    assert "log_formats" not in report.static  # the release's audit stays what it was
     # the live run of the same process reads its log with the same installed formats
     live = build_live_evidence(facts=K.for_version("0.32.0"), version="0.32.0", model_config=None,
                                static=report.static, server={}, gpu=None,
                                log_lines=[P + "Using CUTLASS W4A8 MoE backend.", P + "Using CPU_MLA backend."],
                                records_armed=[], prompts=[])
     assert live.decode_backend == "CPU_MLA" and live.backend_lines == [P + "Using CPU_MLA backend."]
+    # another host's audit (another static dict) never gets this install's formats
+    from mla_doctor.diagnosis.log_reading import installed_records
+    assert installed_records(report.static) is not None and installed_records(dict(report.static)) is None
 
 
 def test_without_installed_formats_static_reads_with_the_shipped_release():
