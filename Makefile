@@ -50,8 +50,17 @@ unit: setup
 install-tier: setup
 	$(PYTEST) -q tests/install
 
+# Tiers fastest first, so a failure shows early; every tier runs, the exit status is the worst.
+TIERS ?= unit corpus install attack integration
+
 test: setup lint
-	$(PYTEST) -q tests
+	@failed=""; for t in $(TIERS); do \
+	  [ -d tests/$$t ] || { echo "tier tests/$$t: missing" >&2; failed="$$failed $$t"; continue; }; \
+	  echo "=== tier $$t"; $(PYTEST) -q tests/$$t || failed="$$failed $$t"; \
+	done; \
+	rest=$$(ls -d tests/*/ | xargs -n1 basename | grep -vxE '__pycache__|support|fixtures|fleet|$(shell echo $(TIERS) | tr ' ' '|')'); \
+	[ -z "$$rest" ] || { echo "test dirs not in TIERS: $$rest" >&2; failed="$$failed $$rest"; }; \
+	[ -z "$$failed" ] || { echo "FAILED tiers:$$failed" >&2; exit 1; }
 
 wheel: setup
 	rm -rf $(DIST) && mkdir -p $(DIST) && d=$$(mktemp -d) && \
