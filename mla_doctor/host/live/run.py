@@ -32,6 +32,9 @@ def run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Audit
     finally:
         run.stop_lease()
         steps.restore(run)
-    if not passes:
-        passes.append(steps.Pass("production", run.prompts_obs, 0, len(run.log_lines), run.start_error))
-    return collect.conclude(run, passes)
+    try:
+        if not passes:
+            passes.append(steps.Pass("production", run.prompts_obs, 0, len(run.log_lines), run.start_error))
+        return collect.conclude(run, passes)
+    finally:
+        run.close_agents()  # the serving agent ends here, not only when the connection closes
