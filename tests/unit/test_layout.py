@@ -119,3 +119,11 @@ def test_one_default_run_root():
 def test_no_module_over_the_size_limit():
     big = {str(p.relative_to(PKG)): n for p in PKG.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not big, big
+
+
+def test_the_agent_and_the_controller_share_the_default_run_root():
+    """Two spellings (the agent imports nothing of the controller), one value."""
+    from mla_doctor import paths
+    from mla_doctor.agent import fs
+
+    assert fs.DEFAULT_RUN_ROOT == paths.DEFAULT_RUN_ROOT
