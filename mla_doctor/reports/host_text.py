@@ -2,7 +2,7 @@
 
 Each host starts with its first screen (reports/first_screen.py: the answer, at most ~15 lines fitted to the
 width); `verbose` >= 1 adds every entry and detail below it. No line is wider than `width`, except a patch's
-unified diff (kept byte-exact, so that it can be applied)."""
+unified diff and its undo command (kept whole, so that they can be applied and copied)."""
 from __future__ import annotations
 
 import shutil
@@ -150,6 +150,9 @@ def render_revert(h: HostReport) -> list[str]:
     return out
 
 
+VERBATIM = ("      ", "   undo:")  # diff lines, the undo command
+
+
 def _fitted(lines: list[str], width: int) -> list[str]:
     out: list[str] = []
     for ln in lines:
@@ -174,7 +177,8 @@ def render(report: RunReport, verbose: int = 0, width: int | None = None, color:
                 text += "\n".join(["   details:"] + _fitted(detail, width)) + "\n"
             if h.patch and not h.live:
                 patch = render_patch(h)
-                text += "\n".join(ln if ln.startswith("      ") else "\n".join(first_screen.fit(ln, width))
+                # a diff and the undo command stay whole: they are applied and copied, never read wrapped
+                text += "\n".join(ln if ln.startswith(VERBATIM) else "\n".join(first_screen.fit(ln, width))
                                    for ln in patch) + "\n"
         text += "\n"
     counts: dict[str, int] = {}

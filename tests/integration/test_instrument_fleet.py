@@ -21,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -404,8 +405,47 @@ def test_release_patch_exercise_revert(hosts, scripts, tmp_path, release, name):
         (run,) = rep["revert"]["runs"]
         assert run["state"] == "reverted" and {f["outcome"] for f in run["files"]} == {"restored"}
         assert diff_states(before, tree_state(h.venv)) == []
-        assert sorted(os.listdir(h.run_dir(run_id))) == ["manifest.json", "records"]
+        # the manifest stays as the run's report; the records went with the run (issue 9: collected by then)
+        assert sorted(os.listdir(h.run_dir(run_id))) == ["manifest.json"]
         assert sorted(os.listdir(h.run_root)) == ["runs"]  # the host lock is released
+
+
+def test_a_local_users_forged_run_is_refused_by_the_root_agent_over_ssh(hosts, tmp_path):
+    """The attacker tier's first attack (tests/attack), over SSH on a fleet host: a real unprivileged user
+    pre-creates the run root in the shared sticky /var/tmp with a forged manifest and server spec; root's
+    `revert` and `patch` over SSH refuse it, naming the path and its owner; nothing is written, nothing runs."""
+    import pwd
+    import types
+    import uuid
+
+    from tests.attack.conftest import VICTIM_TEXT, User
+    from tests.attack.test_run_state_attacks import forged_run, refused
+
+    name = "mlaatk" + uuid.uuid4().hex[:8]
+    subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True,
+                   capture_output=True)
+    secret = Path(tempfile.mkdtemp(prefix="mla-doctor-test-victim-", dir="/var/tmp"))  # root's, 0700
+    try:
+        pw = pwd.getpwnam(name)
+        attacker = User(name, pw.pw_uid, pw.pw_gid)
+        victim, marker = secret / "victim", secret / "marker"
+        victim.write_bytes(VICTIM_TEXT)
+        victim.chmod(0o600)
+        with hosts.use("h10", ("vllm", "0.13.0"), "attack") as h:
+            before = tree_state(h.venv)
+            stage = types.SimpleNamespace(victim=victim, marker=marker)
+            attacker.run(forged_run(stage, h.run_root))
+            for verb in (h.revert, lambda: h.revert("--run", "X"), lambda: h.patch("--ttl", "0")):
+                code, doc, out, err = verb()
+                res = types.SimpleNamespace(returncode=code, stdout=out, stderr=err)
+                refused(res, h.run_root, name)
+                assert doc["hosts"][0]["status"] != "ok"
+                assert victim.read_bytes() == VICTIM_TEXT and oct(victim.stat().st_mode & 0o777) == "0o600"
+                assert not marker.exists()  # the forged server spec's command never ran
+                assert diff_states(before, tree_state(h.venv)) == []
+    finally:
+        shutil.rmtree(secret, ignore_errors=True)
+        subprocess.run(["userdel", name], capture_output=True)
 
 
 def test_missing_symbols_are_refused_with_their_list(hosts):

@@ -318,3 +318,17 @@ def test_patch_failure_names_the_exact_revert_command():
         revert_command("gpu-1", ssh, None, "RID", "/var/tmp/mla-doctor")
     src = (ROOT / "mla_doctor/host/patch.py").read_text()
     assert "revert_command(" in src and "mla-doctor revert --run" not in src
+
+
+def test_the_undo_command_is_never_wrapped_whatever_the_width():
+    """Users copy it: a wrapped undo line would be a command that does something else (or nothing)."""
+    from mla_doctor.reports.host_text import render
+    from mla_doctor.results import HostReport, RunReport
+
+    undo = ("mla-doctor revert --local --python '/tmp/x y/py' --run-root '/tmp/some very long path/runs dir' "
+            "--run abc")
+    h = HostReport(host="localhost")
+    h.patch = {"run_id": "abc", "outcome": "patched", "undo": undo, "files": []}
+    for width in (40, 80, 200):
+        lines = render(RunReport(command="patch", hosts=[h]), width=width).splitlines()
+        assert [ln for ln in lines if "undo:" in ln] == [f"   undo:     {undo}"]
