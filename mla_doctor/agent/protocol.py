@@ -18,24 +18,28 @@ PACKAGE = "mla_doctor_agent"  # the package's name on the host, in memory (modul
 PAYLOAD_MAGIC = b"MLAD"
 PAYLOAD_HEADER = len(PAYLOAD_MAGIC) + 4  # magic, then the compressed sources' length (4 bytes, big-endian)
 OLD_PYTHON_RC = 97
-BOOTSTRAP = (
+# Both bootstraps start the same way: refuse an old interpreter (exit OLD_PYTHON_RC) before anything else.
+_PY_CHECK = (
     "import sys\n"
     "if sys.version_info < (3, 8):\n"
     "    sys.stderr.write('mla-doctor: the agent needs Python 3.8+, %%s is %%d.%%d\\n' %% "
     "((sys.executable,) + tuple(sys.version_info[:2])))\n"
     "    sys.exit(%d)\n"
     "import json, zlib\n"
+) % OLD_PYTHON_RC
+_NOT_FRAMED = "    sys.stderr.write('mla-doctor: the agent payload on stdin is not framed as expected\\n')\n"
+BOOTSTRAP = _PY_CHECK + (
     "d = sys.stdin.buffer.read()\n"
     "n = %d + int.from_bytes(d[%d:%d], 'big')\n"
     "if d[:%d] != %r or len(d) < n:\n"
-    "    sys.stderr.write('mla-doctor: the agent payload on stdin is not framed as expected\\n')\n"
+    + _NOT_FRAMED +
     "    sys.exit(2)\n"
     "m = json.loads(zlib.decompress(d[%d:n]).decode('utf-8'))\n"
     "g = {'__name__': '%s._boot'}\n"
     "exec(compile(m['_boot.py'], '%s/_boot.py', 'exec', dont_inherit=True), g)\n"
     "sys.exit(g['start'](m, d[:n], d[n:]))\n"
-) % (OLD_PYTHON_RC, PAYLOAD_HEADER, len(PAYLOAD_MAGIC), PAYLOAD_HEADER, len(PAYLOAD_MAGIC), PAYLOAD_MAGIC,
-     PAYLOAD_HEADER, PACKAGE, PACKAGE)
+) % (PAYLOAD_HEADER, len(PAYLOAD_MAGIC), PAYLOAD_HEADER, len(PAYLOAD_MAGIC), PAYLOAD_MAGIC, PAYLOAD_HEADER, PACKAGE,
+     PACKAGE)
 
 # The same agent serving every op of a live run on one connection (`serve`): the payload as above, then
 # frames both ways, each a 4-byte big-endian length and that many bytes of JSON. The agent answers a hello
@@ -43,25 +47,18 @@ BOOTSTRAP = (
 # frame, in order, until stdin ends. Its real stdin/stdout carry only frames (fd 0 and 1 are /dev/null to
 # everything else it runs).
 FRAME_HEADER = 4
-SERVE_BOOTSTRAP = (
-    "import sys\n"
-    "if sys.version_info < (3, 8):\n"
-    "    sys.stderr.write('mla-doctor: the agent needs Python 3.8+, %%s is %%d.%%d\\n' %% "
-    "((sys.executable,) + tuple(sys.version_info[:2])))\n"
-    "    sys.exit(%d)\n"
-    "import json, zlib\n"
+SERVE_BOOTSTRAP = _PY_CHECK + (
     "h = sys.stdin.buffer.read(%d)\n"
     "b = sys.stdin.buffer.read(int.from_bytes(h[%d:%d], 'big')) if h[:%d] == %r and len(h) == %d else b''\n"
     "if not b:\n"
-    "    sys.stderr.write('mla-doctor: the agent payload on stdin is not framed as expected\\n')\n"
+    + _NOT_FRAMED +
     "    sys.exit(2)\n"
     "m = json.loads(zlib.decompress(b).decode('utf-8'))\n"
     "g = {'__name__': '%s._boot'}\n"
     "exec(compile(m['_boot.py'], '%s/_boot.py', 'exec', dont_inherit=True), g)\n"
     "sys.exit(g['serve'](m, h + b))\n"
-) % (OLD_PYTHON_RC, PAYLOAD_HEADER, len(PAYLOAD_MAGIC), PAYLOAD_HEADER, len(PAYLOAD_MAGIC), PAYLOAD_MAGIC,
-     PAYLOAD_HEADER, PACKAGE, PACKAGE)
-
+) % (PAYLOAD_HEADER, len(PAYLOAD_MAGIC), PAYLOAD_HEADER, len(PAYLOAD_MAGIC), PAYLOAD_MAGIC, PAYLOAD_HEADER, PACKAGE,
+     PACKAGE)
 
 class Refusal(Exception):
     """A precondition failed: nothing has been changed."""

@@ -524,10 +524,9 @@ class SSHTransport(Transport):
 
     # -- running ----------------------------------------------------------------------------
 
-    def run(self, command, stdin=None, timeout=None):
+    def _exec(self, command):
+        """A new session channel on the one connection, running `command`."""
         paramiko = _paramiko()
-        timeout = timeout or self.options.command_timeout
-        t0 = time.monotonic()
         tr = self.client.get_transport()
         if tr is None or not tr.is_active():
             raise UnreachableError("SSH connection lost", host=self.name)
@@ -536,6 +535,13 @@ class SSHTransport(Transport):
             chan.exec_command(command)
         except (paramiko.SSHException, OSError, EOFError) as e:
             raise UnreachableError(f"cannot open a session: {e}", host=self.name) from e
+        return chan
+
+    def run(self, command, stdin=None, timeout=None):
+        paramiko = _paramiko()
+        timeout = timeout or self.options.command_timeout
+        t0 = time.monotonic()
+        chan = self._exec(command)
         self.stats.executions += 1
         out, err = bytearray(), bytearray()
         writer = None
@@ -584,16 +590,7 @@ class SSHTransport(Transport):
         return CommandResult(rc, bytes(out), bytes(err), time.monotonic() - t0)
 
     def open_stream(self, command):
-        paramiko = _paramiko()
-        tr = self.client.get_transport()
-        if tr is None or not tr.is_active():
-            raise UnreachableError("SSH connection lost", host=self.name)
-        try:
-            chan = tr.open_session(timeout=self.options.connect_timeout)
-            chan.exec_command(command)
-        except (paramiko.SSHException, OSError, EOFError) as e:
-            raise UnreachableError(f"cannot open a session: {e}", host=self.name) from e
-        return self._opened(_SSHStream(chan, self.name))
+        return self._opened(_SSHStream(self._exec(command), self.name))
 
     def close(self):
         self.close_streams()
