@@ -500,6 +500,43 @@ def remove_tree(path):
         pass
 
 
+# --------------------------------------------------------------------------- the install's own files
+
+def remove_bytecode(path):
+    """Stale .pyc next to a patched file: Python checks mtime+size, an mtime-preserving restore may not change them.
+    Through the __pycache__ directory's descriptor, never a symlinked one."""
+    d, base = os.path.split(path)
+    stem = base[:-3]
+    removed = []
+    try:
+        dfd = os.open(os.path.join(d, "__pycache__"), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return removed
+    try:
+        for name in os.listdir(dfd):
+            if name.startswith(stem + ".") and name.endswith(".pyc") and name.count(".") == 2:
+                try:
+                    os.unlink(name, dir_fd=dfd)
+                    removed.append(os.path.join(d, "__pycache__", name))
+                except OSError:
+                    pass
+    finally:
+        os.close(dfd)
+    return removed
+
+
+def can_create_in(d):
+    """Can this process create a file in `d` (an install directory)? Tried with O_EXCL, then removed."""
+    try:
+        name = os.path.join(d, ".mla-doctor-probe-%d" % os.getpid())
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.close(fd)
+        os.unlink(name)
+        return True
+    except OSError:
+        return False
+
+
 # --------------------------------------------------------------------------- reads and writes
 
 def _read_fd(fd, limit=MAX_STATE_BYTES):

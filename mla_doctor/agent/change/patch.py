@@ -14,13 +14,13 @@ import stat
 from .. import fs
 from ..common import _now, _sha
 from ..facts.targets import MARK_RE
-from ..fs import _read_json, _run_root, _write_json, atomic_write
+from ..fs import _read_json, _run_root, _write_json, atomic_write, remove_bytecode
 from ..protocol import AGENT_VERSION, Refusal
 from .daemon import _watchdog_pid
 from .inserts import apply_inserts
 from .lease import write_lease
 from .lock import _release_lock, _take_lock
-from .revert import remove_bytecode, revert_run
+from .revert import revert_run
 from .watchdog import start_watchdog
 
 
@@ -115,11 +115,11 @@ def op_patch(plan):
         need = []  # (directory, bytes written there): patched copies beside the files, probe, backups
         for _entry, path, _d, _n in prepared:
             d = os.path.dirname(path)
-            if not os.access(d, os.W_OK) or not _can_create(d):
+            if not os.access(d, os.W_OK) or not fs.can_create_in(d):
                 problems.append("%s: directory is not writable (read-only filesystem or permissions)" % d)
             need.append((d, len(_n)))
         if probe and plan.get("method") != "plugin":
-            if not _can_create(site):
+            if not fs.can_create_in(site):
                 problems.append("%s: cannot install the probe module (not writable)" % site)
             need.append((site, len(probe["source"].encode("utf-8"))))
         need.append((_existing_dir(root), sum(len(p[2]) for p in prepared)))
@@ -247,17 +247,6 @@ def records_owner_for(plan, vdir):
     except KeyError:
         gid = 0
     return uid, gid
-
-
-def _can_create(d):
-    try:
-        fd, name = None, os.path.join(d, ".mla-doctor-probe-%d" % os.getpid())
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        os.close(fd)
-        os.unlink(name)
-        return True
-    except OSError:
-        return False
 
 
 FREE_MARGIN = 1 << 20  # a patch never fills a filesystem to the last byte

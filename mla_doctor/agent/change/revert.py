@@ -9,35 +9,12 @@ import signal
 
 from .. import fs
 from ..common import _now, _sha
-from ..fs import UnsafeRunState, _lease_path, _read_json, _server_paths, _write_json, atomic_write
+from ..fs import UnsafeRunState, _lease_path, _read_json, _server_paths, _write_json, atomic_write, remove_bytecode
 from ..protocol import AGENT_VERSION, Refusal
 from ..runtimes.lifecycle import restore_server
 from ..runtimes.registry import runtime
 from .daemon import _stop_watchdog
 from .lock import _release_lock
-
-
-def remove_bytecode(path):
-    """Stale .pyc next to a patched file: Python checks mtime+size, an mtime-preserving restore may not change them.
-    Through the __pycache__ directory's descriptor, never a symlinked one."""
-    d, base = os.path.split(path)
-    stem = base[:-3]
-    removed = []
-    try:
-        dfd = os.open(os.path.join(d, "__pycache__"), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    except OSError:
-        return removed
-    try:
-        for name in os.listdir(dfd):
-            if name.startswith(stem + ".") and name.endswith(".pyc") and name.count(".") == 2:
-                try:
-                    os.unlink(name, dir_fd=dfd)
-                    removed.append(os.path.join(d, "__pycache__", name))
-                except OSError:
-                    pass
-    finally:
-        os.close(dfd)
-    return removed
 
 
 PROBE_RE = re.compile(r"^mla_doctor_probe_[A-Za-z0-9_]+\.py$")
@@ -145,29 +122,10 @@ def revert_run(run_dir, reason="revert"):
             res["kept"] = {"original": rec["backup"], "current": keep}
         results.append(res)
     for created in manifest.get("created_files", []):
-        d, base = os.path.split(created)
-        try:
-            dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-        except OSError:
-            continue
-        try:
-            os.unlink(base, dir_fd=dfd)
-        except OSError:
-            pass
-        finally:
-            os.close(dfd)
+        fs.remove_quietly(created)
         remove_bytecode(created)
     for d in manifest.get("created_dirs", []):  # e.g. the __pycache__ the probe's import made: only if empty
-        try:
-            pfd = os.open(os.path.dirname(d), os.O_RDONLY | os.O_DIRECTORY)
-        except OSError:
-            continue
-        try:
-            os.rmdir(os.path.basename(d), dir_fd=pfd)
-        except OSError:
-            pass
-        finally:
-            os.close(pfd)
+        fs.remove_empty_dir(d)
     fs.remove_tree(fs.plugin_dir(run_dir))
     ok = all(r.get("outcome") in ("restored", "already-original") for r in results)
     manifest["state"] = "reverted" if ok else "revert-incomplete"
