@@ -74,15 +74,8 @@ def measured(fn) -> float:
 def make_release_venv(tmp: Path, version: str) -> tuple[str, Path]:
     from tests.support import corpus
 
-    tree = corpus.ensure("vllm", version)
-    venv = tmp / "venv"
-    base = getattr(sys, "_base_executable", sys.executable)
-    subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
-    site = next(venv.glob("lib/python3*/site-packages"))
-    for p in sorted(tree.iterdir()):
-        if not p.name.startswith("."):
-            subprocess.run(["cp", "-R", str(p), str(site)], check=True)
-    return str(venv / "bin" / "python"), site
+    venv = corpus.release_venv(tmp / "venv", "vllm", version)
+    return str(venv / "bin" / "python"), next(venv.glob("lib/python3*/site-packages"))
 
 
 def vm_hwm_kib() -> int:

@@ -98,6 +98,19 @@ def cached_json(kind: str, dist: str, version: str, salt: str, build):
     return value
 
 
+def release_venv(dest: Path, dist: str, version: str) -> Path:
+    """A venv at `dest` (no pip) whose site-packages hold the release's sources and dist-info, as an install
+    has them; its interpreter is `dest/bin/python`."""
+    tree = ensure(dist, version)
+    base = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base, "-m", "venv", "--without-pip", str(dest)], check=True, capture_output=True)
+    site = next(dest.glob("lib/python3*/site-packages"))
+    for p in sorted(tree.iterdir()):
+        if not p.name.startswith("."):
+            subprocess.run(["cp", "-R", str(p), str(site)], check=True)
+    return dest
+
+
 def main(argv: list[str]) -> int:
     wanted = [tuple(a.split("==", 1)) for a in argv] or RELEASES
     for dist, version in wanted:

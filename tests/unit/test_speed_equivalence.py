@@ -26,15 +26,7 @@ HOST_FINDINGS = ("SERVER", "MODEL", "LOG", "GPU")  # findings about the running 
 def release_venv(tmp_path_factory):
     if not (corpus.tree_dir("vllm", "0.33.0") / ".complete").exists():
         pytest.skip("vLLM 0.33.0 sources not cached (python tests/support/corpus.py vllm==0.33.0)")
-    tree = corpus.ensure("vllm", "0.33.0")
-    venv = tmp_path_factory.mktemp("speed") / "venv"
-    base = getattr(sys, "_base_executable", sys.executable)
-    subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
-    site = next(venv.glob("lib/python3*/site-packages"))
-    for p in sorted(tree.iterdir()):
-        if not p.name.startswith("."):
-            subprocess.run(["cp", "-R", str(p), str(site)], check=True)
-    return venv
+    return corpus.release_venv(tmp_path_factory.mktemp("speed") / "venv", "vllm", "0.33.0")
 
 
 def normalized(doc: dict, venv: Path) -> dict:

@@ -133,6 +133,17 @@ def _exc_name(node):
     return name.rsplit(".", 1)[-1] if name else ""
 
 
+def _unique(records):
+    """The records in source order, one per (line, format): a site found twice counts once."""
+    seen, uniq = set(), []
+    for rec in sorted(records, key=lambda r: (r["line"], r["level"], r["format"])):
+        key = (rec["line"], rec["format"])
+        if key not in seen:
+            seen.add(key)
+            uniq.append(rec)
+    return uniq
+
+
 def harvest_source(text, rel):
     """Format strings of ``rel`` (a path relative to ``vllm/``) that announce the attention path.
 
@@ -167,13 +178,7 @@ def harvest_source(text, rel):
             add(node, level, _template(node.args[0]))
         elif isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and node.exc.args:
             add(node, "raise", _template(node.exc.args[0]), exc=_exc_name(node.exc))
-    seen, uniq = set(), []
-    for rec in sorted(out, key=lambda r: (r["line"], r["level"], r["format"])):
-        key = (rec["line"], rec["format"])
-        if key not in seen:
-            seen.add(key)
-            uniq.append(rec)
-    return uniq
+    return _unique(out)
 
 
 # --------------------------------------------------------------------------- the fast path (on a host)
@@ -302,13 +307,7 @@ def _fast(text, rel):
                 for sub in ast.walk(node):
                     if isinstance(sub, ast.Return) and sub.value is not None:
                         add(sub, offset, "return", _template(sub.value))
-    seen, uniq = set(), []
-    for rec in sorted(out, key=lambda r: (r["line"], r["level"], r["format"])):
-        key = (rec["line"], rec["format"])
-        if key not in seen:
-            seen.add(key)
-            uniq.append(rec)
-    return uniq
+    return _unique(out)
 
 
 def harvest_text(text, rel):
