@@ -94,7 +94,7 @@ def test_static_local_json_parses(installed):
 
 def test_audit_dry_run_of_every_bundled_runbook(installed):
     inv = installed.cwd / "inv.yaml"
-    inv.write_text("hosts:\n  gpu-1: {address: 10.0.0.1, user: ops}\n")
+    inv.write_text("hosts:\n  gpu-1: {address: 127.0.0.9, user: ops}\n")
     for pb in ("static", "mla-path", "revert"):
         p = installed.run("audit", "-i", str(inv), "--playbook", pb, "--dry-run", "--format", "json")
         assert p.returncode == 0, p.stdout + p.stderr

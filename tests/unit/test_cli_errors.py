@@ -47,11 +47,19 @@ def test_bad_numbers_and_outputs_are_usage_errors_with_json(args, needle, spelli
 
 
 def test_output_checked_before_any_work(tmp_path):
-    # a host that would take the full connect timeout to fail: the bad -o must win at once
-    t0 = time.monotonic()
-    p = run("static", "--host", "10.255.255.1", "--connect-timeout", "30", "-o", str(tmp_path / "no" / "r.txt"))
-    assert p.returncode == 2 and time.monotonic() - t0 < 15
-    assert "does not exist" in p.stderr
+    # a loopback host that accepts and never says a word (an SSH connect would wait the full timeout):
+    # the bad -o must win at once, and nothing may even connect
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        silent.settimeout(0)
+        t0 = time.monotonic()
+        p = run("static", "--host", f"127.0.0.1:{silent.getsockname()[1]}", "--connect-timeout", "30",
+                "-o", str(tmp_path / "no" / "r.txt"))
+        assert p.returncode == 2 and time.monotonic() - t0 < 15
+        assert "does not exist" in p.stderr
+        with pytest.raises(BlockingIOError):
+            silent.accept()  # no connection was attempted
 
 
 def test_internal_error_is_70_one_line_and_json_and_debug_shows_the_traceback():

@@ -262,7 +262,7 @@ def test_a_saved_report_is_redacted_in_every_format():
 
 def test_the_dry_run_plan_is_redacted(tmp_path):
     inv = tmp_path / "inv.yaml"
-    inv.write_text("hosts:\n  gpu-1: {address: 10.0.0.1}\n")
+    inv.write_text("hosts:\n  gpu-1: {address: 127.0.0.9}\n")
     pb = tmp_path / "pb.yaml"
     pb.write_text("name: t\nsteps:\n  - command: {run: 'curl -H {{ hdr }} https://{{ cred }}@hub.example/x'}\n")
     for fmt in ("text", "json"):
@@ -294,7 +294,7 @@ def test_inventory_expect_templates_are_rendered_before_parsing(tmp_path):
     from mla_doctor.fleet import inventory, playbook
 
     inv = tmp_path / "inv.yaml"
-    inv.write_text("hosts:\n  gpu-1:\n    address: 10.0.0.1\n    expect: {vllm: '>={{ min_vllm }}'}\n")
+    inv.write_text("hosts:\n  gpu-1:\n    address: 127.0.0.9\n    expect: {vllm: '>={{ min_vllm }}'}\n")
     pb = tmp_path / "pb.yaml"
     pb.write_text("name: t\nsteps:\n  - audit: {}\n  - expect: {integrity: clean}\n")
     (host,) = inventory.load(str(inv)).hosts.values() if isinstance(inventory.load(str(inv)).hosts, dict) \

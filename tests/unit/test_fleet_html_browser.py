@@ -29,7 +29,7 @@ def _chromium() -> str:
 
 def _host(name: str, **edits) -> FleetHostReport:
     real = build_static_report(name, copy.deepcopy(load("static_local")["exchanges"][0]["answer"]), load_knowledge())
-    h = FleetHostReport(host=name, address=f"10.0.0.{len(name)}")
+    h = FleetHostReport(host=name, address=f"127.0.0.{len(name)}")
     for k in real.__dataclass_fields__:
         if k not in ("host",):
             setattr(h, k, getattr(real, k))

@@ -8,15 +8,15 @@ from mla_doctor.results import Finding, Severity
 
 
 def _doc():
-    warned = FleetHostReport(host="warned", address="10.0.0.1")
+    warned = FleetHostReport(host="warned", address="127.0.0.11")
     warned.vllm = {"version": "0.33.0", "distribution": "vllm"}
     warned.static = {"sparse_gate": {"present": True}, "modified_files": []}
     warned.model = {"classification": {"is_mla": True, "is_sparse": False}}
     warned.findings = [Finding("CUDA_GRAPHS_HIDE_DECODE", Severity.WARN, "decode hidden")]
-    sparse = FleetHostReport(host="dsa", address="10.0.0.2")
+    sparse = FleetHostReport(host="dsa", address="127.0.0.12")
     sparse.static = {"sparse_gate": {"present": True}}
     sparse.model = {"classification": {"is_mla": True, "is_sparse": True}}
-    evil = FleetHostReport(host="evil", address="10.0.0.3")
+    evil = FleetHostReport(host="evil", address="127.0.0.13")
     evil.vllm = {"version": "<img src=x onerror=alert(1)>", "distribution": "vllm"}
     evil.static = {"modified_files": ["vllm/a`b.py"], "prefill_entry": {"symbol": "*bold* [l](http://x)"}}
     evil.findings = [Finding("X", Severity.FAIL, "x")]
