@@ -273,11 +273,15 @@ class KnownHosts:
     authorities: list[tuple[str, int, list[str]]] = field(default_factory=list)  # (path, line, host patterns)
     skipped: list[tuple[str, int, str]] = field(default_factory=list)  # (path, line, why)
 
-    def fill(self, keys: paramiko.HostKeys) -> paramiko.HostKeys:
+    def fill(self, keys: paramiko.HostKeys, only: str | None = None) -> paramiko.HostKeys:
         """Add the trusted keys (never a revoked one) to paramiko's table; the first line for a name and type
-        wins. A revoked key is thus unknown to paramiko, which asks the policy, which refuses it."""
+        wins. A revoked key is thus unknown to paramiko, which asks the policy, which refuses it.
+        `only`: the one name paramiko will look up ([host]:port off 22) — lines for other hosts are left
+        out, so a fleet's connections don't each copy a known_hosts of thousands of lines."""
         blobs = {b for _, _, b in self.revoked}
         for e in self.entries:
+            if only is not None and not any(_name_is(h, only) for h in e.hostnames):
+                continue
             if e.key.asbytes() in blobs:
                 continue
             for name in e.hostnames:
@@ -306,6 +310,17 @@ class KnownHosts:
                                f"key ({key.get_name()} {_fingerprint(key)}) is not in known_hosts: host "
                                f"certificates are not supported; add the host's key itself to known_hosts "
                                f"(ssh-keyscan), then connect again", host=label)
+
+
+def _name_is(entry_name: str, name: str) -> bool:
+    """One known_hosts host field against the name paramiko looks up, as `HostKeys.lookup` compares them
+    (exact, or a hashed `|1|salt|hash` field; paramiko has no wildcards in plain key lines)."""
+    if entry_name.startswith("|1|"):
+        try:
+            return _paramiko().HostKeys.hash_host(name, entry_name) == entry_name
+        except (AssertionError, binascii.Error, ValueError, IndexError):
+            return False
+    return entry_name == name
 
 
 def host_matches(patterns: list[str], name: str) -> bool:
@@ -377,6 +392,34 @@ def load_known_hosts(paths: list[str], system: str | None = "/etc/ssh/ssh_known_
             read_known_hosts(system, kh)
         except OSError:
             pass
+    return kh
+
+
+_KNOWN_CACHE: dict = {}
+_KNOWN_LOCK = threading.Lock()
+
+
+def _file_id(path: str | None):
+    try:
+        st = os.stat(path) if path else None
+    except OSError:
+        return None
+    return st and (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def known_hosts_for(paths: list[str], system: str | None = "/etc/ssh/ssh_known_hosts") -> KnownHosts:
+    """`load_known_hosts`, read once per process while the files stay as they are: a fleet audit's threads
+    share one parse (it was per host, so O(hosts x lines)). Keyed by each file's inode, size and mtime, so an
+    accept-new append, an edit or a replaced file is read afresh; the result is never mutated after loading."""
+    key = (tuple(paths), system, tuple(_file_id(p) for p in paths), _file_id(system))
+    with _KNOWN_LOCK:
+        kh = _KNOWN_CACHE.get(key)
+    if kh is None:
+        kh = load_known_hosts(paths, system)
+        with _KNOWN_LOCK:
+            if len(_KNOWN_CACHE) > 16:
+                _KNOWN_CACHE.clear()
+            _KNOWN_CACHE[key] = kh
     return kh
 
 
@@ -468,15 +511,15 @@ class SSHTransport(Transport):
         client = paramiko.SSHClient()
         policy = self._policy(params)
         known = self._known_hosts(params)
-        kh = load_known_hosts(known) if policy != "off" else KnownHosts()
-        kh.fill(client.get_host_keys())
+        kh = known_hosts_for(known) if policy != "off" else KnownHosts()
+        # The name keys are looked up under: HostKeyAlias, else host (and [host]:port off 22).
+        key_name = params.host_key_alias or params.hostname
+        kh.fill(client.get_host_keys(), only=_kh_name(key_name, port))
         inner = (paramiko.RejectPolicy() if policy == "strict"
                  else AcceptNewPolicy(known[0]) if policy == "accept-new" else AcceptAnyPolicy())
         client.set_missing_host_key_policy(inner if policy == "off" else CheckedPolicy(inner, kh, label))
         # paramiko saves *all* keys on AutoAdd; we append one line ourselves instead.
         client._host_keys_filename = None
-        # The name keys are looked up under: HostKeyAlias, else host (and [host]:port off 22).
-        key_name = params.host_key_alias or params.hostname
         idents = list(self.options.identity) + list(params.identity_files)
         idents = [p for p in idents if os.path.exists(p)]
         only = params.identities_only or bool(self.options.identity)

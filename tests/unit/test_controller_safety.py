@@ -360,6 +360,27 @@ def test_marker_lines_parse_without_crashing(tmp_path, keys):
     assert table.lookup("gpu-2") is None  # its only key is revoked: unknown to paramiko, refused by the policy
 
 
+def test_known_hosts_read_once_per_process_and_filled_for_one_name(tmp_path, keys):
+    """A fleet's connections share one parse of known_hosts (it was re-read per host: O(hosts x lines)),
+    each fills paramiko with only the name it looks up, and an accept-new append is seen at once."""
+    from mla_doctor.ssh.transport import known_hosts_for
+
+    kh = tmp_path / "known_hosts"
+    hashed = paramiko.HostKeys.hash_host("[gpu-h]:2222")
+    kh.write_text(f"gpu-1 {_key_line(keys['ed'])}\ngpu-2 {_key_line(keys['rsa'])}\n"
+                  f"{hashed} {_key_line(keys['ca'])}\n")
+    first = known_hosts_for([str(kh)], system=None)
+    assert known_hosts_for([str(kh)], system=None) is first  # no second parse while the file is unchanged
+    table = first.fill(paramiko.HostKeys(), only="gpu-1")
+    assert table.lookup("gpu-1") is not None and table.lookup("gpu-2") is None
+    assert first.fill(paramiko.HostKeys(), only="[gpu-h]:2222").lookup("[gpu-h]:2222") is not None
+    assert first.fill(paramiko.HostKeys(), only="gpu-h").lookup("gpu-h") is None  # the hash is of [gpu-h]:2222
+    with open(kh, "a") as f:  # accept-new appends a line: the next connection must see it
+        f.write(f"gpu-3 {_key_line(keys['ed'])}\n")
+    again = known_hosts_for([str(kh)], system=None)
+    assert again is not first and again.fill(paramiko.HostKeys(), only="gpu-3").lookup("gpu-3") is not None
+
+
 def test_refuse_revoked_and_ca_only_hosts(keys):
     k = KnownHosts(revoked=[("kh", 4, keys["rsa"].asbytes())], authorities=[("kh", 3, ["*.corp"])])
     with pytest.raises(HostKeyError, match=r"REVOKED HOST KEY: gpu-2 offered ssh-rsa SHA256:.* kh:4 marks @revoked"):
