@@ -10,11 +10,17 @@ import glob
 import os
 import re
 import shlex
+import threading
 from dataclasses import dataclass, field
 
 from mla_doctor.errors import ConfigFileError
 
 MAX_INCLUDE_DEPTH = 16
+# paramiko's parse of an expanded config text, shared by a fleet's connections (each parsed the whole
+# file again: O(hosts x lines)); keyed by the text itself, so it can never answer for other contents.
+# paramiko's lookup only reads the parsed blocks.
+_PARSED: dict = {}
+_PARSED_LOCK = threading.Lock()
 _INCLUDE_RE = re.compile(r"^\s*include(\s+|\s*=\s*)(?P<rest>.+?)\s*$", re.IGNORECASE)
 _LINE_RE = re.compile(r"^\s*(?P<key>\w+)(?:\s*=\s*|\s+)(?P<value>.+?)\s*$")
 
@@ -82,11 +88,19 @@ class SSHConfigFile:
         self.path = path
         self._config = paramiko.SSHConfig()
         if path and os.path.exists(path):
-            text = expand_includes(path)
-            try:
-                self._config = paramiko.SSHConfig.from_text(text)
-            except Exception as e:  # paramiko's ConfigParseError and friends
-                raise ConfigFileError(path, None, f"cannot parse ssh config: {e}") from e
+            text = expand_includes(path)  # read every time: an edited file or include is always seen
+            with _PARSED_LOCK:
+                parsed = _PARSED.get(text)
+            if parsed is None:
+                try:
+                    parsed = paramiko.SSHConfig.from_text(text)
+                except Exception as e:  # paramiko's ConfigParseError and friends
+                    raise ConfigFileError(path, None, f"cannot parse ssh config: {e}") from e
+                with _PARSED_LOCK:
+                    if len(_PARSED) > 8:
+                        _PARSED.clear()
+                    _PARSED[text] = parsed
+            self._config = parsed
         elif path and path != default_config_path():
             raise ConfigFileError(path, None, "ssh config file does not exist")
 

@@ -73,3 +73,16 @@ def test_identity_and_known_hosts_are_expanded(tmp_path, monkeypatch):
 ])
 def test_parse_jump(spec, hops):
     assert parse_jump(spec) == hops
+
+
+def test_a_fleet_shares_one_parse_but_an_edited_include_is_seen(tmp_path):
+    """Connections of one run share paramiko's parse of the same text; the text is read every time, so an
+    edit anywhere (here in an included file) gives the new answer at the next connection."""
+    inc = write(tmp_path / "conf.d" / "a.conf", "Host gpu1\n  HostName 127.0.0.9\n")
+    main = write(tmp_path / "config", f"Include {tmp_path}/conf.d/*.conf\n")
+    one, two = SSHConfigFile(str(main)), SSHConfigFile(str(main))
+    assert one._config is two._config and two.lookup("gpu1").hostname == "127.0.0.9"
+    write(inc, "Host gpu1\n  HostName 127.0.0.10\n")
+    three = SSHConfigFile(str(main))
+    assert three._config is not one._config and three.lookup("gpu1").hostname == "127.0.0.10"
+    assert one.lookup("gpu1").hostname == "127.0.0.9"  # an earlier object keeps what it read
