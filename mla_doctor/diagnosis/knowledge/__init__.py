@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Pattern, Tuple, Union
 
@@ -21,6 +21,7 @@ DATA_FILE = Path(__file__).with_name("vllm_releases.yaml")
 __all__ = [
     "Entry", "Threshold", "Backend", "Gate", "LogFormat", "CudagraphDefault", "Forcing", "DsaModule",
     "ReleaseFacts", "Knowledge", "load_knowledge", "format_to_regex", "parse_version",
+    "NoDenseMha", "MaskedMha", "SparseDefault",
 ]
 
 
@@ -121,6 +122,39 @@ class DsaModule:
 
 
 @dataclass(frozen=True)
+class NoDenseMha:
+    """A sparse impl without a dense-MHA prefill (every token to forward_mqa), when ``when`` holds."""
+    backend: str
+    file: str
+    symbol: str
+    text: str
+    when: Mapping[str, Any] = field(default_factory=dict)   # sm / kv / sinks / qk_rope_head_dim
+
+
+@dataclass(frozen=True)
+class MaskedMha:
+    """0.27+: a sparse prefill longer than index_topk still runs forward_mha (FA4 + top-k mask) when the GPU,
+    FA version, KV dtype and model dims allow and the backend's row for the TP size admits the prompt."""
+    sm: int
+    fa_version: int
+    kv: str
+    dims: Tuple[Tuple[int, ...], ...]      # (heads total, kv_lora_rank, qk_nope, qk_rope, v_head)
+    rows: Mapping[Tuple[int, int], Mapping[str, Mapping[int, Tuple[Tuple[int, int], ...]]]]
+    aliases: Mapping[str, str]
+    file: str
+    symbol: str
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class SparseDefault:
+    """The CUDA platform's first sparse backend when ``when`` holds (sm / kv / max_local_heads)."""
+    when: Mapping[str, Any]
+    pick: str
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class ReleaseFacts:
     version: str                      # as given
     release: Optional[str]            # the base release used for matching (0.11.0rc1 -> 0.11.0)
@@ -153,6 +187,9 @@ class ReleaseFacts:
     fatal_patterns: Tuple[Tuple[str, str], ...]
     backend_aliases: Mapping[str, str]
     cudagraph_mode_values: Mapping[str, str]
+    no_dense_mha: Tuple[NoDenseMha, ...] = ()
+    masked_mha: Optional[MaskedMha] = None
+    sparse_defaults: Tuple[SparseDefault, ...] = ()
 
     def backend(self, name: str) -> Optional[Backend]:
         for b in self.backends:
@@ -215,6 +252,23 @@ def _entry(role: str, d: Optional[dict], **extra) -> Optional[Entry]:
         return None
     return Entry(role=role, file=d["file"], symbol=d["symbol"], engine=d.get("engine"),
                  def_file=d.get("def_file"), note=d.get("note") or d.get("why", ""), **extra)
+
+
+def _masked_mha(d: Optional[dict], v: Version) -> Optional[MaskedMha]:
+    if not d:
+        return None
+    dims = [tuple(x) for x in d.get("dims") or []]
+    for since, more in (d.get("dims_from") or {}).items():  # rows a later release of the range added
+        if v >= Version(str(since)):
+            dims += [tuple(x) for x in more]
+    rows = {}
+    for key, by_backend in (d.get("rows") or {}).items():
+        qk, vd = (int(x) for x in str(key).split(","))
+        rows[(qk, vd)] = {b: {int(tp): tuple(tuple(r) for r in rs) for tp, rs in by_tp.items()}
+                          for b, by_tp in by_backend.items()}
+    return MaskedMha(sm=int(d["sm"]), fa_version=int(d["fa_version"]), kv=d.get("kv", "auto"), dims=tuple(dims),
+                     rows=rows, aliases=dict(d.get("aliases") or {}), file=d["file"], symbol=d["symbol"],
+                     note=d.get("note", ""))
 
 
 # --------------------------------------------------------------------------- knowledge
@@ -333,6 +387,13 @@ class Knowledge:
             logs=logs, fatal_patterns=tuple((d.get("fatal_patterns") or {}).items()),
             backend_aliases=dict(d.get("backend_aliases") or {}),
             cudagraph_mode_values=dict(d.get("cudagraph_mode_values") or {}),
+            no_dense_mha=tuple(NoDenseMha(backend=it["backend"], file=it["file"], symbol=it["symbol"],
+                                          text=it.get("text", ""), when=dict(it.get("when") or {}))
+                               for it in _pick(sp.get("no_dense_mha"), v)),
+            masked_mha=_masked_mha(_one(sp.get("masked_mha"), v), v),
+            sparse_defaults=tuple(SparseDefault(when=dict(it.get("when") or {}), pick=it["pick"],
+                                                note=it.get("note", ""))
+                                  for it in _pick(sp.get("default_backend"), v)),
         )
 
     # ---- the one request sent to every host
