@@ -14,6 +14,7 @@ from mla_doctor.diagnosis import static_rules as rules
 from mla_doctor.diagnosis.knowledge import Knowledge, load_knowledge
 from mla_doctor.diagnosis.log_reading import records_of, remember_installed
 from mla_doctor.diagnosis.static_facts import classify_model, parse_log, verify_static
+from mla_doctor.diagnosis.symbol_needs import symbol_needs
 from mla_doctor.errors import MlaDoctorError, UsageError
 from mla_doctor.remote.protocol import StaticRequest, call
 from mla_doctor.results import HostReport, HostStatus, plain
@@ -54,11 +55,17 @@ def _agent_index(kb: Knowledge) -> dict[str, Any]:
             "pairs": pairs}
 
 
+@functools.lru_cache(maxsize=8)
+def _symbol_needs(kb: Knowledge) -> Any:
+    return symbol_needs(kb.data, kb.agent_request()["symbols"])
+
+
 def static_request(kb: Knowledge, opts: AuditOptions, targets: Any = None) -> StaticRequest:
     """The audit the knowledge asks for; with `targets`, the patch targets resolved in the same execution."""
     req = kb.agent_request()
     return StaticRequest(python=opts.python, model=opts.model, log=opts.log, symbols=req["symbols"],
-                         index=_agent_index(kb), log_patterns=req["log_patterns"], targets=targets)
+                         index=_agent_index(kb), log_patterns=req["log_patterns"], targets=targets,
+                         symbol_needs=_symbol_needs(kb))
 
 
 def static_plan(kb: Knowledge, opts: AuditOptions) -> dict[str, Any]:

@@ -177,12 +177,15 @@ class StaticRequest(Request[StaticAnswer]):
     index: Any
     log_patterns: Any
     targets: Any = None
+    symbol_needs: Any = None  # diagnosis/symbol_needs.py: which symbols the release's knowledge may search
 
     def to_plan(self) -> dict[str, Any]:
         plan = {"op": self.op, "python": self.python, "model": self.model, "log": self.log,
                 "symbols": self.symbols, "index": self.index, "log_patterns": self.log_patterns}
         if self.targets is not None:
             plan["targets"] = self.targets
+        if self.symbol_needs is not None:
+            plan["symbol_needs"] = self.symbol_needs
         return plan
 
 

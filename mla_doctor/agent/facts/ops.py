@@ -15,7 +15,7 @@ from .integrity import parse_record, scan_tree, side_code
 from .logs import log_section
 from .model import model_section
 from .processes import find_servers
-from .symbols import index_tree
+from .symbols import index_tree, symbols_to_search
 from .targets import resolve_targets
 
 
@@ -44,8 +44,10 @@ def op_static(plan):
         record = None
         if ident.get("install_kind") == "wheel":
             record = parse_record(ident["dist_info"])
-        result["scan"] = _step(errors, "scan", scan_tree, vdir, record, plan.get("symbols") or [])
         result["index"] = _step(errors, "index", index_tree, vdir, plan.get("index") or {})
+        wanted = symbols_to_search(plan.get("symbols"), plan.get("symbol_needs"), ident.get("version"),
+                                   result["index"])  # only what the named files leave undecided
+        result["scan"] = _step(errors, "scan", scan_tree, vdir, record, wanted)
         result["side_code"] = _step(errors, "side_code", side_code, os.path.dirname(vdir))
         if plan.get("targets"):
             result["targets"] = _step(errors, "targets", resolve_targets, vdir, plan["targets"])

@@ -132,3 +132,63 @@ def index_tree(vdir, request):
         if enabled:
             gc.enable()
     return files
+
+
+_RELEASE_RE = re.compile(r"(\d+(?:\.\d+)+)(.?)")
+
+
+def _release_tuple(version):
+    """The release of a version string as the controller's packaging reads it (0.32.0+cpu, 0.11.0rc1 ->
+    release numbers, trailing zeros dropped), or None where this plain reading could differ from it (no
+    version, a leading v or blank, an epoch "1!", a one-number version)."""
+    m = _RELEASE_RE.match(version or "")
+    if not m or m.group(2) == "!":
+        return None
+    rel = [int(x) for x in m.group(1).split(".")]
+    while len(rel) > 1 and rel[-1] == 0:
+        rel.pop()
+    return tuple(rel)
+
+
+def _resolved(index, path, sym):
+    """The knowledge's entry is found without a tree-wide search: the same three checks, in the same terms,
+    as the controller's static_facts._resolve makes before it reads scan.symbol_hits."""
+    info = index.get(path) or {}
+    defs = info.get("defs") or {}
+    if info.get("exists") and defs.get(sym):
+        return True
+    if any((inf.get("defs") or {}).get(sym) for f, inf in index.items() if f != path and isinstance(inf, dict)):
+        return True
+    leaf, depth = sym.rsplit(".", 1)[-1], sym.count(".")
+    return bool(info.get("exists")) and any(q.rsplit(".", 1)[-1] == leaf and q.count(".") == depth for q in defs)
+
+
+def symbols_to_search(symbols, needs, version, index):
+    """The symbols whose `def` must be searched in every file: those of an entry of this release
+    (diagnosis/symbol_needs.py's table) that the indexed files do not decide. Without a table, or for a
+    version this cannot place, every symbol (what was always searched)."""
+    try:
+        return _to_search(symbols, needs, version, index)
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError):  # a malformed table: search all
+        return list(symbols or [])
+
+
+def _to_search(symbols, needs, version, index):
+    rel = _release_tuple(version)
+    if not needs or not symbols or rel is None or not isinstance(index, dict):
+        return list(symbols or [])
+    bounds = [tuple(b) for b in needs["bounds"]]
+    k = 0
+    for i, b in enumerate(bounds):
+        if rel == b:
+            k = 2 * i + 1
+            break
+        if rel < b:
+            break
+        k = 2 * i + 2
+    needed = set()
+    for n in needs["classes"][k]:
+        path, sym = needs["entries"][n]
+        if not _resolved(index, path, sym):
+            needed.add(sym.rsplit(".", 1)[-1])
+    return [s for s in symbols if s in needed]
