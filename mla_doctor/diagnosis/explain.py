@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
-from mla_doctor.diagnosis.knowledge import ReleaseFacts, load_knowledge
+from mla_doctor.diagnosis.knowledge import load_knowledge
 from mla_doctor.diagnosis.log_reading import LogReading, load_formats, read_log
+from mla_doctor.diagnosis.routing import CONDITION_NAMES, Route, known_from_log, routes
 from mla_doctor.diagnosis.static_facts import classify_model
 
 __all__ = ["Explanation", "explain"]
@@ -30,6 +31,7 @@ class Explanation:
     threshold_note: str = ""
     prompts: List[Dict[str, str]] = field(default_factory=list)
     unresolved: List[str] = field(default_factory=list)
+    routes: List[Route] = field(default_factory=list)     # the 1-token and the long prompt, as conditions
 
     @property
     def status(self) -> str:
@@ -52,6 +54,7 @@ class Explanation:
             "sparse": r.sparse, "model": self.model,
             "decode_threshold": self.threshold, "decode_threshold_note": self.threshold_note,
             "prompts": self.prompts, "unresolved": self.unresolved,
+            "routes": [r.to_dict() for r in self.routes],
             "fatal": [f.to_dict() for f in r.fatal],
             "facts": [f.to_dict() for f in r.facts if f.kind != "other"],
             "lines_unmatched": r.unmatched,
@@ -73,14 +76,6 @@ def _facts_for(reading: LogReading, version: Optional[str]) -> tuple:
         why += "nearest release by the log's formats (%s)" % ", ".join(reading.releases)
         return kb.for_version(v), v, why
     return None, None, "no release could be told from the log"
-
-
-def _decode_sym(facts: ReleaseFacts) -> str:
-    return facts.decode_common.symbol if facts.decode_common else "forward_mqa"
-
-
-def _prefill_sym(facts: ReleaseFacts) -> str:
-    return facts.prefill.symbol if facts.prefill else "forward_mha"
 
 
 def explain(lines: Sequence[Any], config: Optional[dict] = None, version: Optional[str] = None) -> Explanation:
@@ -119,45 +114,22 @@ def explain(lines: Sequence[Any], config: Optional[dict] = None, version: Option
     engine = reading.engine or facts.default_engine
     if reading.engine is None:
         ex.unresolved.append("the engine: no engine line; assumed the release default (%s)" % facts.default_engine)
-    dec, pre = _decode_sym(facts), _prefill_sym(facts)
-    if model_cls is not None and not model_cls.is_mla:
-        ex.prompts = [{"prompt": p, "path": "generic attention (not MLA)", "why": model_cls.reason}
-                      for p in ("1 token", "%d tokens" % LONG_PROMPT)]
-        return ex
-    if engine == "V0":
-        ex.prompts = [{"prompt": "1 token", "path": pre, "why": "V0: a prompt is always a prefill"},
-                      {"prompt": "%d tokens" % LONG_PROMPT, "path": pre, "why": "V0: a prompt is always a prefill"}]
-    elif sparse:
-        mode = facts.sparse_mode
-        one = {"prompt": "1 token", "path": dec, "why": "sparse MLA: a 1-token query is a decode (top-k MQA)"}
-        if mode in ("own_forward", "all_mqa"):
-            long = {"prompt": "%d tokens" % LONG_PROMPT, "path": dec, "why": facts.sparse_routing}
-        elif mode == "mha_if_short":
-            long = {"prompt": "%d tokens" % LONG_PROMPT,
-                    "path": "%s if the prompt is <= index_topk, otherwise %s" % (pre, dec),
-                    "why": facts.sparse_routing}
-            ex.unresolved.append("index_topk (give --model) and whether a prefill backend exists for this model "
-                                 "and sparse_mla_force_mqa is off")
-        else:
-            long = {"prompt": "%d tokens" % LONG_PROMPT, "path": "unknown", "why": "no sparse MLA in this release"}
-        ex.prompts = [one, long]
-    else:
-        thr = ex.threshold if isinstance(ex.threshold, int) else None
-        one = {"prompt": "1 token", "path": dec,
-               "why": "a 1-token query is at or below every decode threshold: the decode (MQA) path, never %s" % pre}
-        if thr is not None:
-            long = {"prompt": "%d tokens" % LONG_PROMPT, "path": pre if LONG_PROMPT > thr else dec,
-                    "why": "above the decode threshold %d of %s: dense MHA prefill" % (thr, backend.name)}
-        else:
-            long = {"prompt": "%d tokens" % LONG_PROMPT, "path": "%s if above the backend's decode threshold" % pre,
-                    "why": "the backend's threshold is not known from this log"}
-        ex.prompts = [one, long]
+    known = known_from_log(reading, facts, config, engine, model_cls, sparse,
+                           backend.name if backend is not None else None)
+    one, long = routes(facts, known, LONG_PROMPT)
+    ex.routes = [one, long]
+    ex.prompts = [{"prompt": r.prompt, "path": r.text(), "why": r.why(),
+                   "conditions": [{"path": b.symbol, "when": b.when} for b in r.branches if b.conditions],
+                   "unresolved": [CONDITION_NAMES.get(u, u) for u in r.unresolved]} for r in (one, long)]
+    for u in dict.fromkeys(u for r in (one, long) for u in r.unresolved):
+        ex.unresolved.append("%s: the path depends on it (see the conditions above)" % CONDITION_NAMES.get(u, u))
+    if not sparse and not (model_cls is not None and not model_cls.is_mla) and engine != "V0":
         if reading.chunked_prefill and reading.max_num_batched_tokens and LONG_PROMPT > reading.max_num_batched_tokens:
             ex.prompts[1]["why"] += ("; chunked prefill splits it in chunks of %d tokens"
                                      % reading.max_num_batched_tokens)
     if reading.cudagraph_mode in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "FULL") and not reading.eager:
         ex.prompts[0]["why"] += ("; decode steps replay a full CUDA graph (%s): Python in %s runs only at capture"
-                                 % (reading.cudagraph_mode, dec))
+                                 % (reading.cudagraph_mode, one.symbol or "the decode entry"))
     elif reading.cudagraph_mode is None:
         ex.unresolved.append("the CUDA-graph mode: not in the log (enforce_eager / compilation_config not shown)")
     if config is None:
