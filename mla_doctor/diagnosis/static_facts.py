@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import posixpath
 import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Union
@@ -14,7 +15,7 @@ from typing import Any, Dict, List, Optional, Union
 from mla_doctor.diagnosis.knowledge import Entry, ReleaseFacts
 
 __all__ = ["SymbolRef", "StaticAudit", "ModelClass", "LogLine", "LogEvidence",
-           "verify_static", "classify_model", "parse_log"]
+           "verify_static", "compare_thresholds", "classify_model", "parse_log"]
 
 
 # --------------------------------------------------------------------------- static audit
@@ -51,6 +52,8 @@ class StaticAudit:
     metadata_split: Optional[SymbolRef]
     never_patch: List[SymbolRef]
     unconfirmed: List[str] = field(default_factory=list)
+    threshold_code: Dict[str, Any] = field(default_factory=dict)        # backend -> value as the code states it
+    threshold_mismatches: List[Dict[str, Any]] = field(default_factory=list)  # code != knowledge (a finding)
 
 
 def _vllm(rel: str) -> str:
@@ -121,6 +124,51 @@ def _pattern_ref(agent: Optional[dict], file: str, pattern: str, symbol: str, no
     return SymbolRef(symbol, _vllm(file), None, False, "%s%s" % (why, "; " + note if note else ""))
 
 
+def _code_value(items: List[dict]) -> Any:
+    """A builder's threshold as its code states it: an int, or {platform: {heads: n, "default": n}}."""
+    tables = [it for it in items if it.get("kind") == "table" and isinstance(it.get("value"), dict)]
+    if tables:
+        out: Dict[str, Any] = {}
+        for it in tables:
+            row = {int(k): v for k, v in it["value"].items()}
+            row["default"] = it.get("default")
+            out[it.get("platform") or "any"] = row
+        return out
+    ints = [it["value"] for it in items if it.get("kind") in ("attr", "init") and isinstance(it.get("value"), int)]
+    return ints[-1] if ints else None
+
+
+def compare_thresholds(facts: ReleaseFacts, agent: Optional[dict]) -> tuple:
+    """(backend -> {value, ref} as the installed code states it, [mismatches with the knowledge]).
+
+    Only builders whose threshold the code states as a class attribute, an ``_init_reorder_batch_threshold(N``
+    call or a per-head table are compared; an agent without the ``thresholds`` section (older) yields nothing."""
+    code = (agent or {}).get("thresholds")
+    found: Dict[str, Any] = {}
+    bad: List[Dict[str, Any]] = []
+    if not isinstance(code, dict):
+        return found, bad
+    for b in facts.backends:
+        t = b.threshold
+        if t is None or not any(e.engine != "V0" for e in b.decode):
+            continue
+        sect = code.get(t.file) or {}
+        cls = t.symbol.split(".")[0]
+        items = [it for it in sect.get("items") or [] if isinstance(it, dict) and it.get("class") == cls]
+        value = _code_value(items)
+        if value is None:
+            continue
+        ref = "vllm/%s:%s %s" % (t.file, items[0].get("line"), cls)
+        found[b.name] = {"value": value, "ref": ref}
+        want = t.value
+        if isinstance(want, dict):
+            want = {plat: {k: v for k, v in row.items()} for plat, row in want.items()}
+        if value != want:
+            bad.append({"backend": b.name, "knowledge": t.value, "code": value, "ref": ref,
+                        "knowledge_ref": "vllm/%s %s" % (t.file, t.symbol)})
+    return found, bad
+
+
 def verify_static(facts: ReleaseFacts, agent: Optional[dict]) -> StaticAudit:
     agent = agent if isinstance(agent, dict) else {}
     ident = agent.get("vllm") or {}
@@ -175,6 +223,7 @@ def verify_static(facts: ReleaseFacts, agent: Optional[dict]) -> StaticAudit:
                    "mode": facts.sparse_mode, "routing": facts.sparse_routing}
 
     never = [r for r in (_resolve(e, agent, unconfirmed) for e in facts.never_patch) if r]
+    thr_code, thr_bad = compare_thresholds(facts, agent)
     forcing = facts.forcing
     return StaticAudit(
         version=ident.get("version") or facts.version or None, distribution=ident.get("distribution"),
@@ -188,7 +237,8 @@ def verify_static(facts: ReleaseFacts, agent: Optional[dict]) -> StaticAudit:
                                        "text": cg.text if cg else "", "ref": cg_ref, "per_backend": per_backend},
         backend_forcing={"env_VLLM_ATTENTION_BACKEND": forcing.env, "cli_attention_backend": forcing.cli,
                          "text": forcing.text} if forcing else {},
-        metadata_split=split, never_patch=never, unconfirmed=unconfirmed)
+        metadata_split=split, never_patch=never, unconfirmed=unconfirmed,
+        threshold_code=thr_code, threshold_mismatches=thr_bad)
 
 
 # --------------------------------------------------------------------------- model classification
@@ -286,6 +336,67 @@ def classify_model(facts: ReleaseFacts, config: Optional[dict]) -> ModelClass:
     return ModelClass(True, sparse, model_type, arch, reason, routing, failure, notes)
 
 
+# --------------------------------------------------------------------------- the server's install
+
+@dataclass
+class InstallRef:
+    """One vLLM install as the host names it."""
+    python: Optional[str] = None
+    prefix: Optional[str] = None          # the interpreter's prefix (a venv's root)
+    vllm_dir: Optional[str] = None
+    distribution: Optional[str] = None
+    version: Optional[str] = None
+
+
+@dataclass
+class OtherInstall:
+    """The running server runs an install other than the one audited (``--python A`` while B serves): its
+    model and log are B's evidence, reported apart, never A's."""
+    pid: int
+    audited: InstallRef
+    server: InstallRef
+    differs_by: str                        # "vllm dir" | "prefix"
+
+
+def _norm(path: Any) -> Optional[str]:
+    return posixpath.normpath(path) if isinstance(path, str) and path else None
+
+
+def other_install(loc: dict, ident: dict, server: Optional[dict]) -> Optional[OtherInstall]:
+    """The server's install when it is not the audited one (None: the same, no server, or it cannot be told).
+
+    The audit follows the server's own interpreter unless ``--python`` (or a fallback to PATH) chose another;
+    the vllm directories decide (each as given and as the host resolves it, the server's memory map too),
+    else the interpreters' prefixes."""
+    if not server or not loc.get("dir") or loc.get("source") == "running server":
+        return None
+    inst = server.get("install") or {}
+    mine = {_norm(loc.get("dir")), _norm(loc.get("dir_real"))} - {None}
+    theirs = ({_norm(inst.get("vllm_dir")), _norm(inst.get("vllm_dir_real"))}
+              | {_norm(d) for d in server.get("mapped_vllm_dirs") or []}) - {None}
+    if theirs:
+        if mine & theirs:
+            return None
+        by = "vllm dir"
+    elif inst.get("prefix") and loc.get("prefix"):
+        if _norm(inst["prefix"]) == _norm(loc["prefix"]):
+            return None
+        by = "prefix"
+    else:
+        return None
+    audited = InstallRef(loc.get("python"), loc.get("prefix"), loc.get("dir"), ident.get("distribution"),
+                         ident.get("version"))
+    theirs_ref = InstallRef(inst.get("python") or server.get("exe"), inst.get("prefix"),
+                            inst.get("vllm_dir") or next(iter(server.get("mapped_vllm_dirs") or []), None),
+                            inst.get("distribution"), inst.get("version"))
+    return OtherInstall(int(server.get("pid") or 0), audited, theirs_ref, by)
+
+
+def describe_install(ref: InstallRef) -> str:
+    what = " ".join(x for x in (ref.distribution or "vllm", ref.version or "(version unknown)") if x)
+    return f"{what} at {ref.vllm_dir or '?'} (prefix {ref.prefix or '?'}, python {ref.python or '?'})"
+
+
 # --------------------------------------------------------------------------- logs
 
 @dataclass
@@ -317,6 +428,9 @@ class LogEvidence:
     fatal_lines: List[LogLine] = field(default_factory=list)
     other_lines: List[LogLine] = field(default_factory=list)
     formats: Dict[str, Any] = field(default_factory=dict)   # whose formats read the lines: installed / shipped
+    # the server processes in the log (log_reading.split_runs), oldest first: every field above is the newest's
+    runs: List[Dict[str, Any]] = field(default_factory=list)
+    earlier_fatal_lines: List[LogLine] = field(default_factory=list)  # earlier processes' fatal lines, apart
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -357,12 +471,28 @@ def _cudagraph_mode(facts: ReleaseFacts, text: str) -> Optional[str]:
 
 
 def parse_log(facts: ReleaseFacts, lines: List[Union[str, dict]], harvested: Optional[List[dict]] = None,
-              version: Optional[str] = None, distribution: Optional[str] = None) -> LogEvidence:
+              version: Optional[str] = None, distribution: Optional[str] = None, scope: bool = True) -> LogEvidence:
     """The knowledge's patterns name each line (ids, categories); then the lines are read with vLLM's own
     format strings (``log_reading.read_log``: ``harvested`` from the installed ``vllm/``, else the shipped
     formats of ``version``): the most specific format decides what a line is, so a KV-cache, MoE or vision
     line is never the attention backend, fatal lines the patterns miss are added, and every line says which
-    format (``vllm/file:line``) it matched."""
+    format (``vllm/file:line``) it matched.
+
+    With ``scope``, a log holding several server processes (a restart appends) is evidence of the newest only
+    (``log_reading.split_runs``); the earlier ones' fatal lines are ``earlier_fatal_lines``, never ``fatal_lines``."""
+    if scope:
+        from mla_doctor.diagnosis.log_reading import split_runs
+
+        runs = split_runs(lines or [])
+        if len(runs) > 1:
+            ev = parse_log(facts, runs[-1][1], harvested, version, distribution, scope=False)
+            earlier = parse_log(facts, [it for _run, its in runs[:-1] for it in its], harvested, version,
+                                distribution, scope=False)
+            ev.earlier_fatal_lines = earlier.fatal_lines
+        else:
+            ev = parse_log(facts, lines, harvested, version, distribution, scope=False)
+        ev.runs = [run.to_dict() for run, _its in runs]
+        return ev
     ev = _parse_patterns(facts, lines)
     _read_formats(ev, facts, lines, harvested, version or facts.version or None, distribution)
     return ev
@@ -379,7 +509,7 @@ def _read_formats(ev: LogEvidence, facts: ReleaseFacts, lines: List[Union[str, d
         ev.formats = {"from": "installed" if harvested is not None else "shipped", "releases": [], "lines": 0}
         return
     reading = read_log(lines, version=version, distribution=distribution, harvested=harvested,
-                       aliases=facts.backend_aliases)
+                       aliases=facts.backend_aliases, scope=False)  # parse_log scoped the lines already
     ev.formats = {"from": "installed" if harvested is not None else "shipped", "releases": reading.releases,
                   "version": reading.version, "source_build": reading.source_build,
                   "lines": sum(1 for f in reading.facts if f.source)}

@@ -126,6 +126,14 @@ def knowledge_rules(audit) -> list[Finding]:
     ev = [f"{label}: {_ref(r)}" for label, r in refs if r is not None and r.confirmed]
     if ev:
         out.append(Finding("MLA_ENTRIES", INFO, "MLA dispatch and entry points found in the installed sources", ev))
+    for m in getattr(audit, "threshold_mismatches", None) or []:
+        out.append(Finding(
+            "THRESHOLD_MISMATCH", WARN,
+            f"the installed code sets the decode threshold of {m['backend']} to {m['code']}, mla-doctor's knowledge "
+            f"says {m['knowledge']}: the code decides which prompts reach forward_mha",
+            [f"code: {m['ref']} = {m['code']}", f"knowledge: {m['knowledge_ref']} = {m['knowledge']}"],
+            "trust the installed code (a patched or newer build); report the release to update mla-doctor's "
+            "knowledge"))
     big = {}
     for b, t in audit.decode_thresholds.items():
         if isinstance(t, dict):  # depends on the head count: the largest value that can apply
@@ -196,6 +204,10 @@ def model_rules(model: dict | None, model_class, facts) -> list[Finding]:
     return out
 
 
+def _pids(run: dict) -> str:
+    return ", ".join(f"{tag} pid={pid}" for tag, pid in sorted(run["pids"].items(), key=lambda kv: kv[1])[:3])
+
+
 def log_rules(log, log_raw: dict, model_class) -> list[Finding]:
     if log is None:
         return [Finding("LOG_NOT_FOUND", INFO, "no server log found: no zero-patch evidence",
@@ -208,6 +220,11 @@ def log_rules(log, log_raw: dict, model_class) -> list[Finding]:
         ev.append(f"engine {log.engine}: {log.engine_line.text[:200]}")
     if log.cudagraph_mode or log.eager:
         ev.append(f"cudagraph_mode={log.cudagraph_mode} eager={log.eager}")
+    runs = getattr(log, "runs", None) or []
+    if ev and len(runs) > 1:
+        cur = runs[-1]
+        ev.append(f"from the newest of {len(runs)} server processes in the log: lines {cur['first_line']}-"
+                  f"{cur['last_line']}" + (f" ({_pids(cur)})" if cur.get("pids") else ""))
     if ev:
         out.append(Finding("LOG_BACKENDS", INFO, "backends selected, from the server log", ev))
     if log.sparse_lines:
@@ -217,6 +234,16 @@ def log_rules(log, log_raw: dict, model_class) -> list[Finding]:
         out.append(Finding("LOG_FATAL", WARN, "the server log shows fatal errors",
                            [f"line {ln.n}: {ln.text}" for ln in log.fatal_lines[:10]],
                            "read the server log around these lines"))
+    earlier = getattr(log, "earlier_fatal_lines", None) or []
+    if earlier:
+        # an earlier process's dying words (a restart's SIGTERM, a crash systemd recovered from) are history,
+        # never the running server's verdict
+        out.append(Finding("LOG_FATAL_EARLIER", INFO,
+                           f"fatal errors of earlier server processes in the log (not the newest of {len(runs)})",
+                           [f"line {ln.n}: {ln.text}" for ln in earlier[:10]]
+                           + [f"process {r['index'] + 1}: lines {r['first_line']}-{r['last_line']}"
+                              + (f" ({_pids(r)})" if r.get("pids") else "") for r in runs[:-1][-5:]],
+                           "none for the running server; read them if the restarts were not yours"))
     if model_class is not None and model_class.is_mla and log.decode_backend_is_mla is False:
         out.append(Finding("MLA_NOT_IN_USE", WARN,
                            f"the model is MLA but the server selected a non-MLA backend ({log.decode_backend})",

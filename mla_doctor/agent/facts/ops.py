@@ -17,6 +17,7 @@ from .model import model_section
 from .processes import find_servers
 from .symbols import index_tree, symbols_to_search
 from .targets import resolve_targets
+from .thresholds import threshold_files, thresholds_section
 
 
 def _step(errors, name, fn, *args):
@@ -45,6 +46,9 @@ def op_static(plan):
         if ident.get("install_kind") == "wheel":
             record = parse_record(ident["dist_info"])
         result["index"] = _step(errors, "index", index_tree, vdir, plan.get("index") or {})
+        thr = plan.get("thresholds") or threshold_files(plan.get("index"))
+        if thr.get("files"):  # decode thresholds as the installed backend files state them
+            result["thresholds"] = _step(errors, "thresholds", thresholds_section, vdir, thr)
         wanted = symbols_to_search(plan.get("symbols"), plan.get("symbol_needs"), ident.get("version"),
                                    result["index"])  # only what the named files leave undecided
         result["scan"] = _step(errors, "scan", scan_tree, vdir, record, wanted)

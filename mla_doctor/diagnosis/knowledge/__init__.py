@@ -428,6 +428,15 @@ class Knowledge:
         out.update({"fatal_" + k: v for k, v in (self.data.get("fatal_patterns") or {}).items()})
         return out
 
+    def threshold_files(self) -> list:
+        """The backend files whose decode thresholds the agent reads as the code states them."""
+        files: list = []
+        for b in self.data.get("backends", []):
+            for it in b.get("threshold") or []:
+                if it.get("file") and it["file"] not in files:
+                    files.append(it["file"])
+        return files
+
     def agent_request(self) -> dict:
         agent = self.data.get("agent") or {}
         return {"symbols": list(agent.get("symbols") or []),
