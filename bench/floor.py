@@ -131,6 +131,7 @@ def main() -> int:
 
     from mla_doctor.diagnosis.knowledge import load_knowledge
     from mla_doctor.host.audit import AuditOptions, audit_host, static_plan
+    from mla_doctor.remote import parse_cache
     from mla_doctor.remote.runner import run_agent
     from mla_doctor.ssh.transport import ConnectOptions, LocalTransport
 
@@ -150,24 +151,40 @@ def main() -> int:
 
         answers = {}
 
-        def agent():
-            answers["agent"] = run_agent(LocalTransport(), plan, python=py)
+        # the controller's parse cache (remote/parse_cache.py) in this run's own directory: filled by the warm-up
+        # run, so "agent"/"cli" are hits; "agent_miss"/"cli_miss" run without it
+        os.environ["MLA_DOCTOR_PARSE_CACHE"] = env["MLA_DOCTOR_PARSE_CACHE"] = str(Path(tmp) / "parse")
+        miss_env = dict(env, MLA_DOCTOR_PARSE_CACHE="off")
 
-        def cli():
+        def agent_run(known):
+            p = dict(plan, index=dict(plan["index"], known=known() if known else {}))
+            return run_agent(LocalTransport(), p, python=py)
+
+        def agent():
+            answers["agent"] = agent_run(lambda: parse_cache.known(plan["symbols"], plan["index"]["files"]))
+
+        def agent_miss():
+            answers["agent_miss"] = agent_run(None)
+
+        def cli_with(e):
             p = subprocess.run([sys.executable, "-m", "mla_doctor", "static", "--local", "--python", py,
-                                "--format", "json", "-o", out], capture_output=True, cwd=ROOT, env=env)
+                                "--format", "json", "-o", out], capture_output=True, cwd=ROOT, env=e)
             if p.returncode not in (0, 1):
                 raise SystemExit(f"cli failed ({p.returncode}): {p.stderr.decode()[-800:]}")
 
-        kinds = {"floor": floor, "agent": agent, "cli": cli}
+        kinds = {"floor": floor, "agent": agent, "cli": lambda: cli_with(env), "agent_miss": agent_miss,
+                 "cli_miss": lambda: cli_with(miss_env)}
+        kinds["cli"]()  # fills the parse cache
         for fn in kinds.values():  # warm the page cache and the imports
             fn()
+        hits = [r for r, i in answers["agent"]["index"].items() if i.get("parser") == "cached"]
+        assert hits and not any(i.get("parser") == "cached" for i in answers["agent_miss"]["index"].values())
         assert answers["agent"]["scan"]["py_files"] > 3000 and not answers["agent"]["scan"]["modified"], \
             answers["agent"].get("errors")
         cpu: dict[str, list[float]] = {k: [] for k in kinds}
         names = list(kinds)
         for r in range(args.rounds):
-            for k in names[r % 3:] + names[:r % 3]:
+            for k in names[r % len(names):] + names[:r % len(names)]:
                 cpu[k].append(measured(kinds[k]))
 
         fleet = None
@@ -197,8 +214,10 @@ def main() -> int:
     print("| what (CPU = user + sys) | median | min–max | ratio to the floor |")
     print("|---|---|---|---|")
     for k, label in (("floor", "(a) read + sha256 every RECORD-listed file, one process"),
-                     ("agent", "(b) the agent alone, static audit"),
-                     ("cli", "(c) `mla-doctor static --local --format json`, whole process")):
+                     ("agent", "(b) the agent alone, static audit (parse cache hit)"),
+                     ("agent_miss", "(b') the agent alone, no parse cache"),
+                     ("cli", "(c) `mla-doctor static --local --format json`, whole process (cache hit)"),
+                     ("cli_miss", "(c') the same, parse cache off")):
         v = cpu[k]
         print(f"| {label} | {med[k]:.3f} s | {min(v):.3f}–{max(v):.3f} | {med[k] / med['floor']:.2f}× |")
     print()

@@ -11,8 +11,8 @@ import base64
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
-from mla_doctor.remote import runner
-from mla_doctor.ssh.transport import Transport
+from mla_doctor.remote import parse_cache, runner
+from mla_doctor.ssh.transport import LocalTransport, Transport
 
 OPS = ("static", "index", "patch", "revert", "renew", "records", "server_restart", "server_restore", "tick",
        "http", "command_restart", "systemd_restart", "docker_find", "docker_restart")
@@ -413,9 +413,16 @@ def call(transport: Transport, request: Request[A], *, python: str | None = None
          timeout: float | None = None, session: Any = None) -> A:
     """One agent op: ship the request's plan, return its answer type (raises as run_agent does). With
     `session` (remote/session.py), on that run's serving agent."""
+    plan = request.to_plan()
+    if isinstance(request, StaticRequest) and isinstance(plan.get("index"), dict):
+        # the named files whose parse is cached here are not parsed again (remote/parse_cache.py)
+        known = parse_cache.known(plan.get("symbols") or [], plan["index"].get("files") or [])
+        if known:
+            plan["index"] = dict(plan["index"], known=known)
     if session is None:
-        raw = runner.run_agent(transport, request.to_plan(), python=python, sudo=sudo, timeout=timeout)
+        raw = runner.run_agent(transport, plan, python=python, sudo=sudo, timeout=timeout)
     else:
-        raw = runner.run_agent(transport, request.to_plan(), python=python, sudo=sudo, timeout=timeout,
-                               session=session)
+        raw = runner.run_agent(transport, plan, python=python, sudo=sudo, timeout=timeout, session=session)
+    if isinstance(request, StaticRequest):
+        parse_cache.merge(raw, plan.get("symbols") or [], store=isinstance(transport, LocalTransport))
     return request.answer(raw)  # type: ignore[return-value]

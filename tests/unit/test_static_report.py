@@ -117,6 +117,7 @@ def test_agent_errors_become_findings(answer, kb):
 
 
 def test_static_on_sends_the_recorded_plan_and_reports(monkeypatch, kb):
+    monkeypatch.setenv("MLA_DOCTOR_PARSE_CACHE", "off")  # the plan without this machine's parse cache
     fake = FakeAgent("static_local").install(monkeypatch)
     cmd = RECORDED["command"]
     opts = AuditOptions(python=cmd[cmd.index("--python") + 1])

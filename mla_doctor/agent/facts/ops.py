@@ -50,7 +50,7 @@ def op_static(plan):
         if thr.get("files"):  # decode thresholds as the installed backend files state them
             result["thresholds"] = _step(errors, "thresholds", thresholds_section, vdir, thr)
         wanted = symbols_to_search(plan.get("symbols"), plan.get("symbol_needs"), ident.get("version"),
-                                   result["index"])  # only what the named files leave undecided
+                                   result["index"], (plan.get("index") or {}).get("known"))  # what they leave
         result["scan"] = _step(errors, "scan", scan_tree, vdir, record, wanted)
         result["side_code"] = _step(errors, "side_code", side_code, os.path.dirname(vdir))
         if plan.get("targets"):

@@ -8,6 +8,7 @@ import gc
 import hashlib
 import os
 import re
+import sys
 
 
 def _index_defs(tree):
@@ -92,8 +93,10 @@ def _pattern_matches(text, patterns):
     return matches
 
 
-def index_file(path, patterns):
-    """Definitions (qualified name -> line) and pattern matches ([line, text]) of one source file."""
+def index_file(path, patterns, known=None):
+    """Definitions (qualified name -> line) and pattern matches ([line, text]) of one source file. Where the
+    controller holds the parse of this very content (`known`: digest prefixes, remote/parse_cache.py), the
+    definitions are left to it: parser "cached", no syntax tree built."""
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -101,6 +104,10 @@ def index_file(path, patterns):
         return {"exists": os.path.exists(path), "error": e.strerror or str(e)}
     text = data.decode("utf-8", "replace")
     out = {"exists": True, "sha256": hashlib.sha256(data).hexdigest(), "lines": text.count("\n") + 1}
+    if known and out["sha256"][:16] in known:
+        out["parser"] = "cached"
+        out["matches"] = _pattern_matches(text, patterns) if patterns else {}
+        return out
     try:
         defs, classes = _index_defs(ast.parse(text, filename=path))
         out.update(parser="ast", defs=defs, classes=classes)
@@ -118,6 +125,7 @@ def index_tree(vdir, request):
     files = {}
     patterns = request.get("patterns") or {}
     pairs = request.get("pairs")
+    known = (request.get("known") or {}).get("%d.%d" % sys.version_info[:2]) or {}
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -125,7 +133,7 @@ def index_tree(vdir, request):
             full = os.path.join(vdir, rel)
             if os.path.isfile(full):
                 mine = patterns if pairs is None else {p: patterns[p] for p in pairs.get(rel) or () if p in patterns}
-                files[rel] = index_file(full, mine)
+                files[rel] = index_file(full, mine, known.get(rel))
             else:
                 files[rel] = {"exists": False}
     finally:
@@ -150,30 +158,41 @@ def _release_tuple(version):
     return tuple(rel)
 
 
-def _resolved(index, path, sym):
+def _defs_of(info, rel, known):
+    """A file's definitions, or for a file left to the controller's cache the names it holds of them whose
+    leaf is searched (all the three checks below can look up); any line number will do here."""
+    if not isinstance(info, dict):
+        return {}
+    if info.get("parser") == "cached":
+        return dict.fromkeys(((known.get(rel) or {}).get(info.get("sha256", "")[:16]) or ()), 1)
+    return info.get("defs") or {}
+
+
+def _resolved(index, path, sym, known):
     """The knowledge's entry is found without a tree-wide search: the same three checks, in the same terms,
     as the controller's static_facts._resolve makes before it reads scan.symbol_hits."""
     info = index.get(path) or {}
-    defs = info.get("defs") or {}
+    defs = _defs_of(info, path, known)
     if info.get("exists") and defs.get(sym):
         return True
-    if any((inf.get("defs") or {}).get(sym) for f, inf in index.items() if f != path and isinstance(inf, dict)):
+    if any(_defs_of(inf, f, known).get(sym) for f, inf in index.items() if f != path):
         return True
     leaf, depth = sym.rsplit(".", 1)[-1], sym.count(".")
     return bool(info.get("exists")) and any(q.rsplit(".", 1)[-1] == leaf and q.count(".") == depth for q in defs)
 
 
-def symbols_to_search(symbols, needs, version, index):
+def symbols_to_search(symbols, needs, version, index, known=None):
     """The symbols whose `def` must be searched in every file: those of an entry of this release
     (diagnosis/symbol_needs.py's table) that the indexed files do not decide. Without a table, or for a
     version this cannot place, every symbol (what was always searched)."""
     try:
-        return _to_search(symbols, needs, version, index)
+        return _to_search(symbols, needs, version, index,
+                          (known or {}).get("%d.%d" % sys.version_info[:2]) or {})
     except (KeyError, IndexError, TypeError, ValueError, AttributeError):  # a malformed table: search all
         return list(symbols or [])
 
 
-def _to_search(symbols, needs, version, index):
+def _to_search(symbols, needs, version, index, known):
     rel = _release_tuple(version)
     if not needs or not symbols or rel is None or not isinstance(index, dict):
         return list(symbols or [])
@@ -189,6 +208,6 @@ def _to_search(symbols, needs, version, index):
     needed = set()
     for n in needs["classes"][k]:
         path, sym = needs["entries"][n]
-        if not _resolved(index, path, sym):
+        if not _resolved(index, path, sym, known):
             needed.add(sym.rsplit(".", 1)[-1])
     return [s for s in symbols if s in needed]

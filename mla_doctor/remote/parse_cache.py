@@ -1,0 +1,142 @@
+"""Parse results of the named source files kept on the controller, keyed by the file's sha256 (content-
+addressed, so a hit is always the answer `ast` would give) and the agent's Python major.minor (the grammar
+that parsed it: a newer file may not parse on an older interpreter, whose answer then differs).
+
+Before a static audit the plan carries, per named file, the 16-hex-digit prefixes of the digests known here
+(`index.known`: {"3.11": {rel: {prefix: [qualified names whose leaf is searched]}}}); the agent hashes each
+named file anyway, and where its digest's prefix is known it sends `parser: "cached"` instead of parsing
+(the names let it still decide which symbols need the tree-wide search). 64 bits keep the plan small; the
+merge looks the FULL digest up, so a prefix collision (about 2^-64 per pair, and it would take a
+second-preimage search to make one) is an error on that file, never a wrong answer. After the answer, what
+the agent parsed itself is stored. Directory: $MLA_DOCTOR_PARSE_CACHE, else <$MLA_DOCTOR_CACHE or
+~/.cache/mla-doctor>/parse; "off" disables it. Entries are written atomically and never changed.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+PREFIX = 16
+_lock = threading.Lock()
+
+
+def cache_dir() -> Path | None:
+    env = os.environ.get("MLA_DOCTOR_PARSE_CACHE")
+    if env == "off":
+        return None
+    if env:
+        return Path(env)
+    return Path(os.environ.get("MLA_DOCTOR_CACHE") or Path.home() / ".cache" / "mla-doctor") / "parse"
+
+
+def _manifest(root: Path, pyver: str, symbols: list[str]) -> Path:
+    # the names kept per digest are those whose leaf is searched: another symbol list, another manifest
+    tag = hashlib.sha256(json.dumps(sorted(symbols)).encode()).hexdigest()[:12]
+    return root / ("py" + pyver) / f"files-{tag}.json"
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(obj, f, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def known(symbols: list[str], files: list[str]) -> dict[str, Any]:
+    """{pyver: {rel: {prefix: [names]}}} for the plan: the digests whose parse is stored here."""
+    root = cache_dir()
+    if root is None or not root.is_dir():
+        return {}
+    out: dict[str, Any] = {}
+    wanted = set(files)
+    for d in sorted(root.glob("py*")):
+        man = _read_json(_manifest(root, d.name[2:], symbols))
+        if isinstance(man, dict):
+            per = {rel: {sha[:PREFIX]: names for sha, names in shas.items()}
+                   for rel, shas in man.items() if rel in wanted and isinstance(shas, dict)}
+            if per:
+                out[d.name[2:]] = per
+    return out
+
+
+def merge(raw: dict[str, Any], symbols: list[str], store: bool = True) -> None:
+    """Fill the files the agent answered from the cache with the stored parse; with `store`, keep what it
+    parsed itself. Only this machine's agent stores (protocol.call): a remote host's answer is believed for
+    its own report, but could otherwise put forged definitions under a digest other hosts share."""
+    root = cache_dir()
+    index = raw.get("index")
+    py = (raw.get("host") or {}).get("agent_python") or []
+    if root is None or not isinstance(index, dict) or len(py) < 2:
+        return
+    pyver = "%d.%d" % (py[0], py[1])
+    fresh, gone = {}, {}
+    for rel, info in index.items():
+        if not isinstance(info, dict) or not info.get("sha256"):
+            continue
+        sha = info["sha256"]
+        entry = root / ("py" + pyver) / (sha + ".json")
+        if info.get("parser") == "cached":
+            stored = _read_json(entry)
+            info.pop("cached", None)
+            if isinstance(stored, dict):
+                info.update(parser="ast", defs=stored["defs"], classes=stored["classes"])
+            else:  # a prefix collision, or the entry removed since the plan: said, never guessed
+                info.pop("parser", None)
+                info["error"] = "parse cache: no entry for sha256 %s" % sha
+                gone[rel] = sha  # dropped from the manifest: the next audit parses it
+        elif info.get("parser") == "ast" and store:
+            fresh[rel] = (sha, info)
+    if fresh or gone:
+        _store(root, pyver, symbols, fresh, gone)
+
+
+def _store(root: Path, pyver: str, symbols: list[str], fresh: dict[str, Any], gone: dict[str, str]) -> None:
+    leaves = set(symbols)
+    try:
+        with _lock:  # one controller's threads; another process may lose a manifest line (a later miss), no more
+            man_path = _manifest(root, pyver, symbols)
+            man = _read_json(man_path)
+            man = man if isinstance(man, dict) else {}
+            for rel, sha in gone.items():
+                (man.get(rel) or {}).pop(sha, None)
+            for rel, (sha, info) in fresh.items():
+                entry = root / ("py" + pyver) / (sha + ".json")
+                if not entry.exists():
+                    _write_json(entry, {"defs": info.get("defs") or {}, "classes": info.get("classes") or {}})
+                man.setdefault(rel, {})[sha] = sorted(q for q in (info.get("defs") or {})
+                                                      if q.rsplit(".", 1)[-1] in leaves)
+            _write_json(man_path, man)
+    except OSError:
+        pass  # a read-only or full home: the audit is right without the cache, only slower next time
+
+
+def store_parsed(pyver: str, symbols: list[str], index: dict[str, Any]) -> int:
+    """Keep the parse of files this machine parsed itself (tools/gen_parse_cache.py: the corpus releases'
+    sources); the number of files whose parse is now held."""
+    root = cache_dir()
+    fresh = {rel: (i["sha256"], i) for rel, i in index.items()
+             if isinstance(i, dict) and i.get("parser") == "ast" and i.get("sha256")}
+    if root is not None and fresh:
+        _store(root, pyver, symbols, fresh, {})
+    return len(fresh) if root is not None else 0
