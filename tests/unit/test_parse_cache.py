@@ -40,7 +40,8 @@ def tree(tmp_path, monkeypatch):
 
 def audit(vdir, files=("v1/common.py",)):
     """One agent index with what the controller's cache knows, merged as protocol.call merges it."""
-    req = {"files": list(files), "known": parse_cache.known(SYMBOLS, list(files))}
+    req = {"files": list(files), "known": parse_cache.known(SYMBOLS, list(files)),
+           "patterns": {"mqa": r"def forward_mq\w"}}
     raw = {"host": {"agent_python": PY}, "index": index_tree(str(vdir), req)}
     sent = copy.deepcopy(raw["index"])
     parse_cache.merge(raw, SYMBOLS)
@@ -52,7 +53,7 @@ def test_a_cached_file_is_not_parsed_and_merges_to_the_parsed_answer(tree):
     assert sent1["v1/common.py"]["parser"] == "ast"  # a miss: parsed, then stored
     sent2, second, known = audit(tree)
     assert sent2["v1/common.py"]["parser"] == "cached" and "defs" not in sent2["v1/common.py"]
-    assert second == first
+    assert second == first and first["v1/common.py"]["matches"] == {"mqa": [[5, "def forward_mqa(self, q):"]]}
     assert first["v1/common.py"]["defs"] == {"MLACommonImpl.forward_mqa": 5, "MLACommonImpl._forward_prefill": 8,
                                              "split_decodes_and_prefills": 12}
     pyver = "%d.%d" % sys.version_info[:2]
