@@ -72,8 +72,17 @@ def _install(sources, payload):
 
 
 def start(sources, payload, plan_bytes):
-    """Answer the one plan; the exit status."""
-    return importlib.import_module(_install(sources, payload) + ".main").main(plan_bytes)
+    """Answer the one plan, then exit without the interpreter's teardown (freeing every module and object
+    costs tens of ms and changes nothing once the answer is flushed; the agent registers no exit hooks and
+    its files are closed by their with-blocks). Only on this normal path: an exception exits as before."""
+    status = importlib.import_module(_install(sources, payload) + ".main").main(plan_bytes)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    import os
+    os._exit(status or 0)
 
 
 def serve(sources, payload):
