@@ -28,17 +28,25 @@ from mla_doctor.diagnosis.knowledge import load_knowledge, parse_version
 
 __all__ = ["Format", "Match", "Fact", "LogReading", "Matcher", "load_formats", "load_meanings", "matcher",
            "read_log", "message_of", "is_source_build", "shipped_releases", "release_of_version",
-           "literal_len", "records_of", "remember_installed", "installed_records"]
+           "literal_len", "records_of", "remember_installed", "installed_records", "ProcessRun", "split_runs",
+           "load_run_starts", "strip_outer", "run_start_patterns"]
 
 _KNOWLEDGE = Path(__file__).with_name("knowledge")
 FORMATS_FILE = _KNOWLEDGE / "log_formats.json"
 MEANINGS_FILE = _KNOWLEDGE / "log_meanings.yaml"
+RUNS_FILE = _KNOWLEDGE / "log_runs.yaml"
 
 _TOKEN = re.compile(r"%%|%[-+ #0]*\d*(?:\.\d+)?[sdifrx]|\{[^{}]*\}")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# What the log's keeper puts before vLLM's own line: journalctl's short-iso ("2026-12-01T01:16:19+0000 host
+# python[61]: ") and short ("Dec 01 01:16:19 host python[61]: ") outputs, `docker logs -t`'s RFC 3339 time.
+_OUTER = re.compile(
+    r"^(?:(?:\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?"
+    r"|[A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2}(?:\.\d+)?) \S+ [^\s\[\]:]+(?:\[(?P<jpid>\d+)\])?: ?"
+    r"|\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?Z )")
 # "(EngineCore_DP0 pid=4242) INFO 11-29 10:00:00 [core.py:110] " or, vLLM <= 0.7, "INFO ... core.py:110] "
 _PREFIX = re.compile(
-    r"^\s*(?:\((?P<proc>[^()]*?)\s+pid=\d+\)\s*)?"
+    r"^\s*(?:\((?P<proc>[^()]*?)\s+pid=(?P<pid>\d+)\)\s*)?"
     r"(?:(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+\d{2}-\d{2}\s+\d{1,2}:\d{1,2}:\d{1,2}(?:[.,]\d+)?\s+"
     r"\[?(?P<where>[^\]\s]*)\]\s+)?")
 _EXC = re.compile(r"^(?P<exc>(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Warning))"
@@ -51,16 +59,24 @@ def literal_len(fmt: str) -> int:
     return len(_TOKEN.sub(lambda m: "%" if m.group() == "%%" else "", fmt))
 
 
-def message_of(line: str) -> Tuple[str, Optional[str]]:
-    """(the logged message without colour, process tag, level, time and [file:line]; the process tag)."""
+def strip_outer(line: str) -> str:
+    """The line as vLLM wrote it: without a journald or docker prefix, and without colour."""
     clean = _ANSI.sub("", line).rstrip()
+    m = _OUTER.match(clean)
+    return clean[m.end():] if m else clean
+
+
+def message_of(line: str) -> Tuple[str, Optional[str]]:
+    """(the logged message without colour, journald/docker prefix, process tag, level, time and [file:line];
+    the process tag)."""
+    clean = strip_outer(line)
     m = _PREFIX.match(clean)
     return clean[m.end():].strip(), (m.group("proc") if m else None)
 
 
 def _logged_at(line: str) -> Optional[str]:
     """The ``file.py:N`` vLLM's log prefix names (the call site), or None."""
-    m = _PREFIX.match(_ANSI.sub("", line))
+    m = _PREFIX.match(strip_outer(line))
     return m.group("where") if m and m.group("where") else None
 
 
@@ -286,6 +302,99 @@ def matcher(releases: Optional[Sequence[str]] = None, harvested: Optional[List[d
     return _shipped_matcher(tuple(releases) if releases else tuple(shipped_releases()))
 
 
+# --------------------------------------------------------------------------- server processes in one log
+
+@functools.lru_cache(maxsize=1)
+def load_run_starts() -> List[Tuple[str, str, Pattern[str]]]:
+    """(id, kind, regex over the message) of the lines a server process logs once, as it starts."""
+    with open(RUNS_FILE, encoding="utf-8") as f:
+        data = yaml.safe_load(f)
+    return [(s["id"], s["kind"], re.compile(s["text"])) for s in data["starts"]]
+
+
+def run_start_patterns() -> Dict[str, str]:
+    """The start lines as the agent's unanchored log patterns (ids ``run_start_<id>``): the agent sends them
+    with the evidence lines, and keeps the newest process's lines first when it must cut."""
+    return {"run_start_" + sid: rx.pattern.lstrip("^") for sid, _kind, rx in load_run_starts()}
+
+
+@dataclass
+class ProcessRun:
+    """One server process's lines in a log: from its start line to the next process's."""
+    index: int                             # 0 = the oldest in the log
+    first_line: int                        # log line number (the agent's ``n``) of its first line
+    last_line: int
+    lines: int                             # how many of the given lines are its
+    started: bool                          # its start line is in the log (False: started before the log begins)
+    start_line: Optional[int] = None
+    start: Optional[str] = None            # the start's id (knowledge/log_runs.yaml)
+    pids: Dict[str, int] = field(default_factory=dict)   # process tag -> pid: {"APIServer": 61, "EngineCore": 82}
+    version: Optional[str] = None          # as its engine line states it
+
+    def to_dict(self) -> dict:
+        return {"index": self.index, "first_line": self.first_line, "last_line": self.last_line,
+                "lines": self.lines, "started": self.started, "start_line": self.start_line, "start": self.start,
+                "pids": dict(self.pids), "version": self.version}
+
+
+def _items(lines: Sequence[Any]) -> List[Tuple[int, str]]:
+    out = []
+    for i, item in enumerate(lines or [], 1):
+        if isinstance(item, dict):
+            out.append((int(item.get("n") or i), str(item.get("text") or "")))
+        else:
+            out.append((i, str(item)))
+    return out
+
+
+def split_runs(lines: Sequence[Any]) -> List[Tuple[ProcessRun, List[Any]]]:
+    """The log cut into server processes, oldest first, each with its own items (as given).
+
+    A process starts at its API server's start line (``vLLM API server version``, the logo's version line,
+    ``non-default args``) or, where the log has none, its engine's (``Initializing a V1 LLM engine``); one
+    process logs each of these once (per process tag: data-parallel engines each log theirs), so a start line
+    already seen in the current process, or a server start after the engine's, begins the next. PIDs alone
+    cannot tell: a container's server is PID 1 after every restart. Lines before the first start belong to a
+    process that started before the log begins."""
+    starts = load_run_starts()
+    runs: List[Tuple[ProcessRun, List[Any]]] = []
+    seen: set = set()
+    has_engine = False
+    for (n, raw), item in zip(_items(lines), lines or []):
+        clean = strip_outer(raw)
+        pm = _PREFIX.match(clean)
+        msg = clean[pm.end():].strip() if pm else clean.strip()
+        hit = next(((sid, kind) for sid, kind, rx in starts if rx.match(msg)), None)
+        tag = pm.group("proc") if pm else None
+        if hit is not None and runs:
+            # data-parallel engines (EngineCore_DP0, _DP1) each log their start: the same start counts again
+            # only from the same process tag
+            new = (hit[0], tag) in seen or (hit[1] == "server" and has_engine)
+        else:
+            new = not runs
+        if new:
+            run = ProcessRun(len(runs), n, n, 0, hit is not None)
+            runs.append((run, []))
+            seen, has_engine = set(), False
+        run, items = runs[-1]
+        items.append(item)
+        run.lines += 1
+        run.last_line = n
+        if hit is not None:
+            sid, kind = hit
+            seen.add((sid, tag))
+            if run.start_line is None:
+                run.started, run.start_line, run.start = True, n, sid
+            if kind == "engine":
+                has_engine = True
+                vm = re.match(r"^Initializing an? (?:V[01] )?LLM engine \(v([^)\s]+)\)", msg)
+                if vm and run.version is None:
+                    run.version = vm.group(1)
+        if pm and pm.group("proc") and pm.group("pid"):
+            run.pids.setdefault(pm.group("proc"), int(pm.group("pid")))
+    return runs
+
+
 # --------------------------------------------------------------------------- reading a log
 
 @dataclass
@@ -325,6 +434,8 @@ class LogReading:
     facts: List[Fact] = field(default_factory=list)
     fatal: List[Fact] = field(default_factory=list)
     unmatched: int = 0
+    runs: List[ProcessRun] = field(default_factory=list)   # the server processes in the log, oldest first
+    earlier_fatal: List[Fact] = field(default_factory=list)  # fatal lines of processes before the newest
 
     def of_kind(self, kind: str) -> List[Fact]:
         return [f for f in self.facts if f.kind == kind]
@@ -394,17 +505,27 @@ def _fit(matches: List[Tuple[int, Match]], candidates: Sequence[str]) -> List[st
 
 
 def read_log(lines: Sequence[Any], version: Optional[str] = None, distribution: Optional[str] = None,
-             harvested: Optional[List[dict]] = None, aliases: Optional[Dict[str, str]] = None) -> LogReading:
+             harvested: Optional[List[dict]] = None, aliases: Optional[Dict[str, str]] = None,
+             scope: bool = True) -> LogReading:
     """Read the lines (strings, or the agent's ``{"n", "text"}``) into facts, each with its source format.
 
     ``harvested``: formats from the installed ``vllm/`` (they are the truth for that install); otherwise
-    the shipped release of ``version`` when there is one, else every shipped release."""
-    items = []
-    for i, item in enumerate(lines or [], 1):
-        if isinstance(item, dict):
-            items.append((int(item.get("n") or i), str(item.get("text") or "")))
-        else:
-            items.append((i, str(item)))
+    the shipped release of ``version`` when there is one, else every shipped release. With ``scope``, a log
+    of several server processes (``split_runs``) gives the facts of the newest only; the fatal lines of the
+    earlier ones are ``earlier_fatal``, never ``fatal``."""
+    items = _items(lines)
+    if scope:
+        runs = split_runs([{"n": n, "text": t} for n, t in items])
+        if len(runs) > 1:
+            out = read_log(runs[-1][1], version, distribution, harvested, aliases, scope=False)
+            earlier = read_log([it for _run, its in runs[:-1] for it in its], version, distribution, harvested,
+                               aliases, scope=False)
+            out.earlier_fatal = earlier.fatal
+            out.runs = [run for run, _its in runs]
+            return out
+        out = read_log(lines, version, distribution, harvested, aliases, scope=False)
+        out.runs = [run for run, _its in runs]
+        return out
     out = LogReading(version=version)
     # the version the log states, when none was given
     if not version:

@@ -23,14 +23,39 @@ def _filter_lines(lines, patterns, source):
         except re.error:
             continue
     out = []
+    last_start, seen = None, set()  # where the newest server process begins in out; its start ids so far
     for i, line in enumerate(lines, 1):
         ids = [pid for pid, r in regs.items() if r.search(line)]
         if ids:
+            starts = [x for x in ids if x.startswith(RUN_START)]
+            # a process logs each start line once: one seen again begins the next process (the controller
+            # splits exactly, log_reading.split_runs; this only keeps the newest process whole)
+            if starts and (last_start is None or seen.intersection(starts)):
+                last_start, seen = len(out), set()
+            seen.update(starts)
             out.append({"n": i, "text": line.rstrip()[:600], "ids": ids})
-    # keep the first lines (start-up) and the last lines (most recent)
-    if len(out) > MAX_LOG_LINES:
-        out = out[: MAX_LOG_LINES // 2] + out[-MAX_LOG_LINES // 2:]
-    return {"source": source, "total_lines": len(lines), "lines": out}
+    return {"source": source, "total_lines": len(lines), "lines": _cap(out, last_start)}
+
+
+# Pattern ids of the lines a server process logs once, as it starts (the controller's knowledge/log_runs.yaml):
+# a log holding several processes (restarts append) is cut so that the newest process's lines are kept.
+RUN_START = "run_start_"
+
+
+def _cap(out, last_start):
+    """At most MAX_LOG_LINES: the newest process's lines first (its start-up, then its most recent), then
+    the earlier processes' first and last lines."""
+    if len(out) <= MAX_LOG_LINES:
+        return out
+    cur = out[last_start:] if last_start is not None else out
+    old = out[:last_start] if last_start is not None else []
+    room = MAX_LOG_LINES - min(len(old), MAX_LOG_LINES // 4)
+    if len(cur) > room:
+        cur = cur[: room // 2] + cur[-(room - room // 2):]
+    left = MAX_LOG_LINES - len(cur)
+    if len(old) > left:
+        old = old[: left // 2] + old[-(left - left // 2):] if left else []
+    return old + cur
 
 
 def installed_formats(vdir):
@@ -103,5 +128,6 @@ def _log_lines(plan, server):
             res = _filter_lines(p.stdout.decode("utf-8", "replace").splitlines(), patterns, "docker:" + where)
         res["found"] = True
         res["errors"] = errors
+        res["origin"] = "--log" if plan.get("log") else "server"  # the server's: its install's evidence
         return res
     return {"found": False, "reason": "; ".join(errors)}
