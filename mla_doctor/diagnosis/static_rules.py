@@ -25,7 +25,7 @@ def _ref(r: Any) -> str:
 
 
 def static_findings(*, facts, audit, scan, ident, side, server, model, model_class, log, log_raw,
-                    agent_errors) -> list[Finding]:
+                    agent_errors, other_install=None) -> list[Finding]:
     out: list[Finding] = []
     version = ident.get("version") or "unknown"
     out += version_rules(facts, version, ident)
@@ -33,6 +33,7 @@ def static_findings(*, facts, audit, scan, ident, side, server, model, model_cla
     out += side_code_rules(side, ident)
     out += knowledge_rules(audit)
     out += server_rules(server, facts)
+    out += other_install_rules(other_install)
     out += model_rules(model, model_class, facts)
     out += log_rules(log, log_raw, model_class)
     for e in agent_errors:
@@ -175,6 +176,22 @@ def server_rules(server: dict | None, facts) -> list[Finding]:
                             f"forcing in this release: {facts.forcing.text}"],
                            "use --attention-backend NAME instead"))
     return out
+
+
+def other_install_rules(other) -> list[Finding]:
+    """The server runs an install other than the audited one (`--python A` while B serves)."""
+    if other is None:
+        return []
+    from mla_doctor.diagnosis.static_facts import describe_install
+
+    return [Finding(
+        "SERVER_OTHER_INSTALL", WARN,
+        f"the running server (pid {other.pid}) runs another vLLM install than the one audited: its model and log "
+        f"are reported apart (server.other_install), not as this install's evidence",
+        [f"audited: {describe_install(other.audited)}", f"server: {describe_install(other.server)}",
+         f"they differ by {other.differs_by}"],
+        "audit the server's own install (drop --python, or --python "
+        f"{other.server.python or 'its interpreter'}); pass --model/--log to read evidence for this one")]
 
 
 def model_rules(model: dict | None, model_class, facts) -> list[Finding]:

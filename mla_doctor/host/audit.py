@@ -12,8 +12,9 @@ from typing import Any, Callable
 
 from mla_doctor.diagnosis import static_rules as rules
 from mla_doctor.diagnosis.knowledge import Knowledge, load_knowledge
-from mla_doctor.diagnosis.log_reading import records_of, remember_installed
-from mla_doctor.diagnosis.static_facts import classify_model, parse_log, verify_static
+from mla_doctor.diagnosis.log_reading import records_of, remember_installed, run_start_patterns
+from mla_doctor.diagnosis.static_facts import (OtherInstall, classify_model, describe_install, other_install,
+                                               parse_log, verify_static)
 from mla_doctor.diagnosis.symbol_needs import symbol_needs
 from mla_doctor.errors import MlaDoctorError, UsageError
 from mla_doctor.remote.protocol import StaticRequest, call
@@ -63,8 +64,10 @@ def _symbol_needs(kb: Knowledge) -> Any:
 def static_request(kb: Knowledge, opts: AuditOptions, targets: Any = None) -> StaticRequest:
     """The audit the knowledge asks for; with `targets`, the patch targets resolved in the same execution."""
     req = kb.agent_request()
+    # with the lines each server process logs once, as it starts: the log is read process by process
+    patterns = {**req["log_patterns"], **run_start_patterns()}
     return StaticRequest(python=opts.python, model=opts.model, log=opts.log, symbols=req["symbols"],
-                         index=_agent_index(kb), log_patterns=req["log_patterns"], targets=targets,
+                         index=_agent_index(kb), log_patterns=patterns, targets=targets,
                          symbol_needs=_symbol_needs(kb))
 
 
@@ -176,11 +179,15 @@ def build_static_report(name: str, raw: dict[str, Any], kb: Knowledge) -> HostRe
     static.update(raw.get("side_code") or {})
     report.static = static
     model_raw = raw.get("model")
+    log_raw = raw.get("log") or {}
+    other = other_install(loc, ident, server)
+    if other is not None:
+        # the server runs another install: its model and log are that install's evidence, never this one's
+        model_raw, log_raw = _apart(report, other, facts, kb, model_raw, log_raw)
     model_class = None
     if model_raw:
         model_class = classify_model(facts, model_raw.get("config"))
         report.model = {**model_raw, "classification": plain(model_class)}
-    log_raw = raw.get("log") or {}
     log_ev = None
     if log_raw.get("found"):
         harvested = records_of(log_raw.get("formats"))  # the installed vllm/'s own formats
@@ -198,5 +205,28 @@ def build_static_report(name: str, raw: dict[str, Any], kb: Knowledge) -> HostRe
         report.log = {"source": None, "reason": log_raw.get("reason")}
     report.findings = rules.static_findings(
         facts=facts, audit=audit, scan=scan, ident=ident, side=raw.get("side_code") or {}, server=server,
-        model=model_raw, model_class=model_class, log=log_ev, log_raw=log_raw, agent_errors=agent_errors)
+        model=model_raw, model_class=model_class, log=log_ev, log_raw=log_raw, agent_errors=agent_errors,
+        other_install=other)
     return report
+
+
+def _apart(report: HostReport, other: OtherInstall, facts: Any, kb: Knowledge, model_raw: dict | None,
+           log_raw: dict) -> tuple[dict | None, dict]:
+    """Report the server's model and log under ``server.other_install``, read with the server's own release
+    (never with the formats harvested from the audited install); return what is left for the audited one:
+    only what the user named (--model, --log)."""
+    theirs = kb.for_version(other.server.version) if other.server.version else facts
+    apart: dict[str, Any] = plain(other)
+    label = f"the server's install ({describe_install(other.server)})"
+    if model_raw and model_raw.get("source") == "server argv":
+        apart["model"] = {**model_raw, "classification": plain(classify_model(theirs, model_raw.get("config")))}
+        model_raw = None
+    if log_raw.get("found") and log_raw.get("origin", "server") == "server":
+        ev = parse_log(theirs, log_raw.get("lines", []), version=other.server.version,
+                       distribution=other.server.distribution)
+        apart["log"] = {"source": log_raw.get("source"), "total_lines": log_raw.get("total_lines"),
+                        "evidence": plain(ev)}
+        log_raw = {"found": False, "reason": f"the server's log is {label}'s evidence (server.other_install.log); "
+                                             "pass --log PATH for this install's own server log"}
+    report.server["other_install"] = apart
+    return model_raw, log_raw

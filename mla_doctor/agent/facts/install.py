@@ -151,7 +151,8 @@ def locate_vllm(plan, servers, errors):
             tried.append({"python": python, "source": source, "error": "vllm is not importable by %s" % python})
             continue
         return {"python": info["executable"] or python, "python_version": info["version"], "source": source,
-                "dir": vdir, "site": os.path.dirname(vdir), "tried": tried}
+                "dir": vdir, "site": os.path.dirname(vdir), "tried": tried,
+                "dir_real": os.path.realpath(vdir), "prefix": info.get("prefix")}  # to tell a server's install apart
     return {"python": None, "dir": None, "tried": tried}
 
 

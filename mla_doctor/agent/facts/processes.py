@@ -3,8 +3,10 @@ here, before anything is printed), user, supervisor (systemd, docker, Kubernetes
 """
 from __future__ import annotations
 
+import glob
 import os
 import re
+import shutil
 
 from ..common import _int_or_none, _read_text, _run, _user_name
 
@@ -202,6 +204,86 @@ def _mapped_vllm_dirs(pid):
     return dirs
 
 
+def _in_root(pid, path):
+    """``path`` as the process sees it (its own mount namespace: a container's files too)."""
+    return "/proc/%s/root%s" % (pid, path)
+
+
+def _interpreter_of(argv, env, cwd):
+    """argv[0] when it names a python (a venv's bin/python: /proc/PID/exe resolves the venv away)."""
+    a0 = argv[0] if argv else ""
+    if not os.path.basename(a0).startswith("python"):
+        return None
+    if os.path.isabs(a0):
+        return a0
+    if "/" in a0:
+        return os.path.normpath(os.path.join(cwd, a0)) if cwd else None
+    return shutil.which(a0, path=env.get("PATH") or "") if env else None
+
+
+def _venv_root(pid, python):
+    """The venv whose bin/ holds ``python`` (pyvenv.cfg beside bin/, as site.py finds it), else None."""
+    root = os.path.dirname(os.path.dirname(python))
+    cfg = _in_root(pid, os.path.join(root, "pyvenv.cfg"))
+    # read, not only stat'ed: a venv the server's user cannot read is not proof; a regular file only (no FIFO);
+    # common's reader, as every static fact: the static audit loads no module that changes files (fs)
+    try:
+        if not os.path.isfile(cfg):
+            return None
+        _read_text(cfg, 4096)
+    except OSError:
+        return None
+    return root
+
+
+def _vllm_version(pid, site):
+    """(distribution, version) from the ``vllm*.dist-info/METADATA`` beside a vllm package: headers only."""
+    for di in sorted(glob.glob(_in_root(pid, os.path.join(glob.escape(site), "vllm*.dist-info")))):
+        meta_path = os.path.join(di, "METADATA")
+        try:
+            head = _read_text(meta_path, 4096) if os.path.isfile(meta_path) else ""
+        except OSError:
+            continue
+        meta = dict((k.strip().lower(), v.strip()) for k, _, v in
+                    (line.partition(":") for line in head.split("\n\n", 1)[0].splitlines()) if k in ("Name", "Version"))
+        if meta.get("version"):
+            return meta.get("name"), meta["version"]
+    return None, None
+
+
+def server_install(pid, argv, env, exe, cwd, mapped):
+    """Which install a server runs from: its interpreter's prefix (the venv root: pyvenv.cfg beside the bin/ of
+    argv[0], of $VIRTUAL_ENV, of /proc/PID/exe; else the exe's own prefix), and the vllm package it has
+    mapped (else the one in that prefix's site-packages), with that package's distribution and version."""
+    env = env or {}
+    python = _interpreter_of(argv, env, cwd)
+    prefix = prefix_from = None
+    venv = env.get("VIRTUAL_ENV")
+    for how, cand in (("argv[0]", python), ("VIRTUAL_ENV", os.path.join(venv, "bin", "python") if venv else None),
+                      ("exe", exe)):
+        root = _venv_root(pid, cand) if cand and os.path.isabs(cand) else None
+        if root:
+            prefix, prefix_from = root, "pyvenv.cfg beside the bin/ of " + how
+            break
+    if prefix is None and exe:
+        prefix, prefix_from = os.path.dirname(os.path.dirname(exe)), "exe"
+    vdir, vdir_from = (mapped[0], "mapped") if mapped else (None, None)
+    if vdir is None and prefix:
+        found = sorted(glob.glob(_in_root(pid, os.path.join(glob.escape(prefix), "lib", "python3*", "site-packages",
+                                                         "vllm", "__init__.py"))))
+        if found:
+            vdir, vdir_from = os.path.dirname(found[0])[len(_in_root(pid, "")):], "prefix site-packages"
+    dist, version = _vllm_version(pid, os.path.dirname(vdir)) if vdir else (None, None)
+    try:
+        same_root = os.readlink(_in_root(pid, "")) == "/"
+    except OSError:
+        same_root = False
+    return {"python": python or exe, "prefix": prefix, "prefix_from": prefix_from, "virtual_env": venv,
+            "vllm_dir": vdir, "vllm_dir_from": vdir_from, "distribution": dist, "version": version,
+            # as this host's paths resolve (a container's are its own: kept as it sees them)
+            "vllm_dir_real": os.path.realpath(vdir) if vdir and same_root else vdir}
+
+
 def _stdout_target(pid):
     try:
         t = os.readlink("/proc/%s/fd/1" % pid)
@@ -234,6 +316,7 @@ def find_servers():
             cwd = None
         port = arg_value(argv, "--port")
         sup = _supervisor(pid, argv)
+        mapped = _mapped_vllm_dirs(pid)
         servers.append({
             "pid": int(pid),
             "argv": redact_argv(argv),
@@ -257,7 +340,8 @@ def find_servers():
             "attention_backend_arg": arg_value(argv, "--attention-backend"),
             "enforce_eager": "--enforce-eager" in argv,
             "hf_config_path": arg_value(argv, "--hf-config-path"),
-            "mapped_vllm_dirs": _mapped_vllm_dirs(pid),
+            "mapped_vllm_dirs": mapped,
+            "install": server_install(pid, argv, env, exe, cwd, mapped),  # which install it runs from
             "stdout_file": _stdout_target(pid),
             "_raw_env": env,  # stripped before output; used to locate the interpreter's paths
             "_argv": argv,  # unredacted, stripped before output
