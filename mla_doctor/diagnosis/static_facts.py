@@ -3,7 +3,9 @@
 - ``verify_static(facts, agent)``: confirm the MLA entry points, sparse gate and thresholds in the
   agent's ``scan``/``index`` sections, and say where a symbol moved when it is not where expected.
 - ``classify_model(facts, config)``: is this model MLA / sparse (DSA) in this release, and why.
-- ``parse_log(facts, lines)``: backend, engine, CUDA-graph and crash evidence from server log lines.
+- ``parse_log(facts, lines)``: backend, engine, CUDA-graph and crash evidence from server log lines (of the
+  newest server process in the log).
+- ``other_install(loc, ident, server)``: the running server's install when it is not the audited one.
 """
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ from typing import Any, Dict, List, Optional, Union
 from mla_doctor.diagnosis.knowledge import Entry, ReleaseFacts
 
 __all__ = ["SymbolRef", "StaticAudit", "ModelClass", "LogLine", "LogEvidence",
-           "verify_static", "compare_thresholds", "classify_model", "parse_log"]
+           "verify_static", "compare_thresholds", "classify_model", "parse_log", "InstallRef", "OtherInstall",
+           "other_install", "describe_install"]
 
 
 # --------------------------------------------------------------------------- static audit
