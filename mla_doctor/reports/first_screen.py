@@ -245,8 +245,12 @@ def answer(host: HostReport | dict) -> Answer:
         a.one_token = f"→ {dec} (sparse top-k MQA: a 1-token query is a decode)"
         topk = ((h.get("model") or {}).get("config") or {}).get("index_topk")
         if mode == "mha_if_short":
-            a.long_prompt = (f"→ {pre} up to index_topk={topk if topk is not None else '?'} tokens, "
-                             f"{dec} above (sparse top-k)")
+            from mla_doctor.diagnosis.knowledge import load_knowledge
+            from mla_doctor.diagnosis.routing import known_from_host, route
+
+            facts = load_knowledge().for_version(version)
+            r = route(facts, known_from_host(h, facts), 4096)  # what it cannot resolve stays a condition
+            a.long_prompt = (f"4096 tokens → {r.text()} (index_topk={topk if topk is not None else '?'}; sparse)")
         else:
             a.long_prompt = f"→ {dec} too: every token takes the sparse top-k MQA path, never {_short(pre)}"
             a.entry_long = dec
