@@ -26,6 +26,7 @@ def kb():
 
 @pytest.fixture
 def fake(monkeypatch):
+    monkeypatch.setenv("MLA_DOCTOR_PARSE_CACHE", "off")  # the plans without this machine's parse cache
     return FakeAgent("run_local").install(monkeypatch)
 
 
