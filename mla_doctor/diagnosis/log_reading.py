@@ -29,7 +29,7 @@ from mla_doctor.diagnosis.knowledge import load_knowledge, parse_version
 __all__ = ["Format", "Match", "Fact", "LogReading", "Matcher", "load_formats", "load_meanings", "matcher",
            "read_log", "message_of", "is_source_build", "shipped_releases", "release_of_version",
            "literal_len", "records_of", "remember_installed", "installed_records", "ProcessRun", "split_runs",
-           "load_run_starts", "strip_outer", "run_start_patterns"]
+           "load_run_starts", "strip_outer", "run_start_patterns", "numbered"]
 
 _KNOWLEDGE = Path(__file__).with_name("knowledge")
 FORMATS_FILE = _KNOWLEDGE / "log_formats.json"
@@ -347,6 +347,11 @@ def _items(lines: Sequence[Any]) -> List[Tuple[int, str]]:
     return out
 
 
+def numbered(lines: Sequence[Any]) -> List[dict]:
+    """The lines as the agent sends them, ``{"n", "text"}``: a slice of them keeps the log's line numbers."""
+    return [{"n": n, "text": t} for n, t in _items(lines)]
+
+
 def split_runs(lines: Sequence[Any]) -> List[Tuple[ProcessRun, List[Any]]]:
     """The log cut into server processes, oldest first, each with its own items (as given).
 
@@ -360,6 +365,7 @@ def split_runs(lines: Sequence[Any]) -> List[Tuple[ProcessRun, List[Any]]]:
     runs: List[Tuple[ProcessRun, List[Any]]] = []
     seen: set = set()
     has_engine = False
+    pre: List[Tuple[Optional[str], Optional[str]]] = []   # (tag, pid) of the lines before the first start
     for (n, raw), item in zip(_items(lines), lines or []):
         clean = strip_outer(raw)
         pm = _PREFIX.match(clean)
@@ -391,8 +397,37 @@ def split_runs(lines: Sequence[Any]) -> List[Tuple[ProcessRun, List[Any]]]:
                 if vm and run.version is None:
                     run.version = vm.group(1)
         if pm and pm.group("proc") and pm.group("pid"):
-            run.pids.setdefault(pm.group("proc"), int(pm.group("pid")))
-    return runs
+            if run.index == 0 and run.start_line is None:
+                pre.append((pm.group("proc"), pm.group("pid")))
+            else:
+                run.pids.setdefault(pm.group("proc"), int(pm.group("pid")))
+    return _split_head(runs, pre)
+
+
+def _split_head(runs: List[Tuple[ProcessRun, List[Any]]],
+                pre: List[Tuple[Optional[str], Optional[str]]]) -> List[Tuple[ProcessRun, List[Any]]]:
+    """The lines before the log's first start line are the first process's own preamble (Python warnings, the
+    logo's first lines, the platform detection) unless one of them names a process tag with another PID than
+    that process has: then they are the end of a process that started before the log begins."""
+    if not runs:
+        return runs
+    first, items = runs[0]
+    if first.start_line is None or not any(tag in first.pids and int(str(pid)) != first.pids[tag]
+                                           for tag, pid in pre):
+        for tag, pid in pre:
+            first.pids.setdefault(str(tag), int(str(pid)))
+        return runs
+    head_n = sum(1 for it_n, _t in _items(items) if it_n < (first.start_line or 0))
+    head = ProcessRun(0, first.first_line, 0, head_n, False)
+    head_items = items[:head_n]
+    head.last_line = _items(head_items)[-1][0] if head_items else first.first_line
+    for tag, pid in pre:
+        head.pids.setdefault(str(tag), int(str(pid)))
+    first.first_line, first.lines = first.start_line or first.first_line, first.lines - head_n
+    out = [(head, head_items), (first, items[head_n:])] + runs[1:]
+    for i, (run, _its) in enumerate(out):
+        run.index = i
+    return out
 
 
 # --------------------------------------------------------------------------- reading a log
@@ -515,7 +550,7 @@ def read_log(lines: Sequence[Any], version: Optional[str] = None, distribution: 
     earlier ones are ``earlier_fatal``, never ``fatal``."""
     items = _items(lines)
     if scope:
-        runs = split_runs([{"n": n, "text": t} for n, t in items])
+        runs = split_runs(numbered(lines))
         if len(runs) > 1:
             out = read_log(runs[-1][1], version, distribution, harvested, aliases, scope=False)
             earlier = read_log([it for _run, its in runs[:-1] for it in its], version, distribution, harvested,

@@ -484,9 +484,9 @@ def parse_log(facts: ReleaseFacts, lines: List[Union[str, dict]], harvested: Opt
     With ``scope``, a log holding several server processes (a restart appends) is evidence of the newest only
     (``log_reading.split_runs``); the earlier ones' fatal lines are ``earlier_fatal_lines``, never ``fatal_lines``."""
     if scope:
-        from mla_doctor.diagnosis.log_reading import split_runs
+        from mla_doctor.diagnosis.log_reading import numbered, split_runs
 
-        runs = split_runs(lines or [])
+        runs = split_runs(numbered(lines))  # numbered: a process's lines keep their line numbers in the log
         if len(runs) > 1:
             ev = parse_log(facts, runs[-1][1], harvested, version, distribution, scope=False)
             earlier = parse_log(facts, [it for _run, its in runs[:-1] for it in its], harvested, version,
