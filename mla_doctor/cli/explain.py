@@ -60,6 +60,13 @@ def render_text(ex: Explanation, log: str) -> str:
         for f in r.fatal:
             src = f" (format {f.source})" if f.source else ""
             out.append(f"  {f.n}: {f.text}{src}")
+    if len(r.runs) > 1:
+        cur = r.runs[-1]
+        out.append(f"server processes in the log: {len(r.runs)}; read: the newest, lines "
+                   f"{cur.first_line}-{cur.last_line}")
+    if r.earlier_fatal:
+        out.append("fatal lines of earlier server processes (not the newest's):")
+        out += [f"  {f.n}: {f.text}" for f in r.earlier_fatal[:10]]
     for u in ex.unresolved:
         out.append(f"not resolved: {u}")
     out.append(f"overall: {ex.status}")

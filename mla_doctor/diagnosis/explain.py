@@ -56,6 +56,8 @@ class Explanation:
             "prompts": self.prompts, "unresolved": self.unresolved,
             "routes": [r.to_dict() for r in self.routes],
             "fatal": [f.to_dict() for f in r.fatal],
+            # several server processes in one log: the facts are the newest's; the earlier ones' fatal lines apart
+            "processes": [p.to_dict() for p in r.runs], "earlier_fatal": [f.to_dict() for f in r.earlier_fatal],
             "facts": [f.to_dict() for f in r.facts if f.kind != "other"],
             "lines_unmatched": r.unmatched,
         }

