@@ -184,3 +184,23 @@ def test_prefixes_decide_when_no_vllm_dir_is_known(answer):
     assert other_install(loc, answer["vllm"], srv) is None
     srv.pop("install")   # an older agent: nothing to tell them apart by
     assert other_install(other_python(answer)["locate"], answer["vllm"], srv) is None
+
+
+def test_a_live_run_refuses_to_patch_another_install_than_the_servers(monkeypatch):
+    """`run --python A` while the server runs B would patch files B never loads: refused before any change."""
+    from mla_doctor.host.audit import AuditOptions
+    from mla_doctor.host.live import RunOptions, run_host
+    from mla_doctor.results import HostStatus
+    from mla_doctor.ssh.transport import ConnectOptions, LocalTransport
+    from tests.support.fake_agent import FakeAgent
+
+    monkeypatch.setenv("MLA_DOCTOR_PARSE_CACHE", "off")
+    fake = FakeAgent("run_local").install(monkeypatch)
+    other_python(fake.answer("static"))
+    cmd = fake.doc["command"]
+    ropts = RunOptions.build(run_root="/var/tmp/mla-doctor-record", ready_timeout=300)
+    report = run_host(LocalTransport(), "localhost", ConnectOptions(local=True),
+                      AuditOptions(python=cmd[cmd.index("--python") + 1]), ropts, K, progress=lambda h, m: None)
+    assert (report.status, report.error_kind) == (HostStatus.ERROR, "OtherInstall")
+    assert "not the audited one at /opt/venv-a/lib/python3.11/site-packages/vllm" in report.error
+    assert fake.ops_sent() == ["static"] and report.restored is None

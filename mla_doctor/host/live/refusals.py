@@ -40,6 +40,18 @@ def check_runtime(runtime: str, unit: str | None, server: dict[str, Any]) -> Non
         raise HostRefusal("WrongRuntime", server["process_runtime_refusal"])
 
 
+def check_install(server_report: dict[str, Any]) -> None:
+    """The audited install must be the one the server runs: patching another (`--python A` while B serves)
+    would instrument nothing the server loads (issue 10: one install, one story)."""
+    other = server_report.get("other_install")
+    if other:
+        srv, mine = other.get("server") or {}, other.get("audited") or {}
+        raise HostRefusal("OtherInstall", f"the server (pid {other.get('pid')}) runs the vLLM at {srv.get('vllm_dir')} "
+                                          f"(prefix {srv.get('prefix')}), not the audited one at "
+                                          f"{mine.get('vllm_dir')}: patching it would instrument nothing the server "
+                                          f"loads; drop --python, or pass the server's ({srv.get('python')})")
+
+
 def bad_setting(e: ValueError) -> HostRefusal:
     """A second-pass setting this release does not accept."""
     return HostRefusal("BadSetting", f"second pass: {e}")
