@@ -182,6 +182,11 @@ def test_the_agent_sends_the_start_lines_and_keeps_the_newest_process(monkeypatc
     assert len(mine) <= 12 - 3 and [x for x in kept if x["n"] >= newest] == mine
     ev = parse_log(FACTS, kept)
     assert ev.decode_backend == "CPU_MLA" and not ev.fatal_lines
+    # a cap smaller than the newest process: its own start line is still the first of its lines kept
+    monkeypatch.setattr(agent_logs, "MAX_LOG_LINES", 8)
+    kept = agent_logs._filter_lines(lines, patterns, "journal:vllm-tiny.service")["lines"]
+    assert len(kept) == 8 and newest in [x["n"] for x in kept]
+    assert split_runs(kept)[-1][0].first_line == newest
 
 
 def test_every_start_pattern_reads_the_real_lines():
