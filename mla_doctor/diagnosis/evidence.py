@@ -118,6 +118,8 @@ class LiveEvidence:
     model_routing: str | None = None
     model_startup_failure: str | None = None
     num_attention_heads: int | None = None
+    model_dims: list[int] | None = None  # heads, kv_lora_rank, qk_nope, qk_rope, v_head (masked-MHA routing)
+    kv_cache_dtype: str | None = None  # the server argv's --kv-cache-dtype ("auto" when it has none)
     startup_calls: dict[str, RoleCount] = field(default_factory=dict)  # calls outside any prompt (capture)
 
 

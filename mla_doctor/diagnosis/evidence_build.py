@@ -14,6 +14,7 @@ from typing import Any
 from mla_doctor.diagnosis.evidence import ROLE_KEYS, LiveEvidence, PromptObservation, RoleCount, observe
 from mla_doctor.diagnosis.knowledge import ReleaseFacts
 from mla_doctor.diagnosis.log_reading import installed_records
+from mla_doctor.diagnosis.routing import kv_dtype_from_argv, model_dims
 from mla_doctor.diagnosis.static_facts import LogEvidence, classify_model, parse_log
 
 __all__ = ["build_live_evidence", "resolve_threshold", "text_config"]
@@ -203,6 +204,9 @@ def build_live_evidence(*, facts: ReleaseFacts, version: str | None, model_confi
     ev.num_hidden_layers = n_layers
     heads = cfg.get("num_attention_heads")
     ev.num_attention_heads = heads if isinstance(heads, int) else None
+    dims = model_dims(model_config)
+    ev.model_dims = list(dims) if dims else None
+    ev.kv_cache_dtype = kv_dtype_from_argv(server.get("argv"))
     ev.tensor_parallel_size = int(tp)
     ev.num_speculative_tokens = nspec
     ev.gpu = g0.get("name")

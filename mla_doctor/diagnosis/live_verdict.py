@@ -9,16 +9,23 @@ Path vocabulary (``observed_path`` / ``expected_path``):
   prefill  "mha"  the prompt's tokens went through the dense MHA entry (forward_mha / _forward_prefill)
            "mqa"  they went through an MQA entry (forward_mqa / _forward_decode / a sparse impl's forward)
            "none" no MLA entry saw them        ("unknown": the evidence cannot tell)
+           expected only: "mha|mqa" the route depends on facts the run cannot know (routing.py conditions);
+           the probe's observation resolves them (ROUTE_RESOLVED_BY_PROBE)
   decode   "mqa"  generated tokens went through an MQA entry
            "hidden" decode steps happened but replayed a full CUDA graph: the Python entry stayed silent
            "none" no decode step
 """
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from mla_doctor.diagnosis.evidence import LiveEvidence, PromptObservation, RoleCount
+from mla_doctor.diagnosis.knowledge import ReleaseFacts, load_knowledge
+from mla_doctor.diagnosis.routing import (CONDITION_NAMES, PREFILL_OF, Resolution, Route, condition_text, consistent,
+                                          known_from_live, resolve, route)
 from mla_doctor.results import Finding, Severity
 
 INFO, WARN, FAIL = Severity.INFO, Severity.WARN, Severity.FAIL
@@ -31,12 +38,13 @@ ROUTING_FILES = ("mla_attention.py", "sparse_mla_attention.py", "attention/backe
                  "attention/backends/utils.py", "models/deepseek_v2.py", "models/deepseek_v32/", "platforms/",
                  "layers/mla.py", "models/config.py", "triton_mla.py", "flashmla.py")
 
-__all__ = ["verdict", "expected_path", "observed_path", "parse_expect", "RULES", "EXPECT_VALUES"] + [
+__all__ = ["verdict", "expected_path", "observed_path", "parse_expect", "RULES", "EXPECT_VALUES", "route_of",
+           "routing_of", "PromptRouting"] + [
     "rule_not_restored", "rule_server_failed", "rule_probe_not_loaded", "rule_probe_loaded_not_called",
     "rule_backends_selected", "rule_mla_not_in_use", "rule_config_log_disagree", "rule_files_modified_live",
     "rule_prefill_mha_observed", "rule_decode_mqa_observed", "rule_short_prompt_decode_only",
-    "rule_sparse_all_mqa", "rule_decode_hidden", "rule_path_unexpected", "rule_expectations", "rule_tp_ranks",
-    "rule_drafter_layers", "rule_prompt_problems", "rule_dsa_without_index_topk"]
+    "rule_sparse_all_mqa", "rule_decode_hidden", "rule_path_unexpected", "rule_route_resolved", "rule_expectations",
+    "rule_tp_ranks", "rule_drafter_layers", "rule_prompt_problems", "rule_dsa_without_index_topk"]
 
 
 # --------------------------------------------------------------------------- --expect
@@ -227,8 +235,45 @@ def observed_path(prompt: PromptObservation) -> dict[str, Any]:
     return out
 
 
+@functools.lru_cache(maxsize=16)
+def _facts(version: str | None) -> ReleaseFacts:
+    return load_knowledge().for_version(version)
+
+
+def route_of(ev: LiveEvidence, prompt: PromptObservation) -> Route:
+    """This prompt's path by the routing knowledge (routing.py, the same logic as static and explain), with what
+    the run knows; what it does not know stays a condition."""
+    facts = _facts(ev.version)
+    return route(facts, known_from_live(ev, facts), prompt.prompt_tokens, prompt.name)
+
+
+@dataclass
+class PromptRouting:
+    """One prompt's route (conditional or not) and, when conditional, what the probe's observation resolved."""
+    prompt: str
+    tokens: int
+    route: Route
+    resolution: Resolution | None = None
+
+    @property
+    def conditional(self) -> bool:
+        return self.route.path is None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"prompt": self.prompt, "tokens": self.tokens, "conditional": self.conditional,
+                "route": self.route.to_dict(),
+                "resolution": self.resolution.to_dict() if self.resolution is not None else None}
+
+
+def routing_of(ev: LiveEvidence, prompt: PromptObservation) -> PromptRouting:
+    r = route_of(ev, prompt)
+    res = resolve(r, observed_path(prompt)["prefill"]) if ev.armed else None
+    return PromptRouting(prompt=prompt.name, tokens=prompt.prompt_tokens, route=r, resolution=res)
+
+
 def expected_path(ev: LiveEvidence, prompt: PromptObservation) -> dict[str, Any]:
-    """What this release, engine, backend and threshold should do with this prompt, and why."""
+    """What this release, engine, backend and threshold should do with this prompt, and why. The prefill comes
+    from ``route_of``; a route that depends on unknown facts gives ``"mha|mqa"`` and says on what."""
     engine, engine_src = _engine(ev)
     sparse = _sparse(ev)
     thr = ev.decode_threshold
@@ -261,67 +306,37 @@ def expected_path(ev: LiveEvidence, prompt: PromptObservation) -> dict[str, Any]
     if ev.config_is_mla is False and not ev.decode_backend_is_mla:
         return done("none", "none", [f"the model is not MLA in {_vstr(ev)}: {ev.model_reason}"])
     why: list[str] = [f"engine {engine} ({engine_src})" if engine else f"engine {engine_src}"]
-
-    if sparse and ev.sparse_mode and ev.sparse_mode != "none":
+    r = route_of(ev, prompt)
+    routed_sparse = sparse and ev.sparse_mode and ev.sparse_mode != "none"
+    if routed_sparse:
         src = "the log" if ev.log_is_sparse else "config.json (index_topk; the log does not say)"
         why.append(f"sparse (DSA) per {src}")
-        if ev.sparse_mode == "own_forward":
-            why.append("0.11-0.15: the sparse impl's own forward runs every token (prefill too) through the top-k "
-                       "MQA kernel; _forward_prefill/_forward_decode never run")
-            return done("mqa", decode_path(why), why)
-        if ev.sparse_mode == "all_mqa":
-            why.append("0.16-0.25: forward_impl sends all tokens of a sparse impl to forward_mqa "
-                       "(num_mha_tokens = 0); forward_mha never runs")
-            return done("mqa", decode_path(why), why)
-        # mha_if_short (0.26+)
-        force = bool(ev.settings.get("sparse_mla_force_mqa")) or any(
-            "top-k MQA path only" in ln for ln in ev.sparse_lines)
-        if thr is not None and n <= thr:
-            why.append(f"{n} new token(s) <= {_threshold_text(ev)}: decode-classified, forward_mqa")
-            prefill = "mqa"
-        elif force:
-            why.append("sparse_mla_force_mqa / no MLA prefill backend: the top-k MQA path only")
-            prefill = "mqa"
-        elif ev.index_topk is None:
-            why.append("0.26+: dense MHA only while the sequence length <= index_topk, and index_topk is unknown")
-            prefill = "unknown"
-        elif n <= ev.index_topk:
-            why.append(f"0.26+: sequence length {n} <= index_topk {ev.index_topk}: dense forward_mha prefill")
-            prefill = "mha"
-        else:
-            why.append(f"0.26+: sequence length {n} > index_topk {ev.index_topk}: every token through the top-k "
-                       "forward_mqa")
-            prefill = "mqa"
-        return done(prefill, decode_path(why), why)
-
-    if engine == "V0":
+    if r.path is None:  # conditional: every branch with its condition, never a guess
+        why.append(f"{r.text()} — {r.why()}")
+        why.append("not known to the run: " + ", ".join(CONDITION_NAMES.get(u, u) for u in r.unresolved)
+                   + "; the probe's observation resolves it")
+        paths = {PREFILL_OF[b.path] for b in r.branches}
+        return done("|".join(x for x in ("mha", "mqa", "none") if x in paths), decode_path(why), why)
+    prefill = PREFILL_OF[r.path]
+    if routed_sparse or prefill == "none":
+        why.append(r.why())
+    elif engine == "V0":
         why.append("V0 splits by request phase: a prompt is prefill (dense MHA) whatever its length, "
                    "even 1 token")
-        return done("mha", decode_path(why), why)
-    if engine is None:
-        if thr is not None and n > thr:
-            why.append(f"{n} token(s) > {_threshold_text(ev)}: prefill (MHA) under V0 and V1 alike")
-            return done("mha", decode_path(why), why)
-        why.append("V0 would run this prompt as prefill (MHA), V1 through MQA: the engine decides")
-        return done("unknown", decode_path(why), why)
-    # V1 dense
-    if thr is None and n > 1:
-        why.append("V1 splits by query length against the backend's reorder_batch_threshold, "
-                   "and the backend is not in the log")
-        return done("unknown", decode_path(why), why)
-    thr_eff = thr if thr is not None else 1
-    if n <= thr_eff:
+    elif prefill == "mqa":
         why.append(f"V1: {n} new token(s) <= {_threshold_text(ev)}: the prompt is decode-classified and runs "
                    "forward_mqa, never forward_mha")
-        prefill = "mqa"
         uniform = 1 + int(ev.num_speculative_tokens or 0)
         if ev.full_cudagraph_decode and n == uniform:
             out["prefill_hidden"] = True
             why.append(f"a lone {n}-token query is a uniform decode batch: it replays the full CUDA graph, "
                        "so forward_mqa stays silent for it too")
+    elif thr is None:
+        why.append(("V1: " if engine == "V1" else "") + r.why())
+    elif engine is None:
+        why.append(f"{n} token(s) > {_threshold_text(ev)}: prefill (MHA) under V0 and V1 alike")
     else:
         why.append(f"V1: {n} new token(s) > {_threshold_text(ev)}: prefill through forward_mha")
-        prefill = "mha"
     return done(prefill, decode_path(why), why)
 
 
@@ -333,7 +348,7 @@ def _compatible(expected: dict[str, Any], observed: dict[str, Any], key: str) ->
         return o in ("none", e)
     if key == "decode" and e == "hidden":
         return o in ("hidden", "none")
-    return e == o
+    return o in e.split("|")  # a conditional route: any of its branches
 
 
 # --------------------------------------------------------------------------- rules
@@ -674,12 +689,51 @@ def rule_path_unexpected(ev: LiveEvidence) -> list[Finding]:
         bad = [k for k in ("prefill", "decode") if not _compatible(exp, obs, k)]
         if not bad:
             continue
-        out.append(Finding("PATH_UNEXPECTED", WARN,
-                           f"{_prompt_label(p)}: observed " + ", ".join(f"{k}={obs[k]}" for k in bad)
-                           + " but this release/backend should give " + ", ".join(f"{k}={exp[k]}" for k in bad),
-                           [f"expected: {exp['why']}", f"observed: {obs['why']}"],
+        evid = [f"expected: {exp['why']}", f"observed: {obs['why']}"]
+        summary = (f"{_prompt_label(p)}: observed " + ", ".join(f"{k}={obs[k]}" for k in bad)
+                   + " but this release/backend should give " + ", ".join(f"{k}={exp[k]}" for k in bad))
+        if "prefill" in bad and obs["prefill"] in ("mha", "mqa"):
+            r = route_of(ev, p)
+            summary += ("; no branch of the routing knowledge allows it: the knowledge is wrong or incomplete "
+                        "for this host")
+            evid.append(f"routing: {r.text()} ({r.why()})")
+            if r.resolved:
+                evid.append("known: " + ", ".join(f"{k}={v}" for k, v in r.resolved.items()))
+        out.append(Finding("PATH_UNEXPECTED", WARN, summary, evid,
                            "a prefix-cache hit, chunked prefill, a local edit or a knowledge gap can explain it; "
                            "re-run with a unique prompt and check VLLM_FILES_MODIFIED"))
+    return out
+
+
+def rule_route_resolved(ev: LiveEvidence) -> list[Finding]:
+    """A conditional route (facts the run could not know) resolved by which entry the probe saw run."""
+    if not ev.armed:
+        return []  # nothing was observed: PROBE_NOT_LOADED says why
+    out, pairs = [], []
+    for p in ev.prompts:
+        pr = routing_of(ev, p)
+        res = pr.resolution
+        if res is None or not res.matched:
+            continue  # unconditional, nothing observed, or no branch fits (PATH_UNEXPECTED says so)
+        pairs.append((pr.route, res.observed))
+        evid = [f"routing: {pr.route.text()}"] + [f"[{b.when}] {b.why}" for b in pr.route.branches]
+        evid.append(f"observed: {observed_path(p)['why']}")
+        evid.append("unknown to the run: " + ", ".join(CONDITION_NAMES.get(u, u) for u in pr.route.unresolved))
+        out.append(Finding("ROUTE_RESOLVED_BY_PROBE", INFO, f"{_prompt_label(p)}: {res.text}", evid))
+    if not pairs:
+        return out
+    together = consistent(pairs)
+    if together is None:
+        out.append(Finding("ROUTE_CONDITIONS_CONTRADICT", WARN,
+                           "each prompt's path fits a branch of the routing, but no one set of facts (GPU, KV dtype, "
+                           "FlashAttention version, TP, ...) fits them all: the knowledge is wrong or incomplete "
+                           "for this host", [f.summary for f in out],
+                           "a prefix-cache hit or a local edit can explain it; else report the run (mla-doctor "
+                           "--json) with the vLLM version"))
+    elif together:
+        line = "all prompts together: " + ", ".join(condition_text(k, v) for k, v in together.items())
+        for f in out:
+            f.evidence.append(line)
     return out
 
 
@@ -788,8 +842,8 @@ def rule_chunked_prefill(ev: LiveEvidence) -> list[Finding]:
 RULES = (rule_not_restored, rule_server_failed, rule_probe_not_loaded, rule_probe_loaded_not_called,
          rule_files_modified_live, rule_expectations, rule_backends_selected, rule_mla_not_in_use,
          rule_config_log_disagree, rule_dsa_without_index_topk, rule_short_prompt_decode_only, rule_sparse_all_mqa,
-         rule_decode_hidden, rule_path_unexpected, rule_prefill_mha_observed, rule_decode_mqa_observed,
-         rule_chunked_prefill, rule_tp_ranks, rule_drafter_layers, rule_prompt_problems)
+         rule_decode_hidden, rule_path_unexpected, rule_route_resolved, rule_prefill_mha_observed,
+         rule_decode_mqa_observed, rule_chunked_prefill, rule_tp_ranks, rule_drafter_layers, rule_prompt_problems)
 _ORDER = {FAIL: 0, WARN: 1, INFO: 2}
 
 

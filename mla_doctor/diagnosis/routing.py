@@ -11,21 +11,26 @@ retried once per value of that fact's domain, so only the facts that matter are 
 """
 from __future__ import annotations
 
+import itertools
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from mla_doctor.diagnosis.knowledge import ReleaseFacts
 
-__all__ = ["Known", "Condition", "Branch", "Route", "route", "routes", "kv_kind", "sm_major", "PATH_SYMBOLS"]
+__all__ = ["Known", "Condition", "Branch", "Route", "route", "routes", "kv_kind", "sm_major", "PATH_SYMBOLS",
+           "Resolution", "resolve", "consistent", "known_from_live", "PREFILL_OF"]
 
 MHA, MQA, SPARSE_MQA, GENERIC = "mha", "mqa", "sparse_mqa", "generic"
 PATH_SYMBOLS = {MHA: "forward_mha", MQA: "forward_mqa", SPARSE_MQA: "sparse top-k MQA", GENERIC: "generic attention"}
+# a route's path as the live probe observes a prompt's prefill (a sparse impl's own forward is an MQA entry)
+PREFILL_OF = {MHA: "mha", MQA: "mqa", SPARSE_MQA: "mqa", GENERIC: "none"}
 
 # the values an unknown fact is branched on (what vLLM's own conditions distinguish)
 DOMAINS: Dict[str, Tuple[Any, ...]] = {
     "sm": (100, 90, 120, 80), "kv": ("auto", "fp8"), "fa_version": (4, 3), "tp": (1, 2, 4, 8),
     "local_heads": (16, 64, 128), "topk": ("le", "gt"), "dims": ("masked", "other"), "backend": (),
-    "sinks": (False, True),
+    "sinks": (False, True), "engine": ("V1", "V0"),
 }
 
 
@@ -50,6 +55,8 @@ def _label(var: str, value: Any) -> str:
         return "a backend whose decode threshold is %s" % value
     if var == "sinks":
         return "attention sinks" if value else "no attention sinks"
+    if var == "engine":
+        return "engine %s" % value
     return "%s %s" % (var, value)
 
 
@@ -84,6 +91,7 @@ def sm_major(cap: Any) -> Optional[int]:
 class Known:
     """What is known about the server; None = unknown. ``sources`` says where each known fact came from."""
     engine: Optional[str] = None
+    engines: Tuple[str, ...] = ()            # the release's engines: the engine unknown and several is a condition
     is_mla: Optional[bool] = None
     is_sparse: Optional[bool] = None
     backend: Optional[str] = None            # the attention (decode) backend the server selected
@@ -192,8 +200,11 @@ class _Ctx:
         if var in self.assumed:
             return self.assumed[var]
         value = self._known(var)
+        dom = domain if domain is not None else DOMAINS[var]
+        if value is None and len(dom) == 1:
+            return dom[0]  # one possible value (one dense threshold in the release): not a condition
         if value is None:
-            raise _Need(var, domain if domain is not None else DOMAINS[var])
+            raise _Need(var, dom)
         self.read[var] = value
         return value
 
@@ -297,10 +308,13 @@ def _decide(ctx: _Ctx) -> Tuple[str, str, str]:
     dec = f.decode_common.symbol.rsplit(".", 1)[-1] if f.decode_common else "forward_mqa"
     if ctx.known.is_mla is False:
         return GENERIC, PATH_SYMBOLS[GENERIC], "not MLA in this release: no forward_mha/forward_mqa split"
-    engine = ctx.known.engine or f.default_engine
+    engine = ctx.known.engine
+    if engine is None:  # never the release's default when it has two engines and the log did not say
+        engines = tuple(ctx.known.engines)
+        engine = ctx.get("engine", engines) if len(engines) > 1 else (engines[0] if engines else f.default_engine)
     if engine == "V0":
         return MHA, pre, "V0: a prompt is always a prefill"
-    if ctx.known.is_sparse:
+    if ctx.known.is_sparse and f.sparse_mode not in (None, "none"):  # before 0.11 index_topk is ignored: dense
         mode = f.sparse_mode
         if mode == "own_forward":
             return SPARSE_MQA, "sparse forward", f.sparse_routing
@@ -399,7 +413,11 @@ def route(facts: ReleaseFacts, known: Known, tokens: int, prompt: Optional[str] 
                        conditions=tuple(Condition(k, v) for k, v in c.items()))
                 for c, r in cubes]
     if len({b.path for b in branches}) == 1:  # every branch agrees: no condition to show
-        branches = [Branch(branches[0].path, branches[0].symbol, branches[0].why)]
+        why = branches[0].why
+        if len({b.why for b in branches}) > 1:  # the first branch's reason, and that the rest do not matter
+            why += "; the same path whatever %s" % " or ".join(
+                sorted({CONDITION_NAMES.get(c.var, c.var) for b in branches for c in b.conditions}))
+        branches = [Branch(branches[0].path, branches[0].symbol, why)]
     unresolved = sorted({c.var for b in branches for c in b.conditions})
     resolved = {k: "%s (%s)" % (v, known.sources.get(k, "given")) for k, v in read.items()}
     return Route(prompt=prompt or "%d tokens" % tokens, tokens=tokens, branches=branches,
@@ -423,6 +441,7 @@ CONDITION_NAMES = {
     "dims": "the model's MLA dims (heads, kv_lora_rank, qk/v head dims; give --model)",
     "backend_threshold": "the attention backend (no selection line: its decode threshold)",
     "sinks": "whether the model has attention sinks",
+    "engine": "the engine (V0 or V1: no 'Initializing a V0/V1 LLM engine' line in the log)",
 }
 
 
@@ -463,14 +482,19 @@ def mqa_only_from_lines(lines: List[str]) -> Tuple[bool, bool]:
     return no_dense, no_backend
 
 
-def kv_from_argv(argv: Any) -> Optional[str]:
+def kv_dtype_from_argv(argv: Any) -> Optional[str]:
+    """--kv-cache-dtype as the argv gives it; ``auto`` for a server started without it (vLLM's default)."""
     args = [str(a) for a in argv or []]
     for i, a in enumerate(args):
         if a == "--kv-cache-dtype" and i + 1 < len(args):
-            return kv_kind(args[i + 1])
+            return args[i + 1]
         if a.startswith("--kv-cache-dtype="):
-            return kv_kind(a.split("=", 1)[1])
-    return "auto" if args else None  # a server started without it runs the default: unquantized ("auto")
+            return a.split("=", 1)[1]
+    return "auto" if args else None
+
+
+def kv_from_argv(argv: Any) -> Optional[str]:
+    return kv_kind(kv_dtype_from_argv(argv))
 
 
 def known_from_log(reading: Any, facts: ReleaseFacts, config: Optional[dict], engine: Optional[str],
@@ -523,3 +547,125 @@ def known_from_host(h: dict, facts: ReleaseFacts) -> Known:
     k.no_prefill_backend = no_backend
     k.sources = srcs
     return k
+
+
+_ENGINE_KV = re.compile(r"\bkv_cache_dtype=([\w.]+)")
+
+
+def known_from_live(ev: Any, facts: ReleaseFacts) -> Known:
+    """For the live verdict (``ev``: a LiveEvidence): the server's log (engine, backend, KV-cache lines, the engine's
+    config line), its argv (TP, --kv-cache-dtype), the agent's GPU facts and the model config. What stays unknown
+    (the FlashAttention version always) is branched on; the probe's observation resolves it."""
+    srcs = {"backend": "the log's selection line", "engine": "the log's engine line", "tp": "the server's argv",
+            "heads": "config.json", "index_topk": "config.json", "dims": "config.json"}
+    engines = tuple(getattr(ev, "possible_engines", None) or ())
+    engine = ev.engine or (engines[0] if len(engines) == 1 else None)
+    if not ev.engine and engine:
+        srcs["engine"] = "the only engine of the release"
+    backend = ev.decode_backend if ev.decode_backend and facts.backend(ev.decode_backend) is not None else None
+    sparse = ev.log_is_sparse if ev.log_is_sparse is not None else ev.config_is_sparse
+    k = Known(engine=engine, engines=engines, backend=backend, is_sparse=sparse,
+              is_mla=ev.decode_backend_is_mla if ev.decode_backend_is_mla is not None else ev.config_is_mla,
+              tp=_int(ev.tensor_parallel_size), heads=_int(ev.num_attention_heads), index_topk=_int(ev.index_topk),
+              dims=tuple(ev.model_dims) if getattr(ev, "model_dims", None) else None)
+    # the KV-cache dtype: a sparse model's KV line, else the engine's config line, else the argv (vLLM's order)
+    k.kv = kv_from_lines(list(ev.sparse_lines))
+    srcs["kv"] = "the log's KV-cache line"
+    m = _ENGINE_KV.search(ev.engine_line or "") if k.kv is None else None
+    if m:
+        k.kv, srcs["kv"] = kv_kind(m.group(1)), "the log's engine config line (kv_cache_dtype=%s)" % m.group(1)
+    if k.kv is None and getattr(ev, "kv_cache_dtype", None):
+        k.kv, srcs["kv"] = kv_kind(ev.kv_cache_dtype), "the server's argv (--kv-cache-dtype %s)" % ev.kv_cache_dtype
+    if ev.compute_capability is not None:
+        k.sm, srcs["sm"] = sm_major(ev.compute_capability), "the agent's GPU facts (nvidia-smi)"
+    no_dense, no_backend = mqa_only_from_lines(list(ev.sparse_lines) + list(ev.mla_lines) + list(ev.backend_lines))
+    k.force_mqa = True if (no_dense or (ev.settings or {}).get("sparse_mla_force_mqa")) else None
+    k.no_prefill_backend = no_backend
+    k.sources = srcs
+    return k
+
+
+# --------------------------------------------------------------------------- what the probe resolves
+
+@dataclass
+class Resolution:
+    """What one prompt's observed prefill says about a conditional route: the branches it matches, and so which
+    conditions hold. ``matched`` empty: the observation fits no branch (the knowledge is wrong or incomplete)."""
+    prompt: str
+    tokens: int
+    observed: str                       # the prefill the probe saw: mha / mqa
+    symbol: str                         # the entry that ran
+    route: str                          # the conditional answer it resolves
+    matched: List[Branch]
+    holds: str                          # what the observation says about the conditions ("" when no branch)
+
+    @property
+    def text(self) -> str:
+        ran = "%s ran for the %d-token prompt" % (self.symbol, self.tokens)
+        if not self.matched:
+            return ("the probe saw %s, which no branch of the routing allows (%s): the knowledge is wrong or "
+                    "incomplete for this host" % (ran, self.route))
+        return "resolved by the probe: %s → %s" % (ran, self.holds)
+
+    def to_dict(self) -> dict:
+        return {"prompt": self.prompt, "tokens": self.tokens, "observed": self.observed, "symbol": self.symbol,
+                "route": self.route, "matches": bool(self.matched), "holds": self.holds, "text": self.text,
+                "branches": [{"path": b.path, "symbol": b.symbol, "when": b.when,
+                              "conditions": {c.var: c.value for c in b.conditions}} for b in self.matched]}
+
+
+def _covers(value: Any, x: Any) -> bool:
+    return x in value if isinstance(value, tuple) else x == value
+
+
+def _branch_at(r: Route, assignment: Dict[str, Any]) -> Optional[Branch]:
+    for b in r.branches:
+        if all(c.var in assignment and _covers(c.value, assignment[c.var]) for c in b.conditions):
+            return b
+    return None
+
+
+def resolve(r: Route, observed: str) -> Optional[Resolution]:
+    """A conditional route against the prefill the probe saw (mha / mqa); None when there is nothing to resolve."""
+    if r.path is not None or observed not in ("mha", "mqa"):
+        return None
+    matched = [b for b in r.branches if PREFILL_OF[b.path] == observed]
+    others = [b for b in r.branches if b not in matched]
+    yes = " or ".join("(%s)" % b.when if len(matched) > 1 else b.when for b in matched)
+    no = " and ".join("not (%s)" % b.when for b in others)
+    # the shorter statement: "not (SM100 and unquantized KV and FA4)" rather than the three cubes of its complement
+    holds = "" if not matched else no if (len(others), len(no)) < (len(matched), len(yes)) else yes
+    symbol = matched[0].symbol if matched else PATH_SYMBOLS[MHA if observed == "mha" else MQA]
+    return Resolution(prompt=r.prompt, tokens=r.tokens, observed=observed, symbol=symbol, route=r.text(),
+                      matched=matched, holds=holds)
+
+
+def consistent(pairs: List[Tuple[Route, str]]) -> Optional[Dict[str, Tuple[Any, ...]]]:
+    """The values each condition can still take once every prompt's observation is in: ``pairs`` are (route,
+    observed prefill). None when no assignment fits them all (the observations contradict the knowledge)."""
+    pairs = [(r, o) for r, o in pairs if o in ("mha", "mqa")]
+    doms: Dict[str, List[Any]] = {}
+    for r, _ in pairs:
+        for b in r.branches:
+            for c in b.conditions:
+                vals = doms.setdefault(c.var, list(DOMAINS.get(c.var) or ()))
+                for v in (c.value if isinstance(c.value, tuple) else (c.value,)):
+                    if v not in vals:
+                        vals.append(v)
+    names = sorted(doms)
+    possible: Dict[str, List[Any]] = {n: [] for n in names}
+    fits = False
+    for combo in itertools.product(*(doms[n] for n in names)):
+        a = dict(zip(names, combo))
+        if all((b := _branch_at(r, a)) is not None and PREFILL_OF[b.path] == o for r, o in pairs):
+            fits = True
+            for n, v in a.items():
+                if v not in possible[n]:
+                    possible[n].append(v)
+    if not fits:
+        return None
+    return {n: tuple(v) for n, v in possible.items() if len(v) < len(doms[n])}
+
+
+def condition_text(var: str, values: Tuple[Any, ...]) -> str:
+    return _label(var, values[0] if len(values) == 1 else values)

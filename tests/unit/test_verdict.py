@@ -266,8 +266,8 @@ def test_engine_comes_from_the_log_only():
     ev = build(fixture_from_dict(doc))
     assert ev.engine is None  # never guessed from the version
     p = PromptObservation(name="one", prompt_tokens=1, max_tokens=1)
-    assert expected_path(ev, p)["prefill"] == "unknown"
-    assert "V0 would run this prompt as prefill" in expected_path(ev, p)["why"]
+    assert expected_path(ev, p)["prefill"] == "mha|mqa"  # conditional on the engine, never a guess
+    assert "_forward_prefill when engine V0, otherwise _forward_decode" in expected_path(ev, p)["why"]
 
 
 def test_threshold_resolution_and_refs():

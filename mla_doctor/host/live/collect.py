@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from mla_doctor.diagnosis.evidence_build import build_live_evidence
-from mla_doctor.diagnosis.live_verdict import expected_path, observed_path, verdict
+from mla_doctor.diagnosis.live_verdict import expected_path, observed_path, routing_of, verdict
 from mla_doctor.host.live.session import LiveRun
 from mla_doctor.host.live.steps import Pass
 from mla_doctor.results import Finding, HostReport, Severity, plain
@@ -59,6 +59,7 @@ def conclude(run: LiveRun, passes: list[Pass]) -> HostReport:
                 "drafter_calls": {k: {"calls": c.calls, "tokens": c.tokens} for k, c in obs.drafter_calls.items()},
                 "dispatch": obs.dispatch[:8], "builder": obs.builder[:8],
                 "expected": expected_path(ev, obs), "observed": observed_path(obs),
+                "routing": routing_of(ev, obs).to_dict(),  # the route's conditions and what the probe resolved
                 "foreign_traffic": obs.foreign_traffic, "completion": obs.completion, "error": obs.error})
         if p.start_error and not any(f.code == "SERVER_FAILED_TO_START" for f in found):
             findings.append(Finding("SERVER_FAILED_TO_START", Severity.FAIL,
