@@ -652,7 +652,7 @@ def consistent(pairs: List[Tuple[Route, str]]) -> Optional[Dict[str, Tuple[Any, 
                 for v in (c.value if isinstance(c.value, tuple) else (c.value,)):
                     if v not in vals:
                         vals.append(v)
-    names = sorted(doms)
+    names = list(doms)  # in the routes' order of conditions (sm, kv, fa_version, ...)
     possible: Dict[str, List[Any]] = {n: [] for n in names}
     fits = False
     for combo in itertools.product(*(doms[n] for n in names)):

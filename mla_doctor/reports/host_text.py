@@ -5,6 +5,7 @@ width); `verbose` >= 1 adds every entry and detail below it. No line is wider th
 unified diff and its undo command (kept whole, so that they can be applied and copied)."""
 from __future__ import annotations
 
+import json
 import shutil
 
 from mla_doctor.reports import first_screen
@@ -21,6 +22,60 @@ def _sym(ref: dict | None) -> str:
         loc += f":{ref['line']}"
     flag = "" if ref.get("confirmed", True) else "  (NOT confirmed)"
     return f"{ref['symbol']}  {loc}{flag}"
+
+
+def _same(a: object, b: object) -> bool:
+    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)  # int/str keys
+
+
+def _threshold_lines(s: dict) -> list[str]:
+    """The decode thresholds of the knowledge beside those the agent read from the installed code."""
+    th, code = s.get("decode_thresholds") or {}, s.get("threshold_code") or {}
+    out = ["   decode thresholds: " + ", ".join(f"{k}={first_screen.fmt_threshold(v)}"
+                                                for k, v in sorted(th.items()))] if th else []
+    if not code:
+        return out
+    out.append("   decode thresholds (knowledge | installed code):")
+    for name in sorted(set(th) | set(code)):
+        c = code.get(name) or {}
+        know = first_screen.fmt_threshold(th[name]) if name in th else "-"
+        got = first_screen.fmt_threshold(c["value"]) if "value" in c else "not read"
+        flag = "" if name not in th or "value" not in c or _same(th[name], c["value"]) else "  DIFFERS"
+        ref = str(c.get("ref") or "").rsplit("/", 1)[-1]  # file:line Class: the directory is in the decode list
+        out.append(f"     {name:<26} {know} | {got}{'  ' + ref if ref else ''}{flag}")
+    return out
+
+
+def _route_lines(label: str, r: dict) -> list[str]:
+    out = [f"   routing, {label}: {r.get('text')}"]
+    if r.get("resolved"):
+        out.append("     conditions resolved: " + ", ".join(f"{k}={v}" for k, v in r["resolved"].items()))
+    if r.get("unresolved"):
+        from mla_doctor.diagnosis.routing import CONDITION_NAMES
+
+        out.append("     conditions unresolved: " + "; ".join(CONDITION_NAMES.get(u, u) for u in r["unresolved"]))
+    return out
+
+
+def _routing_lines(h: HostReport) -> list[str]:
+    """The routing conditions, resolved (with their source) and not: per prompt sent in a live run, else for a
+    1-token and a 4096-token prompt from what the static audit knows."""
+    routed = [p for p in h.prompts or [] if p.get("routing")]
+    if routed:
+        out = []
+        for p in routed:  # what the probe resolved is under the prompt's row (render_live)
+            out += _route_lines(f"prompt {p.get('name')} ({p.get('prompt_tokens')} tok)", p["routing"]["route"])
+        return out
+    version = (h.vllm or {}).get("version")
+    if not version or not (h.model or {}).get("classification"):
+        return []
+    from mla_doctor.diagnosis.knowledge import load_knowledge
+    from mla_doctor.diagnosis.routing import known_from_host, routes
+
+    facts = load_knowledge().for_version(version)
+    host = {"model": h.model, "server": h.server, "log": h.log, "gpu": h.gpu}
+    one, long = routes(facts, known_from_host(host, facts), 4096)
+    return _route_lines("1 token", one.to_dict()) + _route_lines("4096 tokens", long.to_dict())
 
 
 def render_host(h: HostReport) -> list[str]:
@@ -43,10 +98,8 @@ def render_host(h: HostReport) -> list[str]:
     gate = s.get("sparse_gate") or {}
     out.append(f"   sparse:    {'gate present' if gate.get('present') else 'no sparse (DSA) support'}"
                + (f" — {gate.get('routing')}" if gate.get("routing") else ""))
-    th = s.get("decode_thresholds") or {}
-    if th:
-        out.append("   decode thresholds: " + ", ".join(f"{k}={first_screen.fmt_threshold(v)}"
-                                                        for k, v in sorted(th.items())))
+    out += _threshold_lines(s)
+    out += _routing_lines(h)
     out.append(f"   integrity: {s.get('integrity')}; modified {len(s.get('modified_files') or [])}, "
                f"missing {len(s.get('missing_files') or [])}, unrecorded {len(s.get('unrecorded_files') or [])}")
     srv = h.server or {}
@@ -125,6 +178,9 @@ def render_live(h: HostReport) -> list[str]:
                        f"decode {exp.get('decode')}->{obs.get('decode')}")
             if exp.get("why"):
                 out.append(f"   {'':<13}{'':>7}  why: {exp['why']}")
+            res = (p.get("routing") or {}).get("resolution")
+            if res:  # the conditional route, and which branch the probe's observation showed
+                out.append(f"   {'':<13}{'':>7}  {res.get('text')}")
     restored = h.restored
     out.append("   restored: " + ("yes" if restored else "NO" if restored is False else "n/a")
                + (f" — {'; '.join(live.get('restore_problems') or [])}" if live.get("restore_problems") else "")
