@@ -1,20 +1,17 @@
 """The command line: a thin click front end over the library (see README, Layout).
 
 `common` holds the group and what every command shares; `host` the one-host commands; `fleet` the fleet
-commands. `main` is the entry point: it maps click's own errors to the documented exit status."""
+commands. The group is lazy (common.LazyGroup): a command's module is imported only when that command runs, so
+`static --local` never imports the fleet's or the live run's modules. `main` is the entry point: it maps click's
+own errors to the documented exit status."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 
 import click
 
-from mla_doctor.cli import explain as _explain  # noqa: F401
-from mla_doctor.cli import fleet as _fleet  # noqa: F401  (registers audit, playbooks, report)
-from mla_doctor.cli import host as _host  # noqa: F401  (registers static, patch, revert, run)
-from mla_doctor.cli import completion as _completion  # noqa: F401  (registers completion)
 from mla_doctor.cli.common import STATE, cli, command_name, error_doc, json_asked
 from mla_doctor.cli.config import show_envvars
 from mla_doctor.errors import MlaDoctorError
@@ -48,7 +45,9 @@ def main(argv: list[str] | None = None) -> None:
             stream.flush()
         except (OSError, ValueError):
             pass
-    logging.shutdown()  # what the interpreter's exit would flush: file handlers
+    logging = sys.modules.get("logging")  # imported only where something logs (-vv, the SSH library)
+    if logging is not None:
+        logging.shutdown()  # what the interpreter's exit would flush: file handlers
     os._exit(code or 0)
 
 

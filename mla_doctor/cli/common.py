@@ -3,6 +3,7 @@ and the error handling that turns library errors into one message, the documente
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import os
 import shlex
@@ -15,9 +16,6 @@ import click
 from mla_doctor import __version__
 from mla_doctor.errors import MlaDoctorError, NoPythonError, UsageError
 from mla_doctor.exit_codes import ExitStatus
-from mla_doctor.host.audit import on_host
-from mla_doctor.host.undo import revert_command
-from mla_doctor.reports.host_text import render as render_host_text
 from mla_doctor.redact import redact_text
 from mla_doctor.results import HostStatus, RunReport
 from mla_doctor.ssh.transport import HOST_KEY_POLICIES, ConnectOptions
@@ -125,6 +123,8 @@ def emit(report: RunReport, fmt: str, output: str | None) -> ExitStatus:
     if fmt == "json":
         text = json.dumps(report.to_dict(), indent=2, sort_keys=False) + "\n"
     else:
+        from mla_doctor.reports.host_text import render as render_host_text
+
         color = not output and sys.stdout.isatty() and not os.environ.get("NO_COLOR")
         text = render_host_text(report, verbose=STATE.verbose, color=color)
     status = report.exit_status()
@@ -184,7 +184,72 @@ def handle_errors(command: str):
     return deco
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+# Each command's module and the first paragraph of its help, as data: `static` imports the one-host commands'
+# module, not the fleet's (jinja2, playbooks, the live run); `--help` lists them all without importing any.
+# tests/unit/test_cli_lazy.py checks every entry against the command's own docstring.
+LAZY_COMMANDS: dict[str, tuple[str, str]] = {
+    "audit": ("mla_doctor.cli.fleet", "Audit a fleet from an inventory with a runbook: bounded parallelism, "
+              "rolling restarts, reports."),
+    "completion": ("mla_doctor.cli.completion", "Print the shell completion script."),
+    "explain": ("mla_doctor.cli.explain", "Read a pasted vLLM log offline: release, backends, engine, CUDA graphs, "
+                "sparse, fatal lines, and what a 1-token and a long prompt would do. Exit 1 when a fatal line is "
+                "found."),
+    "patch": ("mla_doctor.cli.host", "Instrument the installed vLLM (backups, atomic writes, lease + watchdog) and "
+              "leave it in place."),
+    "playbooks": ("mla_doctor.cli.fleet", "List the bundled runbooks (for `audit --playbook`) and patch-target "
+                  "files (for `patch --targets`)."),
+    "report": ("mla_doctor.cli.fleet", "Work with saved JSON reports: merge shards, render other formats."),
+    "revert": ("mla_doctor.cli.host", "Undo what mla-doctor runs left on a host: restore files byte-for-byte, "
+               "never clobber later edits."),
+    "run": ("mla_doctor.cli.host", "The live diagnosis: instrument, restart with debug settings, send calibrated "
+            "prompts, restore, verdict."),
+    "static": ("mla_doctor.cli.host", "Read-only audit of one host: vLLM version, MLA code paths, integrity, "
+               "server, model, log."),
+}
+
+
+class LazyGroup(click.Group):
+    """click's lazy group: a command's module is imported when that command is looked up (invoked, completed,
+    or its own --help), never to list the group's commands; a module registers its commands with @cli.command."""
+
+    def __init__(self, *args, lazy_commands: dict[str, tuple[str, str]] | None = None, **kw):
+        super().__init__(*args, **kw)
+        self.lazy_commands = dict(lazy_commands or {})
+
+    def list_commands(self, ctx):
+        return sorted(set(self.commands) | set(self.lazy_commands))
+
+    def get_command(self, ctx, cmd_name):
+        if cmd_name not in self.commands and cmd_name in self.lazy_commands:
+            importlib.import_module(self.lazy_commands[cmd_name][0])
+            from mla_doctor.cli.config import show_envvars
+
+            show_envvars(self)  # the loaded commands' options read and show their MLA_DOCTOR_* variables
+        return self.commands.get(cmd_name)
+
+    def load_all(self) -> None:
+        """Every command (the config file's keys are checked against all commands' options)."""
+        for name in self.lazy_commands:
+            self.get_command(None, name)
+
+    def format_commands(self, ctx, formatter):
+        """The command list from the data (the same truncation as click's own short help), importing nothing."""
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.commands.get(name)
+            if cmd is not None and cmd.hidden:
+                continue
+            rows.append((name, cmd, self.lazy_commands.get(name, ("", ""))[1]))
+        if rows:
+            limit = formatter.width - 6 - max(len(n) for n, _, _ in rows)
+            with formatter.section("Commands"):
+                # an unloaded command's line: click's own shortening of the first paragraph, via a stand-in
+                formatter.write_dl([(n, (c or click.Command(n, help=h)).get_short_help_str(limit))
+                                    for n, c, h in rows])
+
+
+@click.group(cls=LazyGroup, lazy_commands=LAZY_COMMANDS,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, prog_name="mla-doctor")
 @click.option("-v", "--verbose", count=True, help="More detail (-v: every entry and detail; -vv: also the "
               "connection's own debug log on stderr).")
@@ -215,6 +280,8 @@ def cli(ctx, verbose, debug, config_path):
 
 def one_host_command(command: str, kw: dict, conn: ConnectOptions, fn, fmt: str, output: str | None) -> None:
     """Run fn(transport, name) on the one host over one connection, report, exit with its status."""
+    from mla_doctor.host.audit import on_host
+
     t0 = time.monotonic()
     report = RunReport(command=command)
     host, transport = on_host(kw.get("host"), conn, fn)
@@ -256,6 +323,8 @@ def explain_python(host, transport, python: str | None, sudo: bool) -> None:
 
 def undo_command(kw: dict, run_id: str | None, run_root: str | None, default_run_root: str) -> str:
     """The exact `mla-doctor revert` that undoes a run made with these (command-line) connection options."""
+    from mla_doctor.host.undo import revert_command
+
     conn = ConnectOptions(port=kw.get("port"), user=kw.get("user"), identity=tuple(kw.get("identity") or ()),
                           ssh_config=kw.get("ssh_config"), known_hosts=kw.get("known_hosts"),
                           host_key_policy=kw.get("host_key_policy"), sudo=bool(kw.get("sudo")),

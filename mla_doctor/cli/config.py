@@ -60,6 +60,8 @@ def default_map(group: click.Group, path: str | None, explicit: bool) -> dict:
         raise ConfigFileError(path, mark.line + 1 if mark else None, f"not YAML: {getattr(e, 'problem', e)}") from e
     if not isinstance(doc, dict):
         raise ConfigFileError(path, None, "a config file is a mapping of option names (or command names) to values")
+    if hasattr(group, "load_all"):  # a lazy group: the file's keys are checked against every command's options
+        group.load_all()
     commands = dict(_commands(group))
     known_global = {k for _, cmd in commands.items() for p in cmd.params for k in _keys(p)}
     out: dict = {}

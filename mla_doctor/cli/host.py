@@ -1,5 +1,6 @@
 """Commands on one host: `static`, `patch`, `revert`, `run`. Each parses its options, builds the
-library's option objects, runs on the host's one connection and renders the report."""
+library's option objects, runs on the host's one connection and renders the report. What only patch, revert
+and run use (the instrumenter, the live run, the verdict) is imported in those commands: `static` stays light."""
 from __future__ import annotations
 
 import shlex
@@ -22,13 +23,8 @@ from mla_doctor.cli.common import (
     undo_command,
 )
 from mla_doctor.diagnosis.knowledge import load_knowledge
-from mla_doctor.diagnosis.live_verdict import parse_expect
 from mla_doctor.errors import UsageError
 from mla_doctor.host.audit import AuditOptions, on_host, static_on
-from mla_doctor.host.instrument import PatchOptions, load_targets
-from mla_doctor.host.live import RunOptions, run_host
-from mla_doctor.host.patch import hold as hold_lease
-from mla_doctor.host.patch import patch_host, revert_host
 from mla_doctor.paths import DEFAULT_RUN_ROOT
 from mla_doctor.redact import redact_text
 from mla_doctor.results import RunReport
@@ -94,6 +90,10 @@ def patch(fmt, output, run_root, dry_run, ttl, method, hold, targets, templates,
     mla-doctor patch --host gpu-17 --ttl 60 --hold   # renew until Ctrl-C, then revert
     mla-doctor patch --local --method plugin         # a vLLM general plugin: no vLLM file edited
     """
+    from mla_doctor.host.instrument import PatchOptions, load_targets
+    from mla_doctor.host.patch import hold as hold_lease
+    from mla_doctor.host.patch import patch_host, revert_host
+
     conn = conn_options(kw)
 
     if ttl < 0:
@@ -148,6 +148,8 @@ def revert(fmt, output, run_root, dry_run, run_id, container, **kw):
     mla-doctor revert --local --run-root /srv/mla-runs --dry-run
     mla-doctor revert --host gpu-17 --container vllm
     """
+    from mla_doctor.host.patch import revert_host
+
     conn = conn_options(kw)
     check_no_control(container, "--container")
 
@@ -209,6 +211,9 @@ def run_cmd(fmt, output, runtime, unit, container, start_command, stop_command, 
     mla-doctor run --host gpu-17 --yes --runtime systemd --unit vllm
     mla-doctor run --host gpu-17 --yes --second-pass enforce_eager=on
     """
+    from mla_doctor.diagnosis.live_verdict import parse_expect
+    from mla_doctor.host.live import RunOptions, run_host
+
     conn = conn_options(kw)
     for what, value in (("--env", extra_env), ("--second-pass", second_pass), ("--unit", unit),
                         ("--container", container), ("--start-command", start_command),
