@@ -76,9 +76,10 @@ def symbol_needs(data: dict, symbols: List[str]) -> Optional[Dict[str, Any]]:
         reps.append(b + (0,) * longest + (1,))  # above b, below the next boundary (which is no longer)
     pairs = sorted({(p, s) for _spec, p, s in ents})
     index = {ps: i for i, ps in enumerate(pairs)}
+    sets = {spec: SpecifierSet(spec) for spec, _p, _s in ents}  # parsed once, not once per class
     classes = []
     for rep in reps:
         v = Version(".".join(map(str, rep))) if rep is not None else None
         classes.append(sorted({index[(p, s)] for spec, p, s in ents
-                               if v is not None and SpecifierSet(spec).contains(v, prereleases=True)}))
+                               if v is not None and sets[spec].contains(v, prereleases=True)}))
     return {"entries": [list(ps) for ps in pairs], "bounds": [list(b) for b in order], "classes": classes}

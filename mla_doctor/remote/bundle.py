@@ -34,7 +34,8 @@ def agent_sources() -> dict[str, str]:
 
 def frame(sources: dict[str, str]) -> bytes:
     """PAYLOAD_MAGIC, the compressed length (4 bytes, big-endian), the compressed sources."""
-    blob = zlib.compress(json.dumps(sources, sort_keys=True).encode("utf-8"), 9)
+    # level 6: 8 ms instead of 16 ms of the controller's CPU per process for 0.5% more bytes (58 KB)
+    blob = zlib.compress(json.dumps(sources, sort_keys=True).encode("utf-8"), 6)
     return PAYLOAD_MAGIC + len(blob).to_bytes(4, "big") + blob
 
 
