@@ -4,9 +4,14 @@ BOOTSTRAP (protocol.py) runs this file's source with __name__ "<package>._boot" 
 Each module is compiled on its first import (a read-only op never compiles the modules that change
 files), under a file name such as mla_doctor_agent/facts/ops.py whose lines linecache knows, so a
 traceback names the module and shows its line. Nothing is written on the host.
+
+A controller on this same machine (--local) may put the modules already compiled between the payload and
+the plan (CODE_MAGIC, this interpreter's bytecode magic, a 4-byte length, marshal of {path: code}): used only
+when the magic is this interpreter's, else every module is compiled from its source as above.
 """
 import importlib
 import linecache
+import marshal
 import sys
 from importlib.abc import Loader, MetaPathFinder
 from importlib.util import spec_from_loader
@@ -15,9 +20,10 @@ from importlib.util import spec_from_loader
 class SourceImporter(MetaPathFinder, Loader):
     """Finds and loads `package` and its submodules from {relative path: source}."""
 
-    def __init__(self, package, sources):
+    def __init__(self, package, sources, codes=None):
         self.package = package
         self.sources = sources
+        self.codes = codes or {}
 
     def _locate(self, fullname):
         """(relative path, is a package) of a module of ours, or (None, False)."""
@@ -48,7 +54,10 @@ class SourceImporter(MetaPathFinder, Loader):
         source = self.sources[rel]
         remember(filename, source)
         module.__file__ = filename
-        exec(compile(source, filename, "exec", dont_inherit=True), module.__dict__)
+        code = self.codes.get(rel)
+        if code is None:
+            code = compile(source, filename, "exec", dont_inherit=True)
+        exec(code, module.__dict__)
 
     def get_source(self, fullname):
         rel, _is_pkg = self._locate(fullname)
@@ -62,11 +71,31 @@ def remember(filename, source):
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
 
 
-def _install(sources, payload):
+CODE_MAGIC = b"MLAC"
+
+
+def split_codes(rest):
+    """({path: code object}, the plan's bytes) from what follows the payload: the compiled modules when they
+    come first and were compiled by an interpreter of this bytecode magic, else none."""
+    if rest[:4] != CODE_MAGIC or len(rest) < 12:
+        return {}, rest
+    from importlib.util import MAGIC_NUMBER
+
+    n = 12 + int.from_bytes(rest[8:12], "big")
+    if rest[4:8] != MAGIC_NUMBER:
+        return {}, rest[n:]
+    try:
+        codes = marshal.loads(rest[12:n])
+    except (EOFError, ValueError, TypeError):
+        codes = None
+    return (codes if isinstance(codes, dict) else {}), rest[n:]
+
+
+def _install(sources, payload, codes=None):
     """Install the importer and keep the payload for re-runs elsewhere; the package's name."""
     package = __name__.rpartition(".")[0]
     remember(package + "/_boot.py", sources["_boot.py"])
-    sys.meta_path.insert(0, SourceImporter(package, sources))
+    sys.meta_path.insert(0, SourceImporter(package, sources, codes))
     importlib.import_module(package + ".reexec").PAYLOAD = payload
     return package
 
@@ -75,7 +104,8 @@ def start(sources, payload, plan_bytes):
     """Answer the one plan, then exit without the interpreter's teardown (freeing every module and object
     costs tens of ms and changes nothing once the answer is flushed; the agent registers no exit hooks and
     its files are closed by their with-blocks). Only on this normal path: an exception exits as before."""
-    status = importlib.import_module(_install(sources, payload) + ".main").main(plan_bytes)
+    codes, plan_bytes = split_codes(plan_bytes)
+    status = importlib.import_module(_install(sources, payload, codes) + ".main").main(plan_bytes)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

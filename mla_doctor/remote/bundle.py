@@ -6,12 +6,18 @@ frame and then the JSON plan from stdin and imports the package from memory (age
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import marshal
+import os
+import tempfile
 import zlib
 from importlib import resources
 from importlib.abc import Traversable
+from pathlib import Path
 
-from mla_doctor.agent.protocol import PAYLOAD_MAGIC
+from mla_doctor.agent._boot import CODE_MAGIC
+from mla_doctor.agent.protocol import PACKAGE, PAYLOAD_MAGIC
 
 AGENT_PACKAGE = "mla_doctor.agent"
 
@@ -45,6 +51,65 @@ def payload() -> bytes:
     return frame(agent_sources())
 
 
-def agent_stdin(plan: dict) -> bytes:
-    """What `python -B -c BOOTSTRAP` reads on the host: the payload, then the JSON plan."""
-    return payload() + json.dumps(plan).encode()
+def _code_dir() -> Path | None:
+    env = os.environ.get("MLA_DOCTOR_AGENT_CODE_CACHE")
+    if env == "off":
+        return None
+    if env:
+        return Path(env)
+    return Path(os.environ.get("MLA_DOCTOR_CACHE") or Path.home() / ".cache" / "mla-doctor") / "agent-code"
+
+
+def _private(root: Path) -> bool:
+    """The agent executes what it unmarshals: only a directory of this user's that no one else may write to."""
+    try:
+        st = root.stat()
+    except OSError:
+        return False
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+@functools.lru_cache(maxsize=None)
+def code_frame() -> bytes:
+    """The agent's modules compiled by this interpreter, for an agent on this machine (agent/_boot.py
+    split_codes): CODE_MAGIC, this interpreter's bytecode magic, the length, marshal of {path: code}. Compiling
+    them costs ~55 ms, so the marshalled modules are kept under <cache>/agent-code keyed by the sources'
+    sha256 and the magic; b"" when there is no private cache directory."""
+    from importlib.util import MAGIC_NUMBER
+
+    root = _code_dir()
+    if root is None:
+        return b""
+    sources = agent_sources()
+    key = hashlib.sha256(json.dumps(sources, sort_keys=True).encode("utf-8")).hexdigest()
+    entry = root / f"{key}-{MAGIC_NUMBER.hex()}.marshal"
+    blob = None
+    if _private(root):
+        try:
+            blob = entry.read_bytes()
+        except OSError:
+            pass
+    if blob is None:
+        blob = marshal.dumps({rel: compile(src, f"{PACKAGE}/{rel}", "exec", dont_inherit=True)
+                              for rel, src in sources.items()})
+        try:
+            root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if not _private(root):
+                return b""
+            fd, tmp = tempfile.mkstemp(dir=root, prefix=".tmp-")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(blob)
+                os.replace(tmp, entry)  # atomic: a reader sees the whole entry or none
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+        except OSError:
+            return b""
+    return CODE_MAGIC + MAGIC_NUMBER + len(blob).to_bytes(4, "big") + blob
+
+
+def agent_stdin(plan: dict, compiled: bool = False) -> bytes:
+    """What `python -B -c BOOTSTRAP` reads on the host: the payload, then the JSON plan; `compiled` (an agent on
+    this machine) puts this interpreter's compiled modules between them (used when the agent's magic matches)."""
+    return payload() + (code_frame() if compiled else b"") + json.dumps(plan).encode()

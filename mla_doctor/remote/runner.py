@@ -13,7 +13,7 @@ from typing import Any
 from mla_doctor.agent.protocol import BOOTSTRAP, OLD_PYTHON_RC
 from mla_doctor.errors import NoPythonError, RemoteError, SudoError
 from mla_doctor.remote.bundle import agent_stdin
-from mla_doctor.ssh.transport import Transport
+from mla_doctor.ssh.transport import LocalTransport, Transport
 
 NO_PYTHON_RC = 127
 FALLBACK_PYTHONS = ("python3", "python", "/usr/bin/python3", "/usr/local/bin/python3")
@@ -49,7 +49,9 @@ def run_agent(transport: Transport, plan: dict, *, python: str | None = None, su
 def run_once(transport: Transport, plan: dict, *, python: str | None = None, sudo: bool = False,
              timeout: float | None = None) -> dict:
     """Start the agent, send the payload and the plan, read the one answer: one remote execution."""
-    res = transport.run(agent_command(python, sudo), stdin=agent_stdin(plan), timeout=timeout)
+    # an agent on this machine (--local) gets this interpreter's compiled modules: no compile of its own
+    local = isinstance(transport, LocalTransport)
+    res = transport.run(agent_command(python, sudo), stdin=agent_stdin(plan, compiled=local), timeout=timeout)
     err = res.stderr.decode("utf-8", "replace").strip()
     if res.rc == NO_PYTHON_RC and "no Python interpreter" in err:
         raise NoPythonError(err.replace("mla-doctor: ", ""), host=transport.name)
