@@ -9,7 +9,8 @@ bench/static_audit.py installs on the fleet), then measures in interleaved round
   (b) agent  - the agent alone for a static audit: the bootstrap run through LocalTransport with --python the
                venv's interpreter (the same one that runs the agent), CPU of that child tree (the sh, the agent
                and any interpreter it starts), from resource.getrusage(RUSAGE_CHILDREN);
-  (c) cli    - the whole `python -m mla_doctor static --local --python VENV --format json` process tree;
+  (c) cli    - the whole `python -m mla_doctor static --local --python VENV --format json` process tree, with
+               mla-doctor's modules compiled to bytecode as an installed package has them (c'' without);
   (e) ops    - a live run's small ops: one-shot executions against one serving agent (remote/session.py);
   (d) fleet  - N `--local` audits at once from one controller process (audit_host in N threads): the
                controller's own CPU per host (RUSAGE_SELF) and its peak RSS growth per host (VmHWM), the agents'
@@ -154,6 +155,9 @@ def main() -> int:
         # the controller's parse cache (remote/parse_cache.py) in this run's own directory: filled by the warm-up
         # run, so "agent"/"cli" are hits; "agent_miss"/"cli_miss" run without it
         os.environ["MLA_DOCTOR_PARSE_CACHE"] = env["MLA_DOCTOR_PARSE_CACHE"] = str(Path(tmp) / "parse")
+        env["MLA_DOCTOR_KNOWLEDGE_CACHE"] = str(Path(tmp) / "knowledge")  # the controller's YAML copy, this run's own
+        # the agent modules compiled by the controller (remote/bundle.py code_frame), this run's own
+        os.environ["MLA_DOCTOR_AGENT_CODE_CACHE"] = env["MLA_DOCTOR_AGENT_CODE_CACHE"] = str(Path(tmp) / "agent-code")
         miss_env = dict(env, MLA_DOCTOR_PARSE_CACHE="off")
 
         def agent_run(known):
@@ -166,6 +170,14 @@ def main() -> int:
         def agent_miss():
             answers["agent_miss"] = agent_run(None)
 
+        # the controller as installed: pip compiles its modules to bytecode at install time, which this editable
+        # checkout (often run with PYTHONDONTWRITEBYTECODE=1) never has: "cli"/"cli_miss" keep mla-doctor's bytecode
+        # under this run's own prefix (filled by the warm-up), "cli_src" compiles every module at each start
+        src_env = env
+        env = dict(env, PYTHONPYCACHEPREFIX=str(Path(tmp) / "pyc"))
+        env.pop("PYTHONDONTWRITEBYTECODE")
+        miss_env = dict(env, MLA_DOCTOR_PARSE_CACHE="off")
+
         def cli_with(e):
             p = subprocess.run([sys.executable, "-m", "mla_doctor", "static", "--local", "--python", py,
                                 "--format", "json", "-o", out], capture_output=True, cwd=ROOT, env=e)
@@ -173,7 +185,7 @@ def main() -> int:
                 raise SystemExit(f"cli failed ({p.returncode}): {p.stderr.decode()[-800:]}")
 
         kinds = {"floor": floor, "agent": agent, "cli": lambda: cli_with(env), "agent_miss": agent_miss,
-                 "cli_miss": lambda: cli_with(miss_env)}
+                 "cli_miss": lambda: cli_with(miss_env), "cli_src": lambda: cli_with(src_env)}
         kinds["cli"]()  # fills the parse cache
         for fn in kinds.values():  # warm the page cache and the imports
             fn()
@@ -217,7 +229,8 @@ def main() -> int:
                      ("agent", "(b) the agent alone, static audit (parse cache hit)"),
                      ("agent_miss", "(b') the agent alone, no parse cache"),
                      ("cli", "(c) `mla-doctor static --local --format json`, whole process (cache hit)"),
-                     ("cli_miss", "(c') the same, parse cache off")):
+                     ("cli_miss", "(c') the same, parse cache off"),
+                     ("cli_src", "(c'') the same as (c), no bytecode: every module compiled at start")):
         v = cpu[k]
         print(f"| {label} | {med[k]:.3f} s | {min(v):.3f}–{max(v):.3f} | {med[k] / med['floor']:.2f}× |")
     print()
