@@ -291,7 +291,9 @@ def answer(host: HostReport | dict) -> Answer:
         code, sev = _reason_for(findings, p)
         name = p.get("name", "?") + ("" if p.get("configuration") in (None, "production")
                                      else f" ({p['configuration']})")
-        a.prompts.append(PromptVerdict(name, p.get("prompt_tokens"), f"{exp.get('prefill')}/{exp.get('decode')}",
+        # "mha|mqa": the route depends on a fact the run could not know (routing conditions; -v names them)
+        exp_prefill = "mha or mqa" if exp.get("prefill") == "mha|mqa" else exp.get("prefill")
+        a.prompts.append(PromptVerdict(name, p.get("prompt_tokens"), f"{exp_prefill}/{exp.get('decode')}",
                                        f"{obs.get('prefill')}/{obs.get('decode')}", code, sev))
     live = h.get("live")
     if live:

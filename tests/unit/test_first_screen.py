@@ -332,3 +332,15 @@ def test_the_undo_command_is_never_wrapped_whatever_the_width():
     for width in (40, 80, 200):
         lines = render(RunReport(command="patch", hosts=[h]), width=width).splitlines()
         assert [ln for ln in lines if "undo:" in ln] == [f"   undo:     {undo}"]
+
+
+def test_a_conditional_route_reads_as_either_path_with_the_probe_s_resolution():
+    """'mha|mqa' (the route depends on a fact the run could not know) is shown in words, and the reason is the
+    probe's resolution of it when nothing worse names the prompt."""
+    host = {"host": "gpu-1", "verdict": "ok", "status": "ok",
+            "prompts": [{"name": "long", "prompt_tokens": 600, "expected": {"prefill": "mha|mqa", "decode": "mqa"},
+                         "observed": {"prefill": "mqa", "decode": "mqa"}}],
+            "findings": [{"code": "ROUTE_RESOLVED_BY_PROBE", "severity": "info",
+                          "summary": "prompt 'long' (600 tokens): resolved by the probe: forward_mqa ran"}]}
+    a = first_screen.answer(host)
+    assert a.prompts[0].expected == "mha or mqa/mqa" and a.prompts[0].code == "ROUTE_RESOLVED_BY_PROBE"
