@@ -11,7 +11,7 @@ import base64
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
-from mla_doctor.remote import parse_cache, runner
+from mla_doctor.remote import formats_cache, parse_cache, runner
 from mla_doctor.ssh.transport import LocalTransport, Transport
 
 OPS = ("static", "index", "patch", "revert", "renew", "records", "server_restart", "server_restore", "tick",
@@ -419,10 +419,13 @@ def call(transport: Transport, request: Request[A], *, python: str | None = None
         known = parse_cache.known(plan.get("symbols") or [], plan["index"].get("files") or [])
         if known:
             plan["index"] = dict(plan["index"], known=known)
+        # the modules whose log formats are cached here are not harvested again (remote/formats_cache.py)
+        plan.update(formats_cache.plan_fields(local=isinstance(transport, LocalTransport)))
     if session is None:
         raw = runner.run_agent(transport, plan, python=python, sudo=sudo, timeout=timeout)
     else:
         raw = runner.run_agent(transport, plan, python=python, sudo=sudo, timeout=timeout, session=session)
     if isinstance(request, StaticRequest):
         parse_cache.merge(raw, plan.get("symbols") or [], store=isinstance(transport, LocalTransport))
+        formats_cache.merge(raw, store=isinstance(transport, LocalTransport))
     return request.answer(raw)  # type: ignore[return-value]

@@ -3,13 +3,16 @@ unrecorded, only our marked blocks), `def SYMBOL` hits, and code installed besid
 """
 from __future__ import annotations
 
+import base64
 import csv
 import glob
+import hashlib
 import io
 import os
 import re
 
 from ..common import _read_text, _sha256_b64
+from .log_formats import module_wanted
 from .targets import MARK_RE
 
 
@@ -25,8 +28,10 @@ def parse_record(di):
     return rec
 
 
-def scan_tree(vdir, record, symbols):
-    """One pass over vllm/**.py: hash against RECORD and find `def SYMBOL` anywhere (file:line)."""
+def scan_tree(vdir, record, symbols, digests=None):
+    """One pass over vllm/**.py: hash against RECORD and find `def SYMBOL` anywhere (file:line). With
+    `digests` (a dict), the sha256 of each module the log-format harvest reads goes there ({path relative to
+    vllm/: hex}): the harvest's cache lookups reuse them instead of reading and hashing again."""
     site = os.path.dirname(vdir)
     sym_re = quick = None
     if symbols:
@@ -38,6 +43,7 @@ def scan_tree(vdir, record, symbols):
     seen = set()
     count = 0
     cut = len(site.rstrip("/")) + 1
+    vcut = len(vdir.rstrip("/")) + 1
     for root, dirs, files in os.walk(vdir):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
         prefix = root[cut:] + "/"  # relative to site-packages, without os.path.relpath's cost per file
@@ -58,7 +64,9 @@ def scan_tree(vdir, record, symbols):
                 expected = record.get(rel)
                 if expected is None:
                     unrecorded.append(rel)
-                elif expected and expected != _sha256_b64(data):
+                elif not expected:
+                    pass
+                elif expected != _digest_b64(data, full, vcut, digests):
                     runs = sorted(set(MARK_RE.findall(data.decode("utf-8", "replace")))) if b"mla-doctor run" \
                         in data else []
                     if runs and _sha256_b64(strip_marked(data)) == expected:
@@ -74,6 +82,14 @@ def scan_tree(vdir, record, symbols):
         missing = sorted(p for p in record if p.endswith(".py") and p not in seen)
     return {"py_files": count, "modified": modified, "unrecorded": unrecorded, "missing": missing,
             "unreadable": unreadable, "instrumented": instrumented, "symbol_hits": hits}
+
+
+def _digest_b64(data, full, vcut, digests):
+    """RECORD's form of the file's sha256; the hex digest kept in `digests` for a module the harvest reads."""
+    d = hashlib.sha256(data).digest()
+    if digests is not None and module_wanted(full[vcut:]):
+        digests[full[vcut:]] = d.hex()
+    return "sha256=" + base64.urlsafe_b64encode(d).rstrip(b"=").decode()
 
 
 def strip_marked(data):

@@ -17,10 +17,12 @@ generator (``tools/gen_log_formats.py``) runs it over every release of the corpu
 from __future__ import annotations
 
 import ast
+import hashlib
 import os
 import re
 
-__all__ = ["KEYWORDS", "MODULES", "harvest_source", "harvest_text", "harvest_tree", "literal_text"]
+__all__ = ["KEYWORDS", "MODULES", "PREFIX", "compact", "expand", "harvest_source", "harvest_text", "harvest_tree",
+           "literal_text", "module_wanted", "order"]
 
 # The words that make a format worth keeping (matched on its literal text, lower-cased). Each one is
 # here because a line that carries it decides or reveals part of the path:
@@ -319,27 +321,95 @@ def harvest_text(text, rel):
         return harvest_source(text, rel)
 
 
-def _module_wanted(rel):
-    return rel.endswith(".py") and any(rel == m or rel.startswith(m) for m in MODULES)
+def module_wanted(rel):
+    """A module (path relative to ``vllm/``) the harvest reads: one of ``MODULES`` (str.startswith with the
+    tuple: the integrity pass asks this for each of ~3,000 files)."""
+    return rel.endswith(".py") and rel.startswith(MODULES)
 
 
-def harvest_tree(vllm_dir, whole=False):
+# The controller's log-format cache (remote/formats_cache.py) sends the 16-hex-digit prefixes of the sha256
+# digests whose formats it holds; the merge checks the full digest.
+PREFIX = 16
+
+
+def _decoded(data):
+    """The text ``open(path, encoding="utf-8")`` reads: strict UTF-8, universal newlines."""
+    text = data.decode("utf-8")
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return text
+
+
+def harvest_tree(vllm_dir, whole=False, known=None, digests=None, cached=None, hashed=None):
     """Every kept format of an installed ``vllm/`` directory, over the modules in ``MODULES``
-    (``whole``: parse every module whole, the reference the fast path is tested against)."""
+    (``whole``: parse every module whole, the reference the fast path is tested against).
+
+    The controller's cache: a module whose sha256 (``digests``: {rel: hex} the integrity pass computed
+    anyway, else hashed here) has its prefix in ``known`` is not harvested; ``cached`` receives its
+    {rel: full digest} and the controller fills in its formats. ``hashed`` (a dict) receives {rel: digest of
+    the very bytes harvested} of every other module, for the controller to keep."""
     found = []
     read = harvest_source if whole else harvest_text
+    digests = digests or {}
+    cached = {} if cached is None else cached
     for root, dirs, files in os.walk(vllm_dir):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
         for name in sorted(files):
             path = os.path.join(root, name)
             rel = os.path.relpath(path, vllm_dir).replace(os.sep, "/")
-            if not _module_wanted(rel):
+            if not module_wanted(rel):
                 continue
+            data = None
+            sha = digests.get(rel)
             try:
-                with open(path, encoding="utf-8") as f:
-                    text = f.read()
+                if known and sha is None:
+                    with open(path, "rb") as f:
+                        data = f.read()
+                    sha = hashlib.sha256(data).hexdigest()
+                if known and sha[:PREFIX] in known:
+                    cached[rel] = sha
+                    continue
+                if data is None:
+                    with open(path, "rb") as f:
+                        data = f.read()
+                text = _decoded(data)
             except (OSError, UnicodeDecodeError):
                 continue
+            if hashed is not None:
+                # the digest of what is harvested, not the integrity pass's: the file may have changed between
+                hashed[rel] = hashlib.sha256(data).hexdigest()
             found.extend(read(text, rel))
     found.sort(key=lambda r: (r["file"], r["line"]))
     return found
+
+
+def compact(recs):
+    """Records as the agent sends them, like the shipped data: each format and file once, a site as
+    ``[format, file, line, level[:exc]]`` (indexes), in the records' order."""
+    formats = sorted({r["format"] for r in recs})
+    files = sorted({r["file"] for r in recs})
+    fidx = dict((f, i) for i, f in enumerate(formats))
+    pidx = dict((f, i) for i, f in enumerate(files))
+    sites = [[fidx[r["format"]], pidx[r["file"]], r["line"], r["level"] + (":" + r["exc"] if r.get("exc") else "")]
+             for r in recs]
+    return {"formats": formats, "files": files, "sites": sites}
+
+
+def expand(doc):
+    """``compact``'s records back (ValueError when malformed)."""
+    out = []
+    try:
+        for fi, pi, line, level in doc["sites"]:
+            rec = {"file": doc["files"][pi], "line": int(line), "level": str(level).split(":", 1)[0],
+                   "format": doc["formats"][fi]}
+            if ":" in str(level):
+                rec["exc"] = str(level).split(":", 1)[1]
+            out.append(rec)
+    except (KeyError, TypeError, IndexError) as e:
+        raise ValueError("malformed formats: %s" % e) from None
+    return out
+
+
+def order(recs):
+    """The order ``harvest_tree`` gives (by file and line; within a line as ``_unique`` sorts them)."""
+    return sorted(recs, key=lambda r: (r["file"], r["line"], r["level"], r["format"]))

@@ -7,9 +7,10 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 
 from ..common import _now, _run
-from .log_formats import harvest_tree
+from .log_formats import compact, harvest_tree
 
 
 MAX_LOG_LINES = 400
@@ -58,27 +59,35 @@ def _cap(out, last_start):
     return old + cur
 
 
-def installed_formats(vdir):
+def installed_formats(vdir, plan=None, digests=None):
     """The log formats of the installed ``vllm/`` (``log_formats.harvest_tree``), stored compactly like the
-    shipped data: each format and file once, a site as ``[format, file, line, level[:exc]]``."""
+    shipped data: each format and file once, a site as ``[format, file, line, level[:exc]]``.
+
+    The controller's cache (remote/formats_cache.py): the modules whose digest prefix the plan's
+    ``formats_known`` holds for this interpreter are not harvested, only named with their full digest
+    (``cached``); with ``formats_digests`` (an agent on the controller's own machine) every harvested module's
+    digest is sent too (``harvested``), for the controller to keep. ``digests``: the integrity pass's."""
     t0 = _now()
-    recs = harvest_tree(vdir)
-    formats = sorted({r["format"] for r in recs})
-    files = sorted({r["file"] for r in recs})
-    fidx = dict((f, i) for i, f in enumerate(formats))
-    pidx = dict((f, i) for i, f in enumerate(files))
-    sites = [[fidx[r["format"]], pidx[r["file"]], r["line"], r["level"] + (":" + r["exc"] if r.get("exc") else "")]
-             for r in recs]
-    return {"formats": formats, "files": files, "sites": sites, "elapsed_s": round(_now() - t0, 4)}
+    plan = plan or {}
+    known = frozenset(((plan.get("formats_known") or {}).get("%d.%d" % sys.version_info[:2])) or ())
+    cached, hashed = {}, ({} if plan.get("formats_digests") else None)
+    recs = harvest_tree(vdir, known=known, digests=digests, cached=cached, hashed=hashed)
+    out = compact(recs)
+    if cached:
+        out["cached"] = cached
+    if hashed:
+        out["harvested"] = hashed
+    out["elapsed_s"] = round(_now() - t0, 4)
+    return out
 
 
-def log_section(plan, server, vdir=None):
+def log_section(plan, server, vdir=None, digests=None):
     """The log's selected lines; with ``vdir`` (the installed ``vllm/``) and a log found, the formats
     harvested from that install, which the controller reads the lines with."""
     res = _log_lines(plan, server)
     if vdir and res.get("found"):
         try:
-            res["formats"] = installed_formats(vdir)
+            res["formats"] = installed_formats(vdir, plan, digests)
         except Exception as e:  # the lines are still read with the shipped formats
             res["formats_error"] = "%s: %s" % (type(e).__name__, e)
     return res

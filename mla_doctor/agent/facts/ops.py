@@ -31,6 +31,7 @@ def _step(errors, name, fn, *args):
 def op_static(plan):
     t0 = _now()
     errors = []
+    digests = None
     host = {"hostname": socket.gethostname(), "agent_python": list(sys.version_info[:3]),
             "uid": os.getuid(), "user": _user_name(os.getuid())}
     servers = _step(errors, "servers", find_servers) or []
@@ -51,12 +52,13 @@ def op_static(plan):
             result["thresholds"] = _step(errors, "thresholds", thresholds_section, vdir, thr)
         wanted = symbols_to_search(plan.get("symbols"), plan.get("symbol_needs"), ident.get("version"),
                                    result["index"], (plan.get("index") or {}).get("known"))  # what they leave
-        result["scan"] = _step(errors, "scan", scan_tree, vdir, record, wanted)
+        digests = {}  # the harvested modules' sha256, computed by the integrity pass anyway (facts/logs.py)
+        result["scan"] = _step(errors, "scan", scan_tree, vdir, record, wanted, digests)
         result["side_code"] = _step(errors, "side_code", side_code, os.path.dirname(vdir))
         if plan.get("targets"):
             result["targets"] = _step(errors, "targets", resolve_targets, vdir, plan["targets"])
     result["model"] = _step(errors, "model", model_section, plan, server)
-    result["log"] = _step(errors, "log", log_section, plan, server, loc.get("dir"))
+    result["log"] = _step(errors, "log", log_section, plan, server, loc.get("dir"), digests)
     result["gpu"] = _step(errors, "gpu", gpu_section)
     for s in servers:
         s.pop("_raw_env", None)
