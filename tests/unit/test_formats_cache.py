@@ -64,8 +64,13 @@ def test_a_hit_on_a_real_release_is_exactly_the_full_harvest(cache, release):
     assert sent["sites"] == [] and sent["cached"] == digests and "harvested" not in sent  # nothing harvested
     assert without_time(hit["formats"]) == full  # every format, file and line as a full harvest gives them
     assert "formats_error" not in hit
-    # without the integrity pass's digests (no RECORD: an editable install) the agent hashes, same answer
-    sent, again, _ = harvest(vdir)
+    # no RECORD (an editable install): the integrity pass lists the modules without digests, the agent hashes
+    listing = {}
+    scan_tree(str(vdir), None, [], listing)
+    assert set(listing) == set(digests) and set(listing.values()) == {None}
+    sent, again, _ = harvest(vdir, digests=listing)
+    assert sent["cached"] == digests and without_time(again["formats"]) == full
+    sent, again, _ = harvest(vdir)  # no integrity pass at all (it failed): the harvest walks the tree
     assert sent["cached"] == digests and without_time(again["formats"]) == full
 
 

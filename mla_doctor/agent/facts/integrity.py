@@ -30,8 +30,9 @@ def parse_record(di):
 
 def scan_tree(vdir, record, symbols, digests=None):
     """One pass over vllm/**.py: hash against RECORD and find `def SYMBOL` anywhere (file:line). With
-    `digests` (a dict), the sha256 of each module the log-format harvest reads goes there ({path relative to
-    vllm/: hex}): the harvest's cache lookups reuse them instead of reading and hashing again."""
+    `digests` (a dict), each module the log-format harvest reads goes there ({path relative to vllm/: sha256
+    hex, or None where this pass hashed none}): the harvest takes its module list and digests from it instead of
+    walking, reading and hashing again."""
     site = os.path.dirname(vdir)
     sym_re = quick = None
     if symbols:
@@ -53,6 +54,8 @@ def scan_tree(vdir, record, symbols, digests=None):
             full = root + "/" + fn
             rel = prefix + fn
             count += 1
+            if digests is not None and module_wanted(full[vcut:]):
+                digests[full[vcut:]] = None  # listed; its digest below where RECORD has one
             try:
                 with open(full, "rb") as f:
                     data = f.read()

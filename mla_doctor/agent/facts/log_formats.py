@@ -340,45 +340,51 @@ def _decoded(data):
     return text
 
 
+def _modules(vllm_dir):
+    """Every module the harvest reads, relative to ``vllm/`` (sliced, not os.path.relpath: ~3,000 files)."""
+    cut = len(vllm_dir.rstrip("/")) + 1
+    for root, dirs, files in os.walk(vllm_dir):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            rel = (root + "/" + name)[cut:]
+            if module_wanted(rel):
+                yield rel
+
+
 def harvest_tree(vllm_dir, whole=False, known=None, digests=None, cached=None, hashed=None):
     """Every kept format of an installed ``vllm/`` directory, over the modules in ``MODULES``
     (``whole``: parse every module whole, the reference the fast path is tested against).
 
-    The controller's cache: a module whose sha256 (``digests``: {rel: hex} the integrity pass computed
-    anyway, else hashed here) has its prefix in ``known`` is not harvested; ``cached`` receives its
+    The controller's cache: ``digests`` ({rel: sha256 hex or None}) is the integrity pass's list of the
+    modules with the digests it computed anyway (no walk here then; a module without one is hashed here when
+    needed); a module whose digest has its prefix in ``known`` is not harvested, ``cached`` receives its
     {rel: full digest} and the controller fills in its formats. ``hashed`` (a dict) receives {rel: digest of
     the very bytes harvested} of every other module, for the controller to keep."""
     found = []
     read = harvest_source if whole else harvest_text
-    digests = digests or {}
     cached = {} if cached is None else cached
-    for root, dirs, files in os.walk(vllm_dir):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in sorted(files):
-            path = os.path.join(root, name)
-            rel = os.path.relpath(path, vllm_dir).replace(os.sep, "/")
-            if not module_wanted(rel):
+    for rel in (digests if digests is not None else _modules(vllm_dir)):
+        path = vllm_dir + "/" + rel
+        data = None
+        sha = digests.get(rel) if digests is not None else None
+        try:
+            if known and sha is None:
+                with open(path, "rb") as f:
+                    data = f.read()
+                sha = hashlib.sha256(data).hexdigest()
+            if known and sha[:PREFIX] in known:
+                cached[rel] = sha
                 continue
-            data = None
-            sha = digests.get(rel)
-            try:
-                if known and sha is None:
-                    with open(path, "rb") as f:
-                        data = f.read()
-                    sha = hashlib.sha256(data).hexdigest()
-                if known and sha[:PREFIX] in known:
-                    cached[rel] = sha
-                    continue
-                if data is None:
-                    with open(path, "rb") as f:
-                        data = f.read()
-                text = _decoded(data)
-            except (OSError, UnicodeDecodeError):
-                continue
-            if hashed is not None:
-                # the digest of what is harvested, not the integrity pass's: the file may have changed between
-                hashed[rel] = hashlib.sha256(data).hexdigest()
-            found.extend(read(text, rel))
+            if data is None:
+                with open(path, "rb") as f:
+                    data = f.read()
+            text = _decoded(data)
+        except (OSError, UnicodeDecodeError):
+            continue
+        if hashed is not None:
+            # the digest of what is harvested, not the integrity pass's: the file may have changed between
+            hashed[rel] = hashlib.sha256(data).hexdigest()
+        found.extend(read(text, rel))
     found.sort(key=lambda r: (r["file"], r["line"]))
     return found
 

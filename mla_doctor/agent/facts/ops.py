@@ -54,6 +54,8 @@ def op_static(plan):
                                    result["index"], (plan.get("index") or {}).get("known"))  # what they leave
         digests = {}  # the harvested modules' sha256, computed by the integrity pass anyway (facts/logs.py)
         result["scan"] = _step(errors, "scan", scan_tree, vdir, record, wanted, digests)
+        if result["scan"] is None:
+            digests = None  # a partial list: the harvest walks the tree itself
         result["side_code"] = _step(errors, "side_code", side_code, os.path.dirname(vdir))
         if plan.get("targets"):
             result["targets"] = _step(errors, "targets", resolve_targets, vdir, plan["targets"])
