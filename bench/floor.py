@@ -170,11 +170,14 @@ def main() -> int:
             p = dict(base, index=dict(base["index"], known=known() if known else {}), **(formats or {}))
             return run_agent(LocalTransport(), p, python=py)
 
+        # the plans as protocol.call sends them: a server of this machine found by the agent (a shared machine's
+        # test server) has its log harvested, from the cache on a hit
         def agent():
-            answers["agent"] = agent_run(lambda: parse_cache.known(plan["symbols"], plan["index"]["files"]))
+            answers["agent"] = agent_run(lambda: parse_cache.known(plan["symbols"], plan["index"]["files"]),
+                                         formats=formats_cache.plan_fields(local=True))
 
         def agent_miss():
-            answers["agent_miss"] = agent_run(None)
+            answers["agent_miss"] = agent_run(None, formats={"formats_digests": True})
 
         # with a log: a hit holds both caches (the plan as protocol.call sends it); a miss neither, the agent
         # asked to name what it harvests (the first --local audit of a release)
@@ -219,9 +222,12 @@ def main() -> int:
             answers["agent"].get("errors")
         cpu: dict[str, list[float]] = {k: [] for k in kinds}
         names = list(kinds)
+        servers = 0
         for r in range(args.rounds):
             for k in names[r % len(names):] + names[:r % len(names)]:
                 cpu[k].append(measured(kinds[k]))
+                if k.startswith("agent") and answers[k].get("servers"):
+                    servers += 1
 
         fleet = None
         if args.fleet:
@@ -244,6 +250,9 @@ def main() -> int:
     med = {k: statistics.median(v) for k, v in cpu.items()}
     ratio_agent, ratio_cli = med["agent"] / med["floor"], med["cli"] / med["floor"]
     ratio_agent_log, ratio_cli_log = med["agent_log"] / med["floor"], med["cli_log"] / med["floor"]
+    if servers:
+        print(f"NOTE: the agent found a vLLM server running on this machine in {servers} of its runs: those runs also"
+              " read that server's log and model")
     print(f"vLLM {args.version}: {n_files} RECORD-listed .py files, {mb:.0f} MB; {args.rounds} interleaved rounds; "
           f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}, Python "
           f"{platform.python_version()}; load {os.getloadavg()[0]:.2f}")
