@@ -9,13 +9,11 @@ import functools
 import hashlib
 import json
 import marshal
-import os
-import tempfile
 import zlib
 from importlib import resources
 from importlib.abc import Traversable
-from pathlib import Path
 
+from mla_doctor import user_cache
 from mla_doctor.agent._boot import CODE_MAGIC
 from mla_doctor.agent.protocol import PACKAGE, PAYLOAD_MAGIC
 
@@ -51,24 +49,6 @@ def payload() -> bytes:
     return frame(agent_sources())
 
 
-def _code_dir() -> Path | None:
-    env = os.environ.get("MLA_DOCTOR_AGENT_CODE_CACHE")
-    if env == "off":
-        return None
-    if env:
-        return Path(env)
-    return Path(os.environ.get("MLA_DOCTOR_CACHE") or Path.home() / ".cache" / "mla-doctor") / "agent-code"
-
-
-def _private(root: Path) -> bool:
-    """The agent executes what it unmarshals: only a directory of this user's that no one else may write to."""
-    try:
-        st = root.stat()
-    except OSError:
-        return False
-    return st.st_uid == os.getuid() and not st.st_mode & 0o022
-
-
 @functools.lru_cache(maxsize=None)
 def code_frame() -> bytes:
     """The agent's modules compiled by this interpreter, for an agent on this machine (agent/_boot.py
@@ -77,33 +57,24 @@ def code_frame() -> bytes:
     sha256 and the magic; b"" when there is no private cache directory."""
     from importlib.util import MAGIC_NUMBER
 
-    root = _code_dir()
+    root = user_cache.directory("agent-code", "MLA_DOCTOR_AGENT_CODE_CACHE")  # run by the agent: private only
     if root is None:
         return b""
     sources = agent_sources()
     key = hashlib.sha256(json.dumps(sources, sort_keys=True).encode("utf-8")).hexdigest()
     entry = root / f"{key}-{MAGIC_NUMBER.hex()}.marshal"
     blob = None
-    if _private(root):
-        try:
-            blob = entry.read_bytes()
-        except OSError:
-            pass
+    try:
+        blob = entry.read_bytes()
+    except OSError:
+        pass
     if blob is None:
         blob = marshal.dumps({rel: compile(src, f"{PACKAGE}/{rel}", "exec", dont_inherit=True)
                               for rel, src in sources.items()})
+        if not user_cache.ensure(root):
+            return b""
         try:
-            root.mkdir(mode=0o700, parents=True, exist_ok=True)
-            if not _private(root):
-                return b""
-            fd, tmp = tempfile.mkstemp(dir=root, prefix=".tmp-")
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(blob)
-                os.replace(tmp, entry)  # atomic: a reader sees the whole entry or none
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
+            user_cache.write_atomic(entry, blob)
         except OSError:
             return b""
     return CODE_MAGIC + MAGIC_NUMBER + len(blob).to_bytes(4, "big") + blob

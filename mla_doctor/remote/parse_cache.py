@@ -9,35 +9,47 @@ named file anyway, and where its digest's prefix is known it sends `parser: "cac
 merge looks the FULL digest up, so a prefix collision (about 2^-64 per pair, and it would take a
 second-preimage search to make one) is an error on that file, never a wrong answer. After the answer, what
 the agent parsed itself is stored. Directory: $MLA_DOCTOR_PARSE_CACHE, else <$MLA_DOCTOR_CACHE or
-~/.cache/mla-doctor>/parse; "off" disables it. Entries are written atomically and never changed.
+~/.cache/mla-doctor>/parse; "off" disables it, and so does a directory another user may write to (user_cache).
+Entries live under py<major.minor>-<tag>, the tag being the agent parser's own source (`tag`), are written
+atomically and never changed.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
-import os
-import tempfile
 import threading
+from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from mla_doctor import user_cache
 
 PREFIX = 16
 _lock = threading.Lock()
 
 
 def cache_dir() -> Path | None:
-    env = os.environ.get("MLA_DOCTOR_PARSE_CACHE")
-    if env == "off":
-        return None
-    if env:
-        return Path(env)
-    return Path(os.environ.get("MLA_DOCTOR_CACHE") or Path.home() / ".cache" / "mla-doctor") / "parse"
+    # what is read back is believed: a private directory only (user_cache), else no cache
+    return user_cache.directory("parse", "MLA_DOCTOR_PARSE_CACHE")
+
+
+@functools.lru_cache(maxsize=1)
+def tag() -> str:
+    """The parser's identity: the sha256 of the symbols.py the agent runs (the controller ships its own), so an
+    mla-doctor whose parse rules changed never reads another version's entries."""
+    src = resources.files("mla_doctor.agent.facts").joinpath("symbols.py").read_bytes()
+    return hashlib.sha256(src).hexdigest()[:12]
+
+
+def _pydir(root: Path, pyver: str) -> Path:
+    return root / f"py{pyver}-{tag()}"
 
 
 def _manifest(root: Path, pyver: str, symbols: list[str]) -> Path:
     # the names kept per digest are those whose leaf is searched: another symbol list, another manifest
-    tag = hashlib.sha256(json.dumps(sorted(symbols)).encode()).hexdigest()[:12]
-    return root / ("py" + pyver) / f"files-{tag}.json"
+    names = hashlib.sha256(json.dumps(sorted(symbols)).encode()).hexdigest()[:12]
+    return _pydir(root, pyver) / f"files-{names}.json"
 
 
 def _read_json(path: Path) -> Any:
@@ -49,18 +61,9 @@ def _read_json(path: Path) -> Any:
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, sort_keys=True)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    if not user_cache.ensure(path.parent):
+        raise OSError("cache directory %s is not private" % path.parent)
+    user_cache.write_atomic(path, json.dumps(obj, sort_keys=True).encode("utf-8"))
 
 
 def known(symbols: list[str], files: list[str]) -> dict[str, Any]:
@@ -70,13 +73,15 @@ def known(symbols: list[str], files: list[str]) -> dict[str, Any]:
         return {}
     out: dict[str, Any] = {}
     wanted = set(files)
-    for d in sorted(root.glob("py*")):
-        man = _read_json(_manifest(root, d.name[2:], symbols))
+    suffix = "-" + tag()
+    for d in sorted(root.glob("py*" + suffix)):
+        pyver = d.name[2:-len(suffix)]
+        man = _read_json(_manifest(root, pyver, symbols))
         if isinstance(man, dict):
             per = {rel: {sha[:PREFIX]: names for sha, names in shas.items()}
                    for rel, shas in man.items() if rel in wanted and isinstance(shas, dict)}
             if per:
-                out[d.name[2:]] = per
+                out[pyver] = per
     return out
 
 
@@ -95,7 +100,7 @@ def merge(raw: dict[str, Any], symbols: list[str], store: bool = True) -> None:
         if not isinstance(info, dict) or not info.get("sha256"):
             continue
         sha = info["sha256"]
-        entry = root / ("py" + pyver) / (sha + ".json")
+        entry = _pydir(root, pyver) / (sha + ".json")
         if info.get("parser") == "cached":
             stored = _read_json(entry)
             info.pop("cached", None)
@@ -121,7 +126,7 @@ def _store(root: Path, pyver: str, symbols: list[str], fresh: dict[str, Any], go
             for rel, sha in gone.items():
                 (man.get(rel) or {}).pop(sha, None)
             for rel, (sha, info) in fresh.items():
-                entry = root / ("py" + pyver) / (sha + ".json")
+                entry = _pydir(root, pyver) / (sha + ".json")
                 if not entry.exists():
                     _write_json(entry, {"defs": info.get("defs") or {}, "classes": info.get("classes") or {}})
                 man.setdefault(rel, {})[sha] = sorted(q for q in (info.get("defs") or {})

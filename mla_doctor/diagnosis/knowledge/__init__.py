@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import pickle
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Pattern, Tuple, Union
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
+
+from mla_doctor import user_cache
 
 DATA_FILE = Path(__file__).with_name("vllm_releases.yaml")
 
@@ -447,32 +447,14 @@ class Knowledge:
                 "log_patterns": self.log_patterns()}
 
 
-def _cache_dir() -> Optional[Path]:
-    env = os.environ.get("MLA_DOCTOR_KNOWLEDGE_CACHE")
-    if env == "off":
-        return None
-    if env:
-        return Path(env)
-    return Path(os.environ.get("MLA_DOCTOR_CACHE") or Path.home() / ".cache" / "mla-doctor") / "knowledge"
-
-
-def _private(root: Path) -> bool:
-    """The cache is unpickled: only from a directory of this user's that no one else may write to."""
-    try:
-        st = root.stat()
-    except OSError:
-        return False
-    return st.st_uid == os.getuid() and not st.st_mode & 0o022
-
-
 def load_data(path: Path) -> Any:
     """A knowledge YAML file's data, from a pickled copy keyed by the file's sha256 when one is kept: libyaml
     still costs ~13 ms for vllm_releases.yaml, unpickling the same data ~0.4 ms. Content-addressed, so an
     edited file is read afresh. (Pickle, not JSON: the per-head tables have int keys.)"""
     raw = path.read_bytes()
-    root = _cache_dir()
+    root = user_cache.directory("knowledge", "MLA_DOCTOR_KNOWLEDGE_CACHE")  # unpickled: private dirs only
     entry = root / f"{hashlib.sha256(raw).hexdigest()}.pickle" if root is not None else None
-    if entry is not None and _private(root):
+    if entry is not None:
         try:
             with open(entry, "rb") as f:
                 return pickle.load(f)  # noqa: S301 - this user's own private directory, written below
@@ -482,20 +464,11 @@ def load_data(path: Path) -> Any:
 
     # libyaml's loader when PyYAML has it (same safe subset, ~10x faster), else the pure-Python one
     data = yaml.load(raw.decode("utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506
-    if entry is not None:
+    if entry is not None and user_cache.ensure(root):
         try:
-            root.mkdir(mode=0o700, parents=True, exist_ok=True)
-            if _private(root):
-                fd, tmp = tempfile.mkstemp(dir=root, prefix=".tmp-")
-                try:
-                    with os.fdopen(fd, "wb") as f:
-                        pickle.dump(data, f, protocol=4)
-                    os.replace(tmp, entry)  # atomic: a reader sees the whole entry or none
-                finally:
-                    if os.path.exists(tmp):
-                        os.unlink(tmp)
+            user_cache.write_atomic(entry, pickle.dumps(data, protocol=4))
         except (OSError, pickle.PicklingError):
-            pass  # a read-only home: read the YAML every time
+            pass  # a read-only or full home: read the YAML every time
     return data
 
 
