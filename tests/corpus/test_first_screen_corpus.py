@@ -63,11 +63,30 @@ def test_0_10_2_with_its_log_names_the_selected_backend_and_its_entry():
     assert row(lines, "long").startswith("→ MLACommonImpl._forward_prefill when over 1 token (prefill)")
 
 
-def test_0_33_0_sparse_model_on_the_release_with_index_topk_routing():
-    ans = _answer("0.33.0", H100, ["INFO 09-01 10:00:00 [cuda.py:1] Using FLASHMLA_SPARSE backend."])
+B200 = {"present": True, "gpus": [{"name": "NVIDIA B200", "compute_cap": "10.0"}]}
+DSV32_DIMS = {"num_attention_heads": 128, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+              "v_head_dim": 128}
+
+
+def _sparse_screen(gpu: dict, **config) -> list[str]:
+    ans = _answer("0.33.0", gpu, ["INFO 09-01 10:00:00 [cuda.py:1] Using FLASHMLA_SPARSE backend."])
     ans["model"]["config"].update(index_topk=2048, architectures=["DeepseekV32ForCausalLM"],
-                                  model_type="deepseek_v32", num_attention_heads=128)
+                                  model_type="deepseek_v32", **config)
     _, lines = _screen(ans, width=120)
     assert row(lines, "model").startswith("MLA, SPARSE (DSA)")
-    assert row(lines, "long").startswith("→ MLACommonBaseImpl.forward_mha up to index_topk=2048 tokens, "
-                                         "FlashMLASparseImpl.forward_mqa above")
+    assert row(lines, "1 token") == "→ FlashMLASparseImpl.forward_mqa (sparse top-k MQA: a 1-token query is a decode)"
+    return lines
+
+
+def test_0_33_0_sparse_model_on_the_release_with_index_topk_routing():
+    """The long row is the routing answer for a 4096-token prompt (> index_topk=2048), as 0.33.0's sources decide
+    it: prefill.use_dense_mha is false above index_topk (sparse_mla_attention.py _use_dense_mha_prefill), and masked
+    MHA needs SM100, FA4, an unquantized KV cache and DSV3.2's dims (_is_masked_mha_available, _MASKED_MHA_THRESHOLDS
+    for FLASHMLA_SPARSE: seq <= 4096 with query >= 4096 at TP 1, >= 1024 at TP 2/4, >= 512 at TP 8)."""
+    want_mqa = "4096 tokens → forward_mqa (index_topk=2048; sparse)"
+    assert row(_sparse_screen(H100, num_attention_heads=128), "long") == want_mqa  # the tiny model's dims
+    assert row(_sparse_screen(H100, **DSV32_DIMS), "long") == want_mqa  # Hopper: never masked MHA
+    assert row(_sparse_screen(B200, num_attention_heads=128), "long") == want_mqa  # dims masked MHA lacks
+    # SM100 and DSV3.2's dims: masked MHA at every TP, so what the host does not say (KV dtype, FA version) decides
+    assert row(_sparse_screen(B200, **DSV32_DIMS), "long") == (
+        "4096 tokens → forward_mha when unquantized KV and FA4, otherwise forward_mqa (index_topk=2048; sparse)")
