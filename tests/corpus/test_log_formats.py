@@ -90,3 +90,92 @@ def test_look_alike_lines_never_become_the_attention_backend(dist, version):
             for v in (version, None):
                 got = read_log([line], version=v)
                 assert got.attention_backend is None, (r, line, got.attention_backend)
+
+
+# The kinds part 2b of issue 10 renders besides the backends: what a line of each means to the report.
+STATE_KINDS = ("engine", "cudagraph", "eager", "fatal")
+_LEVELS = {"debug": "DEBUG", "info": "INFO", "warning": "WARNING", "error": "ERROR", "critical": "CRITICAL"}
+# a CUDA-graph line that states the mode it sets ("Overriding cudagraph_mode to PIECEWISE", "... from %s to X",
+# "setting cudagraph mode to X", "Fallback to cudagraph_mode=NONE"); advice ("use cudagraph_mode=NONE instead") is not
+_STATED_MODE = re.compile(r"(?i)(?:setting|overriding|fallback to) cudagraph[_ ]mode(?: from \S+)? "
+                          r"(?:to |=)([A-Z_]{4,})")
+
+
+def logged(r: dict, value: str) -> str:
+    """The first line vLLM prints for the format (a multi-line message continues on lines of its own): a raise
+    as the exception's ``Type: message`` in a worker's output, a logger call with vLLM's prefix."""
+    msg = render(r["format"], value).split("\n")[0]
+    if r["level"] == "raise":
+        return f"(EngineCore_DP0 pid=1) {r.get('exc') or 'RuntimeError'}: {msg}"
+    return f"(EngineCore_DP0 pid=1) {_LEVELS.get(r['level'], 'ERROR')} 01-01 00:00:00 [x.py:1] {msg}"
+
+
+def _gap(r: dict) -> str | None:
+    """Lines log_reading.py cannot read yet (its owner's to fix; asserted as still unread below, so a fix shows)."""
+    if r["level"] == "raise" and r["format"][:1].isspace():
+        return "raise_leading_space"    # ValueError(" The selected backend, ...") prints "ValueError:  The ..."
+    if r["format"].endswith(", ") and meaning_of(r["format"], r["level"]).kind == "engine":
+        return "v0_engine_prefix"       # "... use_cached_outputs=%s, " is the head of a longer line
+    return None
+
+
+def _state_records(dist: str, version: str) -> list:
+    return [r for r in harvested(dist, version) if meaning_of(r["format"], r["level"]).kind in STATE_KINDS]
+
+
+@pytest.mark.parametrize("dist, version", RELEASES)
+def test_engine_cudagraph_and_fatal_formats_parse_to_their_meaning(dist, version):
+    """Every engine, CUDA-graph (mode, capture, downgrade raise), eager and fatal format of the release, rendered,
+    is read by log_reading as its meaning — V0/V1 for the engine, the cudagraph fact, a fatal line — and none is
+    ever the attention backend."""
+    stated = version if dist == "vllm" else version + "+cpu"
+    recs = [r for r in _state_records(dist, version) if _gap(r) is None]
+    kinds = {meaning_of(r["format"], r["level"]).kind for r in recs}
+    assert {"engine", "cudagraph", "fatal"} <= kinds, kinds
+    lines = [logged(r, version) for r in recs]
+    for v in (stated, None):   # the release stated, and a log that states none (every release's formats)
+        got = read_log(lines, version=v, scope=False)   # one reading for all: each line keeps its own fact
+        assert got.attention_backend is None and got.prefill_backend is None, got.attention_backend
+        by_n = {f.n: f for f in got.facts}
+        for n, r in enumerate(recs, 1):
+            mean = meaning_of(r["format"], r["level"])
+            fact = by_n.get(n)
+            assert fact is not None and fact.kind == mean.kind, (r, lines[n - 1], fact)
+            if mean.kind == "fatal":
+                assert fact in got.fatal, (r, fact)
+        assert len(got.fatal) == sum(1 for r in recs if meaning_of(r["format"], r["level"]).kind == "fatal")
+    for r in recs:   # the engine line alone: the engine it names and the release it states
+        mean = meaning_of(r["format"], r["level"])
+        if mean.kind != "engine":
+            continue
+        got = read_log([logged(r, version)], version=stated)
+        assert got.engine == mean.engine and got.engine_line is not None, (r, got.engine)
+        assert got.engine_line.value == version and got.cudagraph_mode is None, (r, got.engine_line)
+
+
+def test_engine_and_raise_gaps_are_still_unread():
+    """The lines _gap exempts are still not read (log_reading.py's owner fixes them; then drop the exemption)."""
+    gaps = 0
+    for dist, version in RELEASES:
+        for r in _state_records(dist, version):
+            if _gap(r):
+                gaps += 1
+                got = read_log([logged(r, version)], version=version if dist == "vllm" else version + "+cpu")
+                assert not [f for f in got.facts if f.kind == meaning_of(r["format"], r["level"]).kind], r
+    assert gaps
+
+
+@pytest.mark.xfail(strict=True, reason="log_reading._CG_SETTING misses 'Setting cudagraph_mode to X', "
+                                       "'Overriding cudagraph_mode from %s to X', 'setting cudagraph mode to X' "
+                                       "(reads 'to' as the mode in one); log_reading.py is not this test's to fix")
+def test_cudagraph_lines_that_state_a_mode_set_it():
+    wrong = []
+    for dist, version in RELEASES:
+        for r in _state_records(dist, version):
+            mode = _STATED_MODE.search(r["format"])
+            if not mode or r["level"] == "raise" or meaning_of(r["format"], r["level"]).kind != "cudagraph":
+                continue
+            got = read_log([logged(r, "FULL_AND_PIECEWISE")], version=version if dist == "vllm" else version + "+cpu")
+            if got.cudagraph_mode != mode.group(1):
+                wrong.append((version, r["format"][:80], got.cudagraph_mode))
+    assert not wrong, wrong
