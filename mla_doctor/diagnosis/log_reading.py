@@ -114,7 +114,7 @@ class Format:
         """release -> [(file, line, level)]; a cached matcher's are unmarshalled when first read (a log's lines
         reach a few dozen of ~1,500 formats: unpickling all ~14,000 sites cost ~15 ms a process)."""
         if self._sites is None:
-            self._sites = marshal.loads(self._blob) if self._blob is not None else {}  # noqa: S302 - see _shipped_data
+            self._sites = marshal.loads(self._blob) if self._blob is not None else {}  # noqa: S302 - see _cached
         return self._sites
 
     @property
@@ -332,15 +332,8 @@ def installed_records(owner: Any) -> Optional[List[dict]]:
 
 @functools.lru_cache(maxsize=64)
 def _shipped_matcher(keys: Tuple[str, ...]) -> Matcher:
-    if keys == tuple(shipped_releases()):
-        return Matcher(_all_shipped())
-    doc = load_formats()
-    return Matcher(_build({k: _records(doc, k) for k in keys}, _known_texts()))
-
-
-def _all_shipped() -> List[Format]:
-    return [Format(t, lit, raised, level, None, blob, _anchor=anchor, _head=head)
-            for t, lit, raised, level, blob, anchor, head in _shipped_data()[1]]
+    return Matcher([Format(t, lit, raised, level, None, blob, _anchor=anchor, _head=head)
+                    for t, lit, raised, level, blob, anchor, head in _shipped_rows(keys)])
 
 
 @functools.lru_cache(maxsize=1)
@@ -348,42 +341,71 @@ def _known_texts() -> Dict[str, Tuple[int, str, str]]:
     return {t: (lit, anchor, head) for t, lit, _r, _l, _b, anchor, head in _shipped_data()[1]}
 
 
+def _as_rows(formats: List[Format]) -> list:
+    return [(f.text, f.literal, f.raised, f.level, marshal.dumps(f.sites), f.anchor_text, f.head) for f in formats]
+
+
 @functools.lru_cache(maxsize=1)
 def _shipped_data() -> Tuple[Dict[str, Dict[str, str]], list]:
-    """({release: {"version", "dist"}}, every shipped release's formats as ``_build`` makes them, as rows),
-    from a pickled copy when one is kept: reading a log with the installed formats also reads each line with
-    these (~1,500 formats, ~14,000 sites: the json and the build were ~70 ms of every such process). Keyed by
-    the sha256 of log_formats.json and of this module's source (the build's code), in the knowledge cache's
-    private directory (``user_cache``)."""
+    """({release: {"version", "dist"}}, every shipped release's formats as ``_build`` makes them, as rows):
+    reading a log with the installed formats also reads each line with these (~1,500 formats, ~14,000 sites:
+    the json and the build were ~70 ms of every such process)."""
+    def build() -> Tuple[Dict[str, Dict[str, str]], list]:
+        doc = load_formats()
+        meta = {k: {"version": r["version"], "dist": r["dist"]} for k, r in doc["releases"].items()}
+        order = sorted(meta, key=lambda k: (parse_version(meta[k]["version"]), k))
+        return meta, _as_rows(_build({k: _records(doc, k) for k in order}))
+
+    return _cached("all", build)
+
+
+@functools.lru_cache(maxsize=64)
+def _shipped_rows(keys: Tuple[str, ...]) -> list:
+    """The formats of these releases (a stated release, the two distributions of a bare version), as rows."""
+    if keys == _shipped_order():
+        return _shipped_data()[1]
     import hashlib
+
+    doc: Dict[str, Any] = {}
+    return _cached(hashlib.sha256("\0".join(keys).encode()).hexdigest()[:16], lambda: _as_rows(_build(
+        {k: _records(doc.setdefault("d", load_formats()), k) for k in keys}, _known_texts())))
+
+
+@functools.lru_cache(maxsize=1)
+def _digest() -> Optional[str]:
+    # the data, the build's code (this module) and marshal's format (the interpreter's) decide the entries
+    import hashlib
+
+    try:
+        return hashlib.sha256(FORMATS_FILE.read_bytes() + b"\0" + Path(__file__).read_bytes() + b"\0"
+                              + marshal.dumps(sys.version_info[:2])).hexdigest()
+    except OSError:
+        return None
+
+
+def _cached(name: str, build: Any) -> Any:
+    """``build()``, from a pickled copy when one is kept: content-addressed (``_digest``), in the knowledge
+    cache's private directory (``user_cache``: never read or written where another user could write)."""
     import pickle
 
     from mla_doctor import user_cache
 
     root = user_cache.directory("knowledge", "MLA_DOCTOR_KNOWLEDGE_CACHE")  # unpickled: private dirs only
-    entry = None
-    if root is not None:
+    digest = _digest()
+    entry = root / f"log-formats-{digest}-{name}.pickle" if root is not None and digest else None
+    if entry is not None:
         try:
-            # marshal's format is the interpreter's: its version is in the key too
-            digest = hashlib.sha256(FORMATS_FILE.read_bytes() + b"\0" + Path(__file__).read_bytes() + b"\0"
-                                    + marshal.dumps(sys.version_info[:2])).hexdigest()
-            entry = root / f"log-formats-{digest}.pickle"
             with open(entry, "rb") as f:
-                meta, rows = pickle.load(f)  # noqa: S301 - this user's own private directory, written below
-            return meta, rows
+                return pickle.load(f)  # noqa: S301 - this user's own private directory, written below
         except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError):
             pass
-    doc = load_formats()
-    meta = {k: {"version": r["version"], "dist": r["dist"]} for k, r in doc["releases"].items()}
-    order = sorted(meta, key=lambda k: (parse_version(meta[k]["version"]), k))
-    formats = _build({k: _records(doc, k) for k in order})
-    rows = [(f.text, f.literal, f.raised, f.level, marshal.dumps(f.sites), f.anchor_text, f.head) for f in formats]
+    data = build()
     if entry is not None and user_cache.ensure(root):
         try:
-            user_cache.write_atomic(entry, pickle.dumps((meta, rows), protocol=4))
+            user_cache.write_atomic(entry, pickle.dumps(data, protocol=4))
         except (OSError, pickle.PicklingError):
             pass  # a read-only or full home: built every time
-    return meta, rows
+    return data
 
 
 _HARVESTED_MATCHERS: Dict[Tuple[int, int, str], Tuple[List[dict], "Matcher"]] = {}

@@ -24,6 +24,8 @@ def _fresh() -> list:
 def _clear(monkeypatch, tmp_path, name="kc") -> Path:
     monkeypatch.setenv("MLA_DOCTOR_KNOWLEDGE_CACHE", str(tmp_path / name))
     lr._shipped_data.cache_clear()
+    lr._shipped_rows.cache_clear()
+    lr._digest.cache_clear()
     lr._known_texts.cache_clear()
     lr._shipped_order.cache_clear()
     lr._shipped_matcher.cache_clear()
@@ -35,6 +37,8 @@ def _clear(monkeypatch, tmp_path, name="kc") -> Path:
 def _reset_after():
     yield
     lr._shipped_data.cache_clear()
+    lr._shipped_rows.cache_clear()
+    lr._digest.cache_clear()
     lr._known_texts.cache_clear()
     lr._shipped_order.cache_clear()
     lr._shipped_matcher.cache_clear()
@@ -49,10 +53,11 @@ def test_cached_shipped_formats_are_a_fresh_build(tmp_path, monkeypatch):
     kc = _clear(monkeypatch, tmp_path)
     truth = _rows(_fresh())
     miss = lr.matcher().formats             # built, stored
-    (entry,) = kc.glob("log-formats-*.pickle")
+    (entry,) = kc.glob("log-formats-*-all.pickle")
     _clear(monkeypatch, tmp_path)
     hit = lr.matcher().formats              # read from the entry, sites unmarshalled on first use
     assert hit[0]._sites is None and hit[0]._blob is not None
+    assert lr.matcher().formats is hit    # one matcher a process
     assert _rows(miss) == truth and _rows(hit) == truth
     assert len(truth) > 1000
     # the hit really is the stored copy: a marked entry comes back
@@ -84,7 +89,7 @@ def test_an_edited_formats_file_is_built_afresh(tmp_path, monkeypatch):
         _clear(monkeypatch, tmp_path)
         m = lr.matcher().match("Edited format that no release has here")
         assert m is not None and key in m.format.sites
-        assert len(list(kc.glob("log-formats-*.pickle"))) == 2
+        assert len(list(kc.glob("log-formats-*-all.pickle"))) == 2
     finally:
         lr.load_formats.cache_clear()
 
@@ -177,3 +182,20 @@ def test_head_filter_keeps_a_truncated_quote_of_a_raised_format():
     got = m.match(line)
     assert want is not None and want.partial and want.exc == "RuntimeError"
     assert got is not None and (got.literal, got.partial, got.groups) == (want.literal, want.partial, want.groups)
+
+
+def test_a_stated_releases_formats_cached_are_a_fresh_build(tmp_path, monkeypatch):
+    kc = _clear(monkeypatch, tmp_path)
+    doc = lr.load_formats()
+    order = lr.shipped_releases()
+    pair = tuple(k for k in order if doc["releases"][k]["version"] == "0.32.0")
+    assert len(pair) == 2
+    for keys in ((order[0],), (order[-1],), pair):
+        truth = _rows(lr._build({k: lr._records(doc, k) for k in keys}))
+        _clear(monkeypatch, tmp_path)
+        miss = _rows(lr.matcher(keys).formats)
+        _clear(monkeypatch, tmp_path)
+        hit = lr.matcher(keys).formats
+        assert hit[0]._sites is None
+        assert miss == truth and _rows(hit) == truth, keys
+    assert len(list(kc.glob("log-formats-*.pickle"))) == 4   # the three sets and every release's (known texts)
