@@ -7,7 +7,6 @@ import copy
 
 import pytest
 
-from mla_doctor.agent.facts.ops import op_index
 from mla_doctor.diagnosis.knowledge import load_knowledge
 from mla_doctor.host.audit import build_static_report
 from mla_doctor.reports.host_text import render
@@ -24,7 +23,7 @@ def _answer(version: str, gpu: dict, log_lines: list[str] | None = None) -> dict
     tree = corpus.ensure("vllm", version)
     kb = load_knowledge()
     req = kb.agent_request()
-    idx = op_index({"op": "index", "vllm_dir": str(tree / "vllm"), "symbols": req["symbols"], "index": req["index"]})
+    idx = corpus.agent_index("vllm", version, req)
     ans = copy.deepcopy(load("static_local")["exchanges"][0]["answer"])
     ans.update(vllm=idx["vllm"], scan=idx["scan"], index=idx["index"], side_code=idx["side_code"], gpu=gpu,
                servers=[])

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from mla_doctor.agent.facts.ops import op_index
 from mla_doctor.diagnosis.knowledge import load_knowledge
 from mla_doctor.diagnosis.static_facts import verify_static
 from tests.support import corpus
@@ -161,9 +160,7 @@ RELEASES = [pytest.param(d, v, id="%s-%s" % (d, v)) for d, v in corpus.RELEASES]
 @lru_cache(maxsize=None)
 def _run(dist: str, version: str):
     tree = corpus.ensure(dist, version)
-    req = load_knowledge().agent_request()
-    agent = op_index({"op": "index", "vllm_dir": str(tree / "vllm"), "symbols": req["symbols"],
-                      "index": req["index"]})
+    agent = corpus.agent_index(dist, version, load_knowledge().agent_request())
     facts = load_knowledge().for_version(agent["vllm"]["version"])
     return tree, agent, facts, verify_static(facts, agent)
 

@@ -5,13 +5,16 @@ log can be cut into processes."""
 from __future__ import annotations
 
 import ast
+import inspect
 import re
+from functools import lru_cache
+from pathlib import Path
 
 import pytest
 import yaml
 
 from mla_doctor.diagnosis.log_reading import RUNS_FILE, load_run_starts, message_of, split_runs
-from tests.support.corpus import RELEASES, ensure
+from tests.support.corpus import RELEASES, cached_json, ensure
 
 pytestmark = pytest.mark.corpus
 
@@ -20,25 +23,46 @@ DIRS = ("entrypoints", "engine", "v1/engine")
 _TEMPLATE_VAR = re.compile(r"\$\{\w+\}")   # the logo's colour variables (string.Template), empty without a TTY
 
 
-def strings_of(dist: str, version: str, needle: str) -> list[str]:
+def _needle(fmt: str) -> str:
+    return max(fmt.strip().split("%s"), key=len)
+
+
+NEEDLES = sorted({_needle(s["format"]) for s in STARTS})
+
+
+def _all_strings(root: str) -> list[str]:
     """Every string constant (adjacent literals joined, as Python joins them) of the release's entrypoint and
-    engine modules whose text holds ``needle``."""
-    root = ensure(dist, version) / "vllm"
+    engine modules that hold a start's longest literal part (only those are parsed), colour variables removed."""
     out = []
     for d in DIRS:
-        for p in sorted((root / d).rglob("*.py")) if (root / d).is_dir() else []:
-            text = p.read_text(encoding="utf-8", errors="replace")
-            if needle not in _TEMPLATE_VAR.sub("", text):
+        base = Path(root) / d
+        for p in sorted(base.rglob("*.py")) if base.is_dir() else []:
+            text = _TEMPLATE_VAR.sub("", p.read_text(encoding="utf-8", errors="replace"))
+            if not any(n in text for n in NEEDLES):
                 continue
-            for node in ast.walk(ast.parse(text)):
+            for node in ast.walk(ast.parse(p.read_text(encoding="utf-8", errors="replace"))):
                 if isinstance(node, ast.Constant) and isinstance(node.value, str):
                     out.append(_TEMPLATE_VAR.sub("", node.value))
     return out
 
 
+_SALT = inspect.getsource(_all_strings) + repr(DIRS) + _TEMPLATE_VAR.pattern + repr(NEEDLES)
+
+
+@lru_cache(maxsize=None)
+def _strings(dist: str, version: str) -> tuple:
+    # read once per release and cached beside the other derived corpus data (the tree never changes)
+    return tuple(cached_json("start-strings", dist, version, _SALT,
+                             lambda: _all_strings(str(ensure(dist, version) / "vllm"))))
+
+
+def strings_of(dist: str, version: str, needle: str) -> list[str]:
+    """The release's entrypoint and engine strings that hold ``needle``."""
+    return [s for s in _strings(dist, version) if needle in s]
+
+
 def in_sources(dist: str, version: str, fmt: str) -> bool:
-    needle = max(fmt.strip().split("%s"), key=len)
-    return any(fmt.strip() in s for s in strings_of(dist, version, needle))
+    return any(fmt.strip() in s for s in strings_of(dist, version, _needle(fmt)))
 
 
 @pytest.mark.parametrize("dist, version", RELEASES)

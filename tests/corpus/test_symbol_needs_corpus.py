@@ -23,10 +23,16 @@ def test_cut_search_verifies_as_the_full_one(dist, version):
     if not (tree / ".complete").exists():
         pytest.skip(f"{dist} {version} not cached")
     vdir = str(tree / "vllm")
-    index = index_tree(vdir, PLAN["index"])
+    # the agent's answers, cached by its source and the request (tests/support/corpus.py agent_answer)
+    index = corpus.agent_answer("agent-index-tree", dist, version, PLAN["index"],
+                                lambda: index_tree(vdir, PLAN["index"]))
     wanted = symbols_to_search(PLAN["symbols"], PLAN["symbol_needs"], version, index)
-    full = {"vllm": {"version": version}, "index": index, "scan": scan_tree(vdir, None, PLAN["symbols"])}
-    cut = {"vllm": {"version": version}, "index": index, "scan": scan_tree(vdir, None, wanted)}
+
+    def scan(symbols):
+        return corpus.agent_answer("agent-scan", dist, version, sorted(symbols),
+                                   lambda: scan_tree(vdir, None, symbols))
+    full = {"vllm": {"version": version}, "index": index, "scan": scan(PLAN["symbols"])}
+    cut = {"vllm": {"version": version}, "index": index, "scan": scan(wanted)}
     facts = KB.for_version(version)
     assert verify_static(facts, cut) == verify_static(facts, full)
     assert full["scan"]["symbol_hits"]  # the full search found defs, so an equal verdict is not vacuous

@@ -119,6 +119,43 @@ def cached_json(kind: str, dist: str, version: str, salt: str, build):
     return value
 
 
+_AGENT_SALT: list = []
+
+
+def agent_salt() -> str:
+    """The agent package's own source (every module) and this file's: a changed agent re-derives what it
+    answered, an unchanged one is read from the cache."""
+    if not _AGENT_SALT:
+        import hashlib
+
+        h = hashlib.sha256(Path(__file__).read_bytes())   # and this file, which makes the calls
+        root = Path(__file__).resolve().parents[2] / "mla_doctor" / "agent"
+        for p in sorted(root.rglob("*.py")):
+            h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
+        _AGENT_SALT.append(h.hexdigest())
+    return _AGENT_SALT[0]
+
+
+def agent_answer(kind: str, dist: str, version: str, request, build):
+    """The real agent's answer ``build()`` for one release and ``request`` (JSON-able), cached by the agent's
+    source, the request and the tree's path (the answer names it): the corpus tier runs the agent once per
+    release and change, not once per test run."""
+    import json
+
+    tree = ensure(dist, version)
+    salt = "%s\0%s\0%s" % (agent_salt(), json.dumps(request, sort_keys=True, default=str), tree)
+    return cached_json(kind, dist, version, salt, build)
+
+
+def agent_index(dist: str, version: str, request: dict) -> dict:
+    """``op_index`` of the agent on the release's tree for the knowledge's ``agent_request()``."""
+    from mla_doctor.agent.facts.ops import op_index
+
+    vdir = str(ensure(dist, version) / "vllm")
+    return agent_answer("agent-index", dist, version, request, lambda: op_index(
+        {"op": "index", "vllm_dir": vdir, "symbols": request["symbols"], "index": request["index"]}))
+
+
 def release_venv(dest: Path, dist: str, version: str) -> Path:
     """A venv at `dest` (no pip) whose site-packages hold the release's sources and dist-info, as an install
     has them; its interpreter is `dest/bin/python`."""
