@@ -570,7 +570,7 @@ def main() -> int:
     ensure_time()
     ansible_venv = ensure_venv("ansible", f"ansible-core=={ANSIBLE_CORE}", "ansible")
     pyinfra_venv = ensure_venv("pyinfra", f"pyinfra=={PYINFRA}", "pyinfra")
-    with_cli = (REPO / "mla_doctor" / "cli_fleet.py").exists() and sh(
+    with_cli = sh(
         [sys.executable, "-m", "mla_doctor", "audit", "--help"], cwd=REPO).returncode == 0
     tree = corpus.ensure("vllm", VERSION)
     vers = versions(ansible_venv, pyinfra_venv)

@@ -279,6 +279,7 @@ def _masked_mha(d: Optional[dict], v: Version) -> Optional[MaskedMha]:
 class Knowledge:
     def __init__(self, data: dict):
         self.data = data
+        self._facts: Dict[Optional[str], ReleaseFacts] = {}
         self.oldest = Version(data["oldest_known"])
         self.newest = Version(data["newest_known"])
         self.inspected = tuple(sorted((Version(x) for x in data.get("inspected", [])), key=lambda x: x))
@@ -312,6 +313,14 @@ class Knowledge:
         return sorted(self.data.get("server_settings") or {})
 
     def for_version(self, version: Optional[str]) -> ReleaseFacts:
+        """The release's facts; one evaluation per version string per process (a fleet of hosts on one
+        release asked for it per host: ~10 ms of controller CPU each). ReleaseFacts is frozen."""
+        facts = self._facts.get(version)
+        if facts is None:
+            facts = self._facts[version] = self._for_version(version)  # a race computes it twice, no more
+        return facts
+
+    def _for_version(self, version: Optional[str]) -> ReleaseFacts:
         v = parse_version(version)
         known = v is not None and self._known(v)
         if v is None:  # unreadable version: best effort as the newest known release
