@@ -60,6 +60,35 @@ def _read_json(path: Path) -> Any:
         return None
 
 
+_entries: dict[Path, dict] = {}
+_manifests: dict[Path, tuple[tuple[int, int, int], Any]] = {}
+
+
+def _entry(path: Path) -> dict | None:
+    """A stored parse, read once per process: entries are content-addressed and never changed, and a fleet
+    of hosts on one release asks for the same ones per host. Callers copy before they change anything."""
+    got = _entries.get(path)
+    if got is None:
+        got = _read_json(path)
+        if not isinstance(got, dict) or not isinstance(got.get("defs"), dict):
+            return None
+        _entries[path] = got
+    return got
+
+
+def _read_manifest(path: Path) -> Any:
+    """A manifest, parsed again only when the file changed (replaced, resized or touched)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    key = (st.st_ino, st.st_mtime_ns, st.st_size)
+    got = _manifests.get(path)
+    if got is None or got[0] != key:
+        got = _manifests[path] = (key, _read_json(path))
+    return got[1]
+
+
 def _write_json(path: Path, obj: Any) -> None:
     if not user_cache.ensure(path.parent):
         raise OSError("cache directory %s is not private" % path.parent)
@@ -76,7 +105,7 @@ def known(symbols: list[str], files: list[str]) -> dict[str, Any]:
     suffix = "-" + tag()
     for d in sorted(root.glob("py*" + suffix)):
         pyver = d.name[2:-len(suffix)]
-        man = _read_json(_manifest(root, pyver, symbols))
+        man = _read_manifest(_manifest(root, pyver, symbols))
         if isinstance(man, dict):
             per = {rel: {sha[:PREFIX]: names for sha, names in shas.items()}
                    for rel, shas in man.items() if rel in wanted and isinstance(shas, dict)}
@@ -102,10 +131,10 @@ def merge(raw: dict[str, Any], symbols: list[str], store: bool = True) -> None:
         sha = info["sha256"]
         entry = _pydir(root, pyver) / (sha + ".json")
         if info.get("parser") == "cached":
-            stored = _read_json(entry)
+            stored = _entry(entry)
             info.pop("cached", None)
-            if isinstance(stored, dict):
-                info.update(parser="ast", defs=stored["defs"], classes=stored["classes"])
+            if stored is not None:
+                info.update(parser="ast", defs=dict(stored["defs"]), classes=dict(stored.get("classes") or {}))
             else:  # a prefix collision, or the entry removed since the plan: said, never guessed
                 info.pop("parser", None)
                 info["error"] = "parse cache: no entry for sha256 %s" % sha
