@@ -4,8 +4,11 @@ running a command (argv, never a shell string), /proc process state.
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
+import os
 import pwd
+import stat
 import subprocess
 import time
 
@@ -15,8 +18,19 @@ def _now():
 
 
 def _read_text(path, limit=None):
-    with open(path, "rb") as f:
-        data = f.read(limit) if limit else f.read()
+    """A regular file's text. Opened non-blocking and checked on the descriptor, so a FIFO or device that
+    someone put where a file was expected (a server's venv is the service user's to change) cannot hang or
+    feed the root agent: OSError instead."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        with os.fdopen(fd, "rb") as f:
+            fd = None
+            data = f.read(limit) if limit else f.read()
+    finally:
+        if fd is not None:
+            os.close(fd)
     return data.decode("utf-8", "replace")
 
 

@@ -210,3 +210,36 @@ def test_supervisor_from_cgroup(monkeypatch, cgroup, kind, extra):
         assert sup[k] == v
     why = processes.supervised_refusal(sup)
     assert (why is None) == (kind == "process")
+
+
+def test_read_text_refuses_a_fifo_or_device_without_blocking(tmp_path):
+    """A FIFO where the agent expects a file (pyvenv.cfg, METADATA, config.json: the service user's to change)
+    must not hang the root agent: open() of a FIFO blocks until a writer comes."""
+    import os
+    import threading
+
+    from mla_doctor.agent.common import _read_text
+
+    fifo = tmp_path / "pyvenv.cfg"
+    os.mkfifo(fifo)
+    got = {}
+
+    def read():
+        try:
+            got["text"] = _read_text(str(fifo), 4096)
+        except OSError as e:
+            got["error"] = e
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    t.join(5)
+    if t.is_alive():  # unblock the reader so the test run itself does not hang
+        with open(fifo, "wb"):
+            pass
+        t.join(5)
+        raise AssertionError("_read_text blocked on a FIFO")
+    assert "error" in got and "not a regular file" in str(got["error"])
+    with pytest.raises(OSError):
+        _read_text("/dev/null")
+    (tmp_path / "ok.cfg").write_text("home = /usr/bin\n")
+    assert _read_text(str(tmp_path / "ok.cfg")) == "home = /usr/bin\n"
