@@ -2,7 +2,7 @@
 """Regenerate ``mla_doctor/diagnosis/knowledge/log_formats.json``: the log formats of every release.
 
 The formats are harvested from the real release sources by the agent's own harvester
-(``mla_doctor/agent/facts/log_formats.py``, loaded by path: this script is not part of the package), so
+(``mla_doctor/agent/facts/log_formats.py``, imported from this checkout: the agent package is stdlib-only), so
 what ``explain`` matches a pasted log against is exactly what a host's installed vLLM would give.
 
     python tools/gen_log_formats.py                    # every release of the corpus (tests/support/corpus.py)
@@ -16,7 +16,6 @@ releases are regenerated and any other release already shipped is kept.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import re
 import sys
@@ -29,15 +28,8 @@ OUT = ROOT / "mla_doctor" / "diagnosis" / "knowledge" / "log_formats.json"
 SCHEMA = 1
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(mod)
-    return mod
-
-
-harvester = _load("mla_doctor_log_formats_harvester", ROOT / "mla_doctor" / "agent" / "facts" / "log_formats.py")
+sys.path.insert(0, str(ROOT))
+from mla_doctor.agent.facts import log_formats as harvester  # noqa: E402  (stdlib-only, like the agent)
 
 
 def _corpus():

@@ -243,3 +243,40 @@ def test_read_text_refuses_a_fifo_or_device_without_blocking(tmp_path):
         _read_text("/dev/null")
     (tmp_path / "ok.cfg").write_text("home = /usr/bin\n")
     assert _read_text(str(tmp_path / "ok.cfg")) == "home = /usr/bin\n"
+
+
+def test_a_fifo_in_the_vllm_tree_or_at_the_log_path_cannot_hang_the_audit(tmp_path):
+    """The vLLM tree and the server's log are the service user's: a FIFO named like a module, or put where the
+    log was, is reported unreadable and the audit goes on (open() on a FIFO would block the root agent)."""
+    import os
+    import threading
+
+    from mla_doctor.agent.facts.integrity import scan_tree
+    from mla_doctor.agent.facts.logs import _log_lines
+
+    vdir = tmp_path / "site" / "vllm"
+    vdir.mkdir(parents=True)
+    (vdir / "ok.py").write_text("def forward_mqa(self):\n    pass\n")
+    os.mkfifo(vdir / "trap.py")
+    os.mkfifo(tmp_path / "server.log")
+    got = {}
+
+    def audit():
+        got["scan"] = scan_tree(str(vdir), None, ["forward_mqa"])
+        got["log"] = _log_lines({"log": str(tmp_path / "server.log")}, None)
+
+    t = threading.Thread(target=audit, daemon=True)
+    t.start()
+    t.join(10)
+    for fifo in (vdir / "trap.py", tmp_path / "server.log"):
+        if t.is_alive():  # unblock a reader blocked in open() so the run itself ends
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:  # ENXIO: no reader on this one
+                pass
+    t.join(5)
+    assert "log" in got, "the audit blocked on a FIFO"
+    scan = got["scan"]
+    assert [u["path"] for u in scan["unreadable"]] == ["vllm/trap.py"] and "regular" in scan["unreadable"][0]["error"]
+    assert scan["symbol_hits"] == {"forward_mqa": [["ok.py", 1]]}
+    assert got["log"]["found"] is False and "server.log" in str(got["log"])

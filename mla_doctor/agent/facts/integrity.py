@@ -11,7 +11,7 @@ import io
 import os
 import re
 
-from ..common import _read_text, _sha256_b64
+from ..common import _read_regular, _read_text, _sha256_b64
 from .log_formats import module_wanted
 from .targets import MARK_RE
 
@@ -57,8 +57,7 @@ def scan_tree(vdir, record, symbols, digests=None):
             if digests is not None and module_wanted(full[vcut:]):
                 digests[full[vcut:]] = None  # listed; its digest below where RECORD has one
             try:
-                with open(full, "rb") as f:
-                    data = f.read()
+                data = _read_regular(full)
             except OSError as e:
                 unreadable.append({"path": rel, "error": e.strerror or str(e)})
                 continue

@@ -3,13 +3,12 @@ plan's patterns select: the zero-patch evidence.
 """
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
 import sys
 
-from ..common import _now, _run
+from ..common import _now, _read_regular, _run
 from .log_formats import compact, harvest_tree
 
 
@@ -112,12 +111,8 @@ def _log_lines(plan, server):
     errors = []
     for kind, where in sources:
         if kind == "file":
-            try:
-                size = os.path.getsize(where)
-                with open(where, "rb") as f:
-                    if size > tail:
-                        f.seek(size - tail)
-                    text = f.read().decode("utf-8", "replace")
+            try:  # the log is the service user's: a FIFO there must not hang the agent (_read_regular)
+                text = _read_regular(where, tail=tail).decode("utf-8", "replace")
             except OSError as e:
                 errors.append("%s: %s" % (where, e.strerror or e))
                 continue

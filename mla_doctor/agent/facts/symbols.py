@@ -10,6 +10,8 @@ import os
 import re
 import sys
 
+from ..common import _read_regular
+
 
 def _index_defs(tree):
     """Classes and functions by qualified name; visits statement bodies only (10x faster than NodeVisitor)."""
@@ -98,8 +100,7 @@ def index_file(path, patterns, known=None):
     controller holds the parse of this very content (`known`: digest prefixes, remote/parse_cache.py), the
     definitions are left to it: parser "cached", no syntax tree built."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        data = _read_regular(path)
     except OSError as e:
         return {"exists": os.path.exists(path), "error": e.strerror or str(e)}
     text = data.decode("utf-8", "replace")

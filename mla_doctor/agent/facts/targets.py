@@ -8,7 +8,7 @@ import glob
 import os
 import re
 
-from ..common import _sha
+from ..common import _read_regular, _sha
 
 # The marks around every block a run inserts (written by change/inserts.py, told from other edits by integrity.py).
 MARK_BEGIN = "# >>> mla-doctor run %s >>>"
@@ -51,7 +51,7 @@ def resolve_targets(vdir, targets):
         for path in files:
             if path not in trees:
                 try:
-                    data = open(path, "rb").read()
+                    data = _read_regular(path)
                     trees[path] = (ast.parse(data.decode("utf-8")), _sha(data))
                 except (OSError, SyntaxError, ValueError) as e:
                     trees[path] = (None, str(e))
