@@ -125,14 +125,24 @@ class Format:
             self._meaning = meaning_of(self.text, self.level)
         return self._meaning
 
+    @property
+    def body(self) -> str:
+        """The text a line shows of the format: without edge whitespace, which no read message keeps (a logged
+        one is stripped; ``ValueError(" The selected ...")`` prints ``ValueError:  The selected ...``, the
+        ``", "`` ending the V0 engine line is rstripped). A format that keeps fewer than PARTIAL_MIN literal
+        characters without it stays as written: stripped, it would match nearly any line."""
+        core = self.text.strip()
+        return core if core == self.text or literal_len(core) >= PARTIAL_MIN else self.text
+
     def regexes(self) -> List[Tuple[Pattern[str], int, bool]]:
         """(regex, literal chars it proves, partial) — the full format, and for raised and fatal messages
         (often quoted truncated) its heads ending in a placeholder that takes the rest of the line."""
         if self._rx is None:
             parts, pos, lit = [], 0, 0
             heads = []
-            for m in _TOKEN.finditer(self.text):
-                chunk = self.text[pos:m.start()]
+            text = self.body
+            for m in _TOKEN.finditer(text):
+                chunk = text[pos:m.start()]
                 parts.append(re.escape(chunk))
                 lit += len(chunk)
                 tok = m.group()
@@ -144,7 +154,7 @@ class Format:
                         heads.append(("".join(parts) + r"(.*)", lit))
                     parts.append(r"(-?\d+)" if tok[-1] in "di" else r"(.*?)")
                 pos = m.end()
-            tail = self.text[pos:]
+            tail = text[pos:]
             full = "".join(parts) + re.escape(tail)
             rx = [(re.compile("^" + full + "$"), self.literal, False)]
             if self.raised or self.meaning.kind == "fatal":
@@ -157,7 +167,7 @@ class Format:
         """The first PARTIAL_MIN characters of the longest literal chunk: in every line the format can match
         (in the message, the raised ones' too), whatever its meaning — the filter that needs no meaning."""
         if self._head is None:
-            chunks = _TOKEN.split(self.text)
+            chunks = _TOKEN.split(self.body)
             self._anchor = max(chunks, key=len) if chunks else ""
             self._head = self._anchor[:PARTIAL_MIN]
         return self._head
@@ -598,7 +608,6 @@ class LogReading:
 
 _CG_JSON = re.compile(r"""['"]?cudagraph_mode['"]?\s*[:=]\s*"""
                       r"""(<CUDAGraphMode\.(\w+)[^>]*>|\[[\d,\s]*\]|\d+|'?"?([A-Z_]+))""")
-_CG_SETTING = re.compile(r"(?:setting|to) cudagraph_mode[= ](\w+)|Overriding cudagraph_mode (?:\w+ )?to (\w+)")
 _EAGER = re.compile(r"enforce_eager=(True|False)")
 _CG_VALUES = {"0": "NONE", "1": "PIECEWISE", "2": "FULL", "[2, 0]": "FULL_DECODE_ONLY", "[2, 1]": "FULL_AND_PIECEWISE"}
 _FALLBACK_FATAL = [
@@ -630,6 +639,19 @@ def _value(match: Match, aliases: Optional[Dict[str, str]]) -> Optional[str]:
     if mean.kind in ("attention_backend", "prefill_backend"):
         return backend_name(raw, aliases)
     return raw.strip() if isinstance(raw, str) else raw
+
+
+def _cg_mode(raw: Optional[str]) -> Optional[str]:
+    """A mode as a line prints it (``PIECEWISE``, ``CUDAGraphMode.FULL``, ``<CUDAGraphMode.NONE: 0>``, ``2``)
+    as its name; None when it is not a mode."""
+    if not raw:
+        return None
+    val = raw.strip().strip("'\"")
+    m = re.match(r"^<?CUDAGraphMode\.([A-Z_]+)", val)
+    if m:
+        return m.group(1)
+    val = _CG_VALUES.get(re.sub(r"\s+", "", val).replace(",", ", "), val)
+    return val if re.match(r"^[A-Z][A-Z_]*$", val) else None
 
 
 def _cudagraph_mode(text: str) -> Optional[str]:
@@ -750,6 +772,8 @@ def read_log(lines: Sequence[Any], version: Optional[str] = None, distribution: 
             kind = "other"   # a look-alike line whose own format is not in these releases
         if kind == "fatal" and fmt.raised and m.exc:
             value = m.exc
+        if kind == "cudagraph":
+            value = _cg_mode(value)
         fact = Fact(n, clean, kind, value, fmt.text, "vllm/%s:%d" % (file, line),
                     [k for k in shipped_releases() + ["installed"] if k in fmt.sites], proc, m.partial)
         out.facts.append(fact)
@@ -774,10 +798,8 @@ def read_log(lines: Sequence[Any], version: Optional[str] = None, distribution: 
                     out.cudagraph_mode = "NONE"
         elif kind == "eager":
             out.eager, out.cudagraph_mode = True, "NONE"
-        elif kind == "cudagraph":
-            sm = _CG_SETTING.search(msg)
-            if sm:
-                out.cudagraph_mode = sm.group(1) or sm.group(2)
+        elif kind == "cudagraph" and value:
+            out.cudagraph_mode = value   # the mode the format states (log_meanings.yaml: its text or placeholder)
         elif kind == "chunked_prefill" and sets.get("chunked_prefill") and m.groups:
             try:
                 out.max_num_batched_tokens = int(m.groups[0])

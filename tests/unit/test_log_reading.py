@@ -2,10 +2,13 @@
 the source line of its format, and a log without a version is tried against every shipped release."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from mla_doctor.diagnosis.log_reading import (
-    is_source_build, literal_len, matcher, message_of, read_log, release_of_version, shipped_releases,
+    is_source_build, literal_len, load_formats, matcher, message_of, read_log, release_of_version,
+    shipped_releases,
 )
 from mla_doctor.diagnosis.static_facts import LogEvidence, parse_log  # noqa: F401  (still importable there)
 
@@ -108,3 +111,105 @@ def test_cudagraph_eager_chunked_and_prefill():
     assert r.cudagraph_mode == "FULL_AND_PIECEWISE" and r.eager is False and r.engine == "V1"
     assert r.chunked_prefill is True and r.max_num_batched_tokens == 8192
     assert r.prefill_backend.value == "FLASH_ATTN" and r.releases == ["vllm-0.20.2"]
+
+
+# --------------------------------------------------------------------------- lines rendered from shipped formats
+
+_TOKEN = re.compile(r"%%|%[-+ #0]*\d*(?:\.\d+)?[sdifrx]|\{[^{}]*\}")
+PREFIX = "(EngineCore_DP0 pid=7) INFO 11-29 10:00:00 [x.py:1] "
+
+
+def shipped(text: str) -> str:
+    """The shipped format (knowledge/log_formats.json, from the real sources) ``text``, or the one that starts
+    with it."""
+    formats = load_formats()["formats"]
+    hits = [text] if text in formats else [f for f in formats if f.startswith(text)]
+    assert len(hits) == 1, (text, hits)
+    return hits[0]
+
+
+def render(fmt: str, *values: str) -> str:
+    """The message as vLLM prints it: the placeholders filled in order, no edge whitespace (a log line keeps
+    none: the logger's message is stripped by the reader, a raise's follows ``ValueError: ``)."""
+    it = iter(values)
+    return _TOKEN.sub(lambda m: "%" if m.group() == "%%" else next(it), fmt)
+
+
+def test_raise_with_a_leading_space_is_read_as_fatal():
+    # vllm 0.8.5 platforms/cuda.py: raise ValueError(f" The selected backend, {selected_backend.name},is not MLA...")
+    fmt = shipped(" The selected backend, {selected_backend.name},is not MLA type")
+    line = "(EngineCore_DP0 pid=7) ValueError: " + render(fmt, "FLASH_ATTN")   # prints "ValueError:  The ..."
+    assert "ValueError:  The selected backend, FLASH_ATTN,is not MLA type" in line
+    r = read_log([line], version="0.8.5.post1")
+    assert [f.kind for f in r.facts] == ["fatal"] and r.fatal == r.facts
+    assert r.fatal[0].value == "ValueError" and r.fatal[0].format == fmt and not r.fatal[0].partial
+    assert r.fatal[0].source.startswith("vllm/platforms/") and r.attention_backend is None
+
+
+def test_the_most_specific_of_two_leading_space_raises_wins():
+    # the block-size raise exists with and without "(currently only supports block size 1)": each line its own
+    short = shipped(" The selected backend, {selected_backend.name},does not support block size {block_size}.")
+    long_ = shipped(" The selected backend, {selected_backend.name},does not support block size {block_size}.(")
+    for fmt in (short, long_):
+        r = read_log(["ValueError: " + render(fmt, "FLASHMLA", "16")], version="0.8.5.post1")
+        assert [f.format for f in r.fatal] == [fmt]
+
+
+def test_v0_engine_line_is_read():
+    # vllm 0.7.3 engine/llm_engine.py: "... use_cached_outputs=%s, " - the logged line loses the trailing space
+    fmt = shipped("Initializing a V0 LLM engine (v%s) with config: %s, use_cached_outputs=%s, ")
+    line = "INFO 02-01 10:00:00 llm_engine.py:234] " + render(
+        fmt, "0.7.3", "model='deepseek-ai/DeepSeek-V2-Lite-Chat', enforce_eager=False", "False")
+    r = read_log([line])
+    assert r.engine == "V0" and r.version == "0.7.3" and r.engine_line.value == "0.7.3"
+    assert r.engine_line.source.startswith("vllm/engine/llm_engine.py:") and r.releases
+    assert r.eager is False and "vllm-0.7.3" in r.releases
+
+
+def test_edge_whitespace_is_kept_where_the_rest_would_match_nearly_anything():
+    # an install's harvested format that is almost all whitespace must not become a catch-all once stripped
+    rec = {"file": "x.py", "line": 1, "level": "info", "format": " %s "}
+    assert matcher(harvested=[rec]).match("Using FLASHMLA backend.") is None
+
+
+CG_MODES = [   # (start of a shipped format, its placeholder values, the mode the line states)
+    ("Hybrid or mamba-based model detected: setting cudagraph mode to", (), "FULL_AND_PIECEWISE"),
+    ("Piecewise compilation with empty splitting_ops does not contain piecewise cudagraph. Setting cudagraph_mode "
+     "to NONE. Hint", (), "NONE"),   # not "to", and not the FULL the hint advises
+    ("Piecewise compilation with empty splitting_ops do not contains piecewise cudagraph. Setting cudagraph_mode "
+     "to FULL.", (), "FULL"),
+    ("Pooling models do not support full cudagraphs. Overriding cudagraph_mode to", (), "PIECEWISE"),
+    ("Dynamic speculative decoding changes the target verification length at runtime. Overriding cudagraph_mode "
+     "from %s to PIECEWISE for reliability.", ("FULL_AND_PIECEWISE",), "PIECEWISE"),
+    ("KV connector %s requires PIECEWISE", ("LMCacheConnectorV1", "FULL_AND_PIECEWISE"), "PIECEWISE"),
+    ("Encoder-decoder models do not support %s. Overriding", ("FULL_AND_PIECEWISE",), "FULL_DECODE_ONLY"),
+    ("CUDA graphs are not supported with stock torch.compile", ("FULL_AND_PIECEWISE",), "NONE"),
+    ("[XPU] CUDA graph is not supported on XPU, disabling cudagraphs. Fallback", (), "NONE"),
+    ("Cudagraph mode %s is not compatible with compilation mode %s.Overriding", ("FULL", "DYNAMO_TRACE_ONCE"), "NONE"),
+    ("Cudagraph mode %s is not compatible with compilation mode %s. Overriding to %s",
+     ("FULL_AND_PIECEWISE", "DYNAMO_TRACE_ONCE", "FULL_DECODE_ONLY"), "FULL_DECODE_ONLY"),
+    ("Cudagraph mode %s requires piecewise capture", ("PIECEWISE", "NONE"), "NONE"),
+    # advice and conditions state no mode
+    ("use_cudagraph is deprecated, use cudagraph_mode=NONE instead.", (), None),
+    ("Skipping CUDA graph capture. To turn on CUDA graph capture, ensure `cudagraph_mode`", (), None),
+]
+
+
+@pytest.mark.parametrize("start, values, mode", CG_MODES)
+def test_cudagraph_line_sets_the_mode_it_states(start, values, mode):
+    fmt = shipped(start)
+    r = read_log([PREFIX + render(fmt, *values)])
+    assert [f.kind for f in r.facts] == ["cudagraph"] and r.facts[0].format == fmt
+    assert r.cudagraph_mode == mode and r.facts[0].value == mode
+    assert r.eager is (False if mode not in (None, "NONE") else None)
+
+
+def test_a_later_cudagraph_override_wins_over_the_engine_config():
+    fmt = shipped("Dynamic speculative decoding changes the target verification length at runtime. Overriding "
+                  "cudagraph_mode from %s to PIECEWISE for reliability.")
+    r = read_log([
+        "INFO 01-01 00:00:00 [core.py:1] Initializing a V1 LLM engine (v0.24.0) with config: model='m', "
+        'enforce_eager=False, compilation_config={"level":3,"cudagraph_mode":[2,1]}',
+        PREFIX + render(fmt, "FULL_AND_PIECEWISE"),
+    ], version="0.24.0")
+    assert r.cudagraph_mode == "PIECEWISE" and r.releases == ["vllm-0.24.0"]
