@@ -67,7 +67,8 @@ def test_flashinfer_sparse_threshold_by_local_heads_from_026():
 
 
 @pytest.mark.parametrize("v,backend", [("0.27.1", "ROCM_AITER_MLA_SPARSE"), ("0.29.0", "FLASHINFER_MLA_SPARSE_SM120"),
-                                       ("0.30.0", "FLASHINFER_MLA_SPARSE_SM120")])
+                                       ("0.30.0", "FLASHINFER_MLA_SPARSE_SM120"), ("0.29.0", "XPU_MLA_SPARSE"),
+                                       ("0.33.0", "XPU_MLA_SPARSE")])
 def test_impls_without_dense_mha_run_short_prompts_through_mqa(v, backend):
     r = route(facts(v), sparse(tp=1, backend=backend), 1500)   # > threshold 1, <= index_topk
     assert r.path == "mqa" and "no dense-MHA prefill" in r.why()
