@@ -772,8 +772,8 @@ def read_log(lines: Sequence[Any], version: Optional[str] = None, distribution: 
             kind = "other"   # a look-alike line whose own format is not in these releases
         if kind == "fatal" and fmt.raised and m.exc:
             value = m.exc
-        if kind == "cudagraph":
-            value = _cg_mode(value)
+        if kind == "cudagraph":  # the mode stated (text or placeholder), else the one the format implies (sets)
+            value = _cg_mode(value) or dict(mean.sets).get("cudagraph_mode")
         fact = Fact(n, clean, kind, value, fmt.text, "vllm/%s:%d" % (file, line),
                     [k for k in shipped_releases() + ["installed"] if k in fmt.sites], proc, m.partial)
         out.facts.append(fact)

@@ -189,7 +189,18 @@ CG_MODES = [   # (start of a shipped format, its placeholder values, the mode th
     ("Cudagraph mode %s is not compatible with compilation mode %s. Overriding to %s",
      ("FULL_AND_PIECEWISE", "DYNAMO_TRACE_ONCE", "FULL_DECODE_ONLY"), "FULL_DECODE_ONLY"),
     ("Cudagraph mode %s requires piecewise capture", ("PIECEWISE", "NONE"), "NONE"),
+    # graphs turned off for the whole engine, no mode written: NONE
+    ("DeepEP: Disabling CUDA Graphs since DeepEP high-throughput kernels are optimized for prefill and are "
+     "incompatible with CUDA Graphs. In order to use CUDA Graphs for decode-optimized workloads, use --all2all-backend "
+     "with another option, such as deepep_low_latency, pplx, or allgather_reducescatter.", (), "NONE"),
+    ("MoonEP: Disabling CUDA Graphs since the MoonEP integration is currently eager-only.", (), "NONE"),
+    ("XPU Graph is not compatible with sleep mode, disabling cudagraph_mode.", (), "NONE"),
+    ("[TPU] CUDA graph is not supported on TPU, disabling cudagraphs.", (), "NONE"),
+    ("No valid cudagraph capture sizes remain after capping to Mamba cache blocks", ("3", "8"), "NONE"),
+    ("When compilation level is piecewise with empty splitting_ops, PIECEWISE cudagraph_mode will be treated as FULL",
+     (), "FULL"),
     # advice and conditions state no mode
+    ("DeepGEMM is not available. Disabling CUDA graph support for sparse attention indexer.", (), None),
     ("use_cudagraph is deprecated, use cudagraph_mode=NONE instead.", (), None),
     ("Skipping CUDA graph capture. To turn on CUDA graph capture, ensure `cudagraph_mode`", (), None),
 ]
