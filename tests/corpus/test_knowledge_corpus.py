@@ -41,37 +41,69 @@ DENSE_010 = {"TRITON_MLA": ("TritonMLAImpl", "triton_mla.py"), "FLASHMLA": ("Fla
              "FLASH_ATTN_MLA": ("FlashAttnMLAImpl", "flashattn_mla.py"),
              "ROCM_AITER_MLA": ("AiterMLAImpl", "rocm_aiter_mla.py")}
 
-# backend -> [(decode symbol, file holding the def)] ; one item per engine that has it
-BACKENDS_0_13 = {**_fwd("._forward_decode", DENSE_010),
+# backend -> [(decode symbol, file holding the def)] ; one item per engine that has it (default engine first)
+V0B = "attention/backends/"
+BACKENDS_0_9 = {"TRITON_MLA": [("TritonMLAImpl._forward_decode", B + "triton_mla.py"),
+                               ("TritonMLAImpl._forward_decode", V0B + "triton_mla.py")],
+                "FLASHMLA": [("FlashMLAImpl._forward_decode", B + "flashmla.py"),
+                             ("FlashMLAImpl._forward_decode", V0B + "flashmla.py")],
+                "CUTLASS_MLA": [("CutlassMLAImpl._forward_decode", B + "cutlass_mla.py")],
+                "ROCM_AITER_MLA": [("AiterMLAImpl._forward_decode", B + "rocm_aiter_mla.py"),
+                                   ("AiterMLAImpl._forward_decode", V0B + "rocm_aiter_mla.py")],
+                "CPU_MLA": [("CPUMLAImpl._forward_decode", V0B + "cpu_mla.py")]}
+BACKENDS_0_11 = {**_fwd("._forward_decode", DENSE_010),
+                 "FLASHMLA_SPARSE": [("FlashMLASparseImpl.forward", B + "flashmla_sparse.py")]}
+# AiterTritonMLAImpl(AiterMLAImpl) inherits the decode entry: it counts by its defining file
+BACKENDS_0_13 = {**BACKENDS_0_11,
                  "ROCM_AITER_TRITON_MLA": [("AiterMLAImpl._forward_decode", B + "rocm_aiter_mla.py")],
-                 "FLASHMLA_SPARSE": [("FlashMLASparseImpl.forward", B + "flashmla_sparse.py")],
                  "ROCM_AITER_MLA_SPARSE": [("ROCMAiterMLASparseImpl.forward", B + "rocm_aiter_mla_sparse.py")]}
-BACKENDS_0_20 = {**_fwd(".forward_mqa", DENSE_010),
+BACKENDS_0_16 = {**_fwd(".forward_mqa", DENSE_010),
                  "ROCM_AITER_TRITON_MLA": [("AiterMLAImpl.forward_mqa", B + "rocm_aiter_mla.py")],
                  **_fwd(".forward_mqa", {"FLASHMLA_SPARSE": ("FlashMLASparseImpl", "flashmla_sparse.py"),
                                          "ROCM_AITER_MLA_SPARSE": ("ROCMAiterMLASparseImpl",
-                                                                   "rocm_aiter_mla_sparse.py"),
-                                         "FLASHINFER_MLA_SPARSE": ("FlashInferMLASparseImpl",
-                                                                   "flashinfer_mla_sparse.py"),
-                                         "XPU_MLA_SPARSE": ("XPUMLASparseImpl", "xpu_mla_sparse.py")})}
-BACKENDS_0_26 = {**BACKENDS_0_20,
-                 **_fwd(".forward_mqa", {"TOKENSPEED_MLA": ("TokenspeedMLAImpl", "tokenspeed_mla.py"),
-                                         "FLASHINFER_MLA_SPARSE_SM120": ("FlashInferMLASparseSM120Impl",
-                                                                         "flashinfer_mla_sparse_sm120.py"),
-                                         "FLASH_ATTN_MLA_SPARSE": ("FlashAttnMLASparseImpl",
-                                                                   "flashattn_mla_sparse.py")})}
-BACKENDS_0_29 = {**BACKENDS_0_26, **_fwd(".forward_mqa", {"CPU_MLA": ("CPUMLAImpl", "cpu_mla.py"),
-                                                          "AMX_MLA": ("AMXMLAImpl", "amx_mla.py")})}
-BACKENDS_0_32 = {**BACKENDS_0_29,
-                 **_fwd(".forward_mqa", {"FLASH_ATTN_MLA_XPU": ("XPUFlashAttnMLAImpl", "flashattn_mla.py"),
-                                         "FLASHINFER_MLA_SPARSE_SM90": ("FlashInferMLASparseSM90Impl",
-                                                                        "flashinfer_mla_sparse_sm90.py")})}
+                                                                   "rocm_aiter_mla_sparse.py")})}
+BACKENDS_0_17 = {**BACKENDS_0_16, **_fwd(".forward_mqa", {"FLASHINFER_MLA_SPARSE": ("FlashInferMLASparseImpl",
+                                                                                  "flashinfer_mla_sparse.py")})}
+BACKENDS_0_20 = {**BACKENDS_0_17, **_fwd(".forward_mqa", {"XPU_MLA_SPARSE": ("XPUMLASparseImpl", "xpu_mla_sparse.py")})}
+BACKENDS_0_21 = {**BACKENDS_0_20,
+                 **_fwd(".forward_mqa", {"TOKENSPEED_MLA": ("TokenspeedMLAImpl", "tokenspeed_mla.py")})}
+BACKENDS_0_24 = {**BACKENDS_0_21, **_fwd(".forward_mqa", {"FLASHINFER_MLA_SPARSE_SM120": (
+    "FlashInferMLASparseSM120Impl", "flashinfer_mla_sparse_sm120.py")})}
+BACKENDS_0_26 = {**BACKENDS_0_24, **_fwd(".forward_mqa", {"FLASH_ATTN_MLA_SPARSE": ("FlashAttnMLASparseImpl",
+                                                                                  "flashattn_mla_sparse.py")})}
+BACKENDS_0_28 = {**BACKENDS_0_26, **_fwd(".forward_mqa", {"CPU_MLA": ("CPUMLAImpl", "cpu_mla.py")})}
+BACKENDS_0_29 = {**BACKENDS_0_28, **_fwd(".forward_mqa", {"AMX_MLA": ("AMXMLAImpl", "amx_mla.py")})}
+BACKENDS_0_30 = {**BACKENDS_0_29, **_fwd(".forward_mqa", {"FLASHINFER_MLA_SPARSE_SM90": (
+    "FlashInferMLASparseSM90Impl", "flashinfer_mla_sparse_sm90.py")})}
+BACKENDS_0_32 = {**BACKENDS_0_30,
+                 **_fwd(".forward_mqa", {"FLASH_ATTN_MLA_XPU": ("XPUFlashAttnMLAImpl", "flashattn_mla.py")})}
 BACKENDS_0_33 = {**BACKENDS_0_32,
                  "FLASHINFER_MLA_SPARSE": [("SparseMLACommonImpl.forward_mqa", SPARSE)],
                  "FLASH_ATTN_MLA_SPARSE": [("SparseMLACommonImpl.forward_mqa", SPARSE)],
                  "FLASH_ATTN_MLA_SPARSE_FA4": [("SparseMLACommonImpl.forward_mqa", SPARSE)]}
 
 SPARSE_HEADS = "128: 1024"  # text on the confirming line of the head-dependent FLASHMLA_SPARSE threshold
+SPARSE_HEADS_FA = "128: 256"  # FLASH_ATTN_MLA_SPARSE's head table (0.26+): 256 at 128 heads on every GPU
+
+# dispatch / dense-MHA prefill / generic decode / split, by source layout
+V1_COMMON = dict(dispatch=("MLACommonImpl.forward", V1C), prefill=("MLACommonImpl._forward_prefill", V1C),
+                 decode=("MLACommonImpl._forward_decode", V1C), split=SPLIT)  # 0.10.2 - 0.14
+LAYER_0_16 = dict(dispatch=("MLAAttention.forward_impl", MLA), prefill=("MLACommonImpl.forward_mha", MLA),
+                  decode=("MLACommonImpl.forward_mqa", MLA), split=SPLIT)  # 0.16 - 0.25: mla_attention.py
+LAYER_0_26 = {**LAYER_0_16, "prefill": ("MLACommonBaseImpl.forward_mha", MLA)}  # forward_mha moved to the base
+
+# reorder_batch_threshold per backend (queries <= it are decode); MLACommonMetadataBuilder's 1 is inherited by
+# the builders without their own (Cutlass, FlashInfer, AITER, Tokenspeed, CPU, AMX)
+THR_0_11_2 = {"TRITON_MLA": 1, "FLASHMLA": 128, "CUTLASS_MLA": 1, "FLASHINFER_MLA": 1, "FLASH_ATTN_MLA": 512,
+              "ROCM_AITER_MLA": 1}
+THR_0_13 = {**THR_0_11_2, "ROCM_AITER_TRITON_MLA": 1, "FLASHMLA_SPARSE": 1}
+THR_0_21 = {**THR_0_13, "TOKENSPEED_MLA": 1}
+THR_0_25 = {**THR_0_21, "FLASHINFER_MLA_SPARSE": 1, "FLASH_ATTN_MLA_SPARSE": 1}
+THR_0_27 = {**THR_0_21, "FLASHMLA_SPARSE": SPARSE_HEADS, "FLASHINFER_MLA_SPARSE": SPARSE_HEADS,
+            "FLASH_ATTN_MLA_SPARSE": SPARSE_HEADS_FA, "ROCM_AITER_MLA_SPARSE": 1}
+THR_0_28 = {**THR_0_27, "CPU_MLA": 1}
+THR_0_30 = {**THR_0_28, "AMX_MLA": 1}
+FP = "FULL_AND_PIECEWISE"
 
 EXPECTED = {
     "0.7.3": dict(
@@ -91,6 +123,11 @@ EXPECTED = {
                   "ROCM_AITER_MLA": [("AiterMLAImpl._forward_decode", "attention/backends/rocm_aiter_mla.py")],
                   "CPU_MLA": [("CPUMLAImpl._forward_decode", "attention/backends/cpu_mla.py")]},
         sparse=[], thresholds={"TRITON_MLA": 1, "FLASHMLA": 1}, cudagraph="PIECEWISE"),
+    "0.9.2": dict(
+        dispatch=("MLACommonImpl.forward", V1C), prefill=("MLACommonImpl._forward_prefill", V1C),
+        decode=("MLACommonImpl._forward_decode", V1C), split=("MLACommonMetadataBuilder.reorder_batch", V1C),
+        backends=BACKENDS_0_9, sparse=[],
+        thresholds={"TRITON_MLA": 1, "FLASHMLA": 1, "CUTLASS_MLA": 1, "ROCM_AITER_MLA": 1}, cudagraph="PIECEWISE"),
     "0.10.2": dict(
         dispatch=("MLACommonImpl.forward", V1C), prefill=("MLACommonImpl._forward_prefill", V1C),
         decode=("MLACommonImpl._forward_decode", V1C), split=SPLIT,
@@ -110,36 +147,54 @@ EXPECTED = {
                   "FLASHMLA_SPARSE": [("FlashMLASparseImpl.forward", B + "flashmla_sparse.py")]},
         sparse=[DSV2],
         thresholds={"TRITON_MLA": 1, "FLASHMLA": 1, "FLASH_ATTN_MLA": 512}, cudagraph="FULL_AND_PIECEWISE"),
+    "0.11.2": dict(**V1_COMMON, backends=BACKENDS_0_11, sparse=[DSV2], thresholds=THR_0_11_2, cudagraph=FP),
+    "0.12.0": dict(**V1_COMMON, backends=BACKENDS_0_13, sparse=[DSV2],
+                   thresholds={**THR_0_11_2, "ROCM_AITER_TRITON_MLA": 1}, cudagraph=FP),
     "0.13.0": dict(
         dispatch=("MLACommonImpl.forward", V1C), prefill=("MLACommonImpl._forward_prefill", V1C),
         decode=("MLACommonImpl._forward_decode", V1C), split=SPLIT,
         backends=BACKENDS_0_13, sparse=[DSV2],
         thresholds={"TRITON_MLA": 1, "FLASHMLA": 128, "FLASH_ATTN_MLA": 512, "FLASHMLA_SPARSE": 1},
         cudagraph="FULL_AND_PIECEWISE"),
+    "0.14.1": dict(**V1_COMMON, backends=BACKENDS_0_13, sparse=[DSV2], thresholds=THR_0_13, cudagraph=FP),
     "0.15.1": dict(
         dispatch=("MLACommonImpl.forward", MLA), prefill=("MLACommonImpl._forward_prefill", MLA),
         decode=("MLACommonImpl._forward_decode", MLA), split=SPLIT,
         backends=BACKENDS_0_13, sparse=[DSV2],
         thresholds={"TRITON_MLA": 1, "FLASHMLA": 128, "FLASH_ATTN_MLA": 512, "FLASHMLA_SPARSE": 1},
         cudagraph="FULL_AND_PIECEWISE"),
+    "0.16.0": dict(**LAYER_0_16, backends=BACKENDS_0_16, sparse=[DSV2], thresholds=THR_0_13, cudagraph=FP),
+    "0.17.1": dict(**LAYER_0_16, backends=BACKENDS_0_17, sparse=[DSV2], thresholds=THR_0_13, cudagraph=FP),
+    "0.18.1": dict(**LAYER_0_16, backends=BACKENDS_0_20, sparse=[DSV2], thresholds=THR_0_13, cudagraph=FP),
+    "0.19.1": dict(**LAYER_0_16, backends=BACKENDS_0_20, sparse=[DSV2], thresholds=THR_0_13, cudagraph=FP),
     "0.20.2": dict(
         dispatch=("MLAAttention.forward_impl", MLA), prefill=("MLACommonImpl.forward_mha", MLA),
         decode=("MLACommonImpl.forward_mqa", MLA), split=SPLIT,
         backends=BACKENDS_0_20, sparse=[DSV2],
         thresholds={"TRITON_MLA": 1, "FLASHMLA": 128, "FLASH_ATTN_MLA": 512, "FLASHMLA_SPARSE": 1},
         cudagraph="FULL_AND_PIECEWISE"),
+    "0.21.0": dict(**LAYER_0_16, backends=BACKENDS_0_21, sparse=[DSV2], thresholds=THR_0_21, cudagraph=FP),
+    "0.22.1": dict(**LAYER_0_16, backends=BACKENDS_0_21, sparse=[DSV2], thresholds=THR_0_21, cudagraph=FP),
+    "0.23.0": dict(**LAYER_0_16, backends=BACKENDS_0_21, sparse=[DSV2], thresholds=THR_0_21, cudagraph=FP),
+    "0.24.0": dict(**LAYER_0_16, backends=BACKENDS_0_24, sparse=[DSV2], thresholds=THR_0_21, cudagraph=FP),
+    "0.25.1": dict(**LAYER_0_16, backends=BACKENDS_0_26, sparse=[DSV2], thresholds=THR_0_25, cudagraph=FP),
     "0.26.0": dict(
         dispatch=("MLAAttention.forward_impl", MLA), prefill=("MLACommonBaseImpl.forward_mha", MLA),
         decode=("MLACommonImpl.forward_mqa", MLA), split=SPLIT,
         backends=BACKENDS_0_26, sparse=[DSV2],
         thresholds={"TRITON_MLA": 1, "FLASHMLA": 128, "FLASH_ATTN_MLA": 512, "FLASHMLA_SPARSE": SPARSE_HEADS},
         cudagraph="FULL_AND_PIECEWISE"),
+    # models/deepseek_v32 exists from 0.25.1, but the registry maps DeepseekV32ForCausalLM to deepseek_v2 until 0.29
+    "0.27.1": dict(**LAYER_0_26, backends=BACKENDS_0_26, sparse=[DSV2], thresholds=THR_0_27, cudagraph=FP),
+    "0.28.0": dict(**LAYER_0_26, backends=BACKENDS_0_28, sparse=[DSV2], thresholds=THR_0_28, cudagraph=FP),
     "0.29.0": dict(
         dispatch=("MLAAttention.forward_impl", MLA), prefill=("MLACommonBaseImpl.forward_mha", MLA),
         decode=("MLACommonImpl.forward_mqa", MLA), split=SPLIT,
         backends=BACKENDS_0_29, sparse=[DSV2, DSV32],
         thresholds={"TRITON_MLA": 1, "FLASHMLA": 128, "FLASH_ATTN_MLA": 512, "FLASHMLA_SPARSE": SPARSE_HEADS,
                     "CPU_MLA": 1}, cudagraph="FULL_AND_PIECEWISE"),
+    "0.30.0": dict(**LAYER_0_26, backends=BACKENDS_0_30, sparse=[DSV2, DSV32], thresholds=THR_0_30, cudagraph=FP),
+    "0.31.0": dict(**LAYER_0_26, backends=BACKENDS_0_30, sparse=[DSV2, DSV32], thresholds=THR_0_30, cudagraph=FP),
     "0.32.0": dict(
         dispatch=("MLAAttention.forward_impl", MLA), prefill=("MLACommonBaseImpl.forward_mha", MLA),
         decode=("MLACommonImpl.forward_mqa", MLA), split=SPLIT,
@@ -246,6 +301,15 @@ def test_sparse_gate(dist, version):
     assert all(r.confirmed for r in gate["refs"])
 
 
+def _statement(lines, line: int) -> str:
+    """The confirming line joined with its continuation lines up to the closing bracket: a call such as
+    `_init_reorder_batch_threshold(` may give its value on the next line (flashinfer_mla_sparse.py 0.25.1)."""
+    text, i = lines[line - 1], line
+    while text.count("(") > text.count(")") and i < min(len(lines), line + 4):
+        text, i = text + " " + lines[i].strip(), i + 1
+    return text
+
+
 @pytest.mark.parametrize("dist, version", RELEASES)
 def test_decode_thresholds(dist, version):
     tree, _, _, audit = _run(dist, version)
@@ -255,7 +319,7 @@ def test_decode_thresholds(dist, version):
     for name, want in EXPECTED[version]["thresholds"].items():
         ref = audit.threshold_refs[name]
         assert ref.confirmed, ref.note
-        text = (tree / ref.file).read_text(encoding="utf-8").splitlines()[ref.line - 1]
+        text = _statement((tree / ref.file).read_text(encoding="utf-8").splitlines(), ref.line)
         if isinstance(want, int):
             assert audit.decode_thresholds[name] == want
             assert re.search(r"\b%d\b" % want, text) or (want == 1 and "num_tokens == 1" in text), text
