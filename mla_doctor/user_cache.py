@@ -14,6 +14,7 @@ import os
 import stat
 import tempfile
 from pathlib import Path
+from typing import Any, Callable
 
 
 def root() -> Path:
@@ -60,6 +61,29 @@ def ensure(path: Path) -> bool:
     except OSError:
         return False
     return private(path)
+
+
+def pickled(name: str, env: str, key: str, build: Callable[[], Any]) -> Any:
+    """``build()``, from a pickled copy ``<key>.pickle`` in cache directory `name` when one is kept there; built
+    and kept otherwise. `key` must name the content (a digest of what `build` reads and of the code that builds
+    it): an entry is never checked, only unpickled, and only from a private directory."""
+    import pickle
+
+    root = directory(name, env)
+    entry = root / f"{key}.pickle" if root is not None else None
+    if entry is not None:
+        try:
+            with open(entry, "rb") as f:
+                return pickle.load(f)  # noqa: S301 - this user's own private directory, written below
+        except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError):
+            pass
+    data = build()
+    if entry is not None and ensure(root):
+        try:
+            write_atomic(entry, pickle.dumps(data, protocol=4))
+        except (OSError, pickle.PicklingError):
+            pass  # a read-only or full home: built every time
+    return data
 
 
 def write_atomic(path: Path, data: bytes) -> None:

@@ -396,26 +396,12 @@ def _digest() -> Optional[str]:
 def _cached(name: str, build: Any) -> Any:
     """``build()``, from a pickled copy when one is kept: content-addressed (``_digest``), in the knowledge
     cache's private directory (``user_cache``: never read or written where another user could write)."""
-    import pickle
-
     from mla_doctor import user_cache
 
-    root = user_cache.directory("knowledge", "MLA_DOCTOR_KNOWLEDGE_CACHE")  # unpickled: private dirs only
     digest = _digest()
-    entry = root / f"log-formats-{digest}-{name}.pickle" if root is not None and digest else None
-    if entry is not None:
-        try:
-            with open(entry, "rb") as f:
-                return pickle.load(f)  # noqa: S301 - this user's own private directory, written below
-        except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError):
-            pass
-    data = build()
-    if entry is not None and user_cache.ensure(root):
-        try:
-            user_cache.write_atomic(entry, pickle.dumps(data, protocol=4))
-        except (OSError, pickle.PicklingError):
-            pass  # a read-only or full home: built every time
-    return data
+    if digest is None:
+        return build()
+    return user_cache.pickled("knowledge", "MLA_DOCTOR_KNOWLEDGE_CACHE", f"log-formats-{digest}-{name}", build)
 
 
 _HARVESTED_MATCHERS: Dict[Tuple[int, int, str], Tuple[List[dict], "Matcher"]] = {}

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import pickle
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -461,24 +460,14 @@ def load_data(path: Path) -> Any:
     still costs ~13 ms for vllm_releases.yaml, unpickling the same data ~0.4 ms. Content-addressed, so an
     edited file is read afresh. (Pickle, not JSON: the per-head tables have int keys.)"""
     raw = path.read_bytes()
-    root = user_cache.directory("knowledge", "MLA_DOCTOR_KNOWLEDGE_CACHE")  # unpickled: private dirs only
-    entry = root / f"{hashlib.sha256(raw).hexdigest()}.pickle" if root is not None else None
-    if entry is not None:
-        try:
-            with open(entry, "rb") as f:
-                return pickle.load(f)  # noqa: S301 - this user's own private directory, written below
-        except (OSError, pickle.UnpicklingError, EOFError, ValueError):
-            pass
-    import yaml
 
-    # libyaml's loader when PyYAML has it (same safe subset, ~10x faster), else the pure-Python one
-    data = yaml.load(raw.decode("utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506
-    if entry is not None and user_cache.ensure(root):
-        try:
-            user_cache.write_atomic(entry, pickle.dumps(data, protocol=4))
-        except (OSError, pickle.PicklingError):
-            pass  # a read-only or full home: read the YAML every time
-    return data
+    def parse() -> Any:
+        import yaml
+
+        # libyaml's loader when PyYAML has it (same safe subset, ~10x faster), else the pure-Python one
+        return yaml.load(raw.decode("utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506
+
+    return user_cache.pickled("knowledge", "MLA_DOCTOR_KNOWLEDGE_CACHE", hashlib.sha256(raw).hexdigest(), parse)
 
 
 @functools.lru_cache(maxsize=1)
