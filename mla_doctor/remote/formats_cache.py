@@ -29,10 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from mla_doctor.agent.facts.log_formats import PREFIX, compact, expand, order
-from mla_doctor.remote.parse_cache import _read_json, _write_json, cache_dir
+from mla_doctor.remote.parse_cache import _read_json, _read_manifest, _write_json, cache_dir
 
 _lock = threading.Lock()
-_manifests: dict[Path, tuple[tuple[int, int], dict[str, str]]] = {}
 
 
 @functools.lru_cache(maxsize=1)
@@ -48,17 +47,8 @@ def _dir(root: Path, pyver: str) -> Path:
 
 def _manifest(d: Path) -> dict[str, str]:
     """{sha256: pack} of one directory, parsed once per change of the file (a fleet reads it per host)."""
-    path = d / "manifest.json"
-    try:
-        st = path.stat()
-    except OSError:
-        return {}
-    key = (st.st_mtime_ns, st.st_size)
-    got = _manifests.get(path)
-    if got is None or got[0] != key:
-        man = _read_json(path)
-        got = _manifests[path] = (key, man if isinstance(man, dict) else {})
-    return got[1]
+    man = _read_manifest(d / "manifest.json")
+    return man if isinstance(man, dict) else {}
 
 
 def known() -> dict[str, list[str]]:
