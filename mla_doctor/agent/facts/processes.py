@@ -225,11 +225,10 @@ def _venv_root(pid, python):
     """The venv whose bin/ holds ``python`` (pyvenv.cfg beside bin/, as site.py finds it), else None."""
     root = os.path.dirname(os.path.dirname(python))
     cfg = _in_root(pid, os.path.join(root, "pyvenv.cfg"))
-    # read, not only stat'ed: a venv the server's user cannot read is not proof; a regular file only (no FIFO);
-    # common's reader, as every static fact: the static audit loads no module that changes files (fs)
+    # read, not only stat'ed: a venv the server's user cannot read is not proof; a regular file only (no FIFO:
+    # _read_text checks on the descriptor); common's reader, as every static fact: the static audit loads no
+    # module that changes files (fs)
     try:
-        if not os.path.isfile(cfg):
-            return None
         _read_text(cfg, 4096)
     except OSError:
         return None
@@ -241,7 +240,7 @@ def _vllm_version(pid, site):
     for di in sorted(glob.glob(_in_root(pid, os.path.join(glob.escape(site), "vllm*.dist-info")))):
         meta_path = os.path.join(di, "METADATA")
         try:
-            head = _read_text(meta_path, 4096) if os.path.isfile(meta_path) else ""
+            head = _read_text(meta_path, 4096)  # a regular file only (checked on the descriptor)
         except OSError:
             continue
         meta = dict((k.strip().lower(), v.strip()) for k, _, v in
