@@ -21,8 +21,8 @@ def _fresh() -> list:
     return lr._build({k: lr._records(doc, k) for k in lr.shipped_releases()})
 
 
-def _clear(monkeypatch, tmp_path, name="kc") -> Path:
-    monkeypatch.setenv("MLA_DOCTOR_KNOWLEDGE_CACHE", str(tmp_path / name))
+def _forget_built() -> None:
+    """log_reading's per-process copies, so the next call reads (or writes) the cache directory again."""
     lr._shipped_data.cache_clear()
     lr._shipped_rows.cache_clear()
     lr._digest.cache_clear()
@@ -30,19 +30,18 @@ def _clear(monkeypatch, tmp_path, name="kc") -> Path:
     lr._shipped_order.cache_clear()
     lr._shipped_matcher.cache_clear()
     lr._HARVESTED_MATCHERS.clear()
+
+
+def _clear(monkeypatch, tmp_path, name="kc") -> Path:
+    monkeypatch.setenv("MLA_DOCTOR_KNOWLEDGE_CACHE", str(tmp_path / name))
+    _forget_built()
     return tmp_path / name
 
 
 @pytest.fixture(autouse=True)
 def _reset_after():
     yield
-    lr._shipped_data.cache_clear()
-    lr._shipped_rows.cache_clear()
-    lr._digest.cache_clear()
-    lr._known_texts.cache_clear()
-    lr._shipped_order.cache_clear()
-    lr._shipped_matcher.cache_clear()
-    lr._HARVESTED_MATCHERS.clear()
+    _forget_built()
 
 
 def _rows(formats) -> list:
