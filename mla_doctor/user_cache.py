@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import stat
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -89,6 +88,8 @@ def pickled(name: str, env: str, key: str, build: Callable[[], Any]) -> Any:
 def write_atomic(path: Path, data: bytes) -> None:
     """Write `path` whole or not at all (a concurrent reader sees the old entry or the new one); the caller
     decided the directory is private (`ensure`). OSError goes to the caller."""
+    import tempfile  # here: a cache hit writes nothing, and tempfile's imports (shutil, random) cost ~4 ms
+
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     try:
         with os.fdopen(fd, "wb") as f:

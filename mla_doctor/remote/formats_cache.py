@@ -24,11 +24,11 @@ import functools
 import hashlib
 import json
 import threading
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from mla_doctor.agent.facts.log_formats import PREFIX, compact, expand, order
+from mla_doctor.remote.bundle import agent_source
 from mla_doctor.remote.parse_cache import _read_json, _read_manifest, _write_json, cache_dir
 
 _lock = threading.Lock()
@@ -37,7 +37,7 @@ _lock = threading.Lock()
 @functools.lru_cache(maxsize=1)
 def tag() -> str:
     """The harvester's identity: the sha256 of the log_formats.py the agent runs (the controller ships its own)."""
-    src = resources.files("mla_doctor.agent.facts").joinpath("log_formats.py").read_bytes()
+    src = agent_source("facts/log_formats.py")
     return hashlib.sha256(src).hexdigest()[:12]
 
 

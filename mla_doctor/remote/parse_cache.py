@@ -19,11 +19,11 @@ import functools
 import hashlib
 import json
 import threading
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from mla_doctor import user_cache
+from mla_doctor.remote.bundle import agent_source
 
 PREFIX = 16
 _lock = threading.Lock()
@@ -38,7 +38,7 @@ def cache_dir() -> Path | None:
 def tag() -> str:
     """The parser's identity: the sha256 of the symbols.py the agent runs (the controller ships its own), so an
     mla-doctor whose parse rules changed never reads another version's entries."""
-    src = resources.files("mla_doctor.agent.facts").joinpath("symbols.py").read_bytes()
+    src = agent_source("facts/symbols.py")
     return hashlib.sha256(src).hexdigest()[:12]
 
 

@@ -3,10 +3,12 @@ the host by the bootstrap (nothing written), read-only ops that never load the m
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import os
 import re
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -141,6 +143,8 @@ def test_running_the_agent_writes_nothing(tmp_path, monkeypatch):
         d.mkdir()
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("TMPDIR", str(tmp))
+    # the controller's own cache (the compressed payload, the compiled modules) is not the agent's writing
+    monkeypatch.setenv("MLA_DOCTOR_AGENT_CODE_CACHE", str(tmp_path / "controller-cache"))
     monkeypatch.chdir(cwd)
     out = run_agent(LocalTransport(), {"op": "static"}, python=PY, timeout=120)
     assert out["op"] == "static"
@@ -184,3 +188,32 @@ def test_the_docker_reexec_sends_the_payload_the_agent_was_started_with(tmp_path
 @pytest.mark.parametrize("op", ["static", "index"])
 def test_read_only_ops_live_in_facts(op):
     assert DISPATCH[op][0].startswith("facts.")
+
+
+def test_the_compressed_payload_is_kept_by_content_and_read_back(tmp_path, monkeypatch):
+    """payload()'s compression is kept under the private agent-code cache, named by the sources' sha256: the
+    frame from the kept copy is the frame built afresh, and a kept copy is what is sent (it is read back)."""
+    fresh = bundle.frame(bundle.agent_sources())
+    cache = tmp_path / "ac"
+    monkeypatch.setenv("MLA_DOCTOR_AGENT_CODE_CACHE", str(cache))
+    bundle.payload.cache_clear()
+    try:
+        assert bundle.payload() == fresh
+        (entry,) = cache.glob("payload-*.zlib")
+        text = json.dumps(bundle.agent_sources(), sort_keys=True).encode()
+        assert entry.name == "payload-%s.zlib" % hashlib.sha256(text).hexdigest()
+        bundle.payload.cache_clear()
+        assert bundle.payload() == fresh  # from the kept copy
+        entry.write_bytes(zlib.compress(b'{"x.py": ""}'))
+        bundle.payload.cache_clear()
+        assert bundle.payload().endswith(zlib.compress(b'{"x.py": ""}'))  # the kept copy is what is sent
+        edited = dict(bundle.agent_sources(), **{"zz.py": "X = 1\n"})
+        with monkeypatch.context() as m:
+            m.setattr(bundle, "agent_sources", lambda: edited)
+            bundle.payload.cache_clear()
+            assert bundle.payload() == bundle.frame(edited) and len(list(cache.glob("payload-*.zlib"))) == 2
+        monkeypatch.setenv("MLA_DOCTOR_AGENT_CODE_CACHE", "off")
+        bundle.payload.cache_clear()
+        assert bundle.payload() == fresh
+    finally:
+        bundle.payload.cache_clear()
