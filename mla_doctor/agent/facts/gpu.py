@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import csv
 import io
-import shutil
 
-from ..common import _int_or_none, _run
+from ..common import _int_or_none, _run, _which
 
 
 def gpu_section():
-    smi = shutil.which("nvidia-smi")
+    smi = _which("nvidia-smi")
     if not smi:
         return {"present": False, "reason": "nvidia-smi not on PATH"}
     rc, out, err = _run([smi, "--query-gpu=index,name,compute_cap,memory.used,memory.total",

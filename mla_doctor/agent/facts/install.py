@@ -7,11 +7,9 @@ import glob
 import json
 import os
 import re
-import shutil
-import subprocess
 import sys
 
-from ..common import _read_text
+from ..common import _read_text, _which
 
 
 PY_PROBE = r"""
@@ -27,7 +25,7 @@ print(json.dumps(out))
 
 def _is_this_interpreter(python):
     """`python` names the interpreter running the agent (as the host's sh resolved it to start us)."""
-    path = python if os.path.isabs(python) else shutil.which(python)
+    path = python if os.path.isabs(python) else _which(python)
     return bool(path) and os.path.abspath(path) == sys.executable
 
 
@@ -38,12 +36,14 @@ def probe_interpreter(python, env=None, cwd=None):
         g = {"__name__": "probe"}
         exec(PY_PROBE.replace("print(json.dumps(out))", ""), g)
         return g["out"], None
-    if not (os.path.isabs(python) or shutil.which(python)):
+    if not (os.path.isabs(python) or _which(python)):
         return None, "no such interpreter: %s" % python
     if os.path.isabs(python) and not os.access(python, os.X_OK):
         return None, "interpreter not executable (or missing): %s" % python
     run_env = dict(env) if env else dict(os.environ)
     run_env["PYTHONDONTWRITEBYTECODE"] = "1"
+    import subprocess  # only for another interpreter (common.py: not imported at start)
+
     try:
         p = subprocess.run([python, "-B", "-c", PY_PROBE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            timeout=20, env=run_env, cwd=cwd if cwd and os.path.isdir(cwd) else None)
@@ -132,7 +132,7 @@ def locate_vllm(plan, servers, errors):
             if python:
                 candidates.append(("running server", python, env, server.get("cwd")))
         for name in ("python3", "python"):
-            w = shutil.which(name)
+            w = _which(name)
             if w:
                 candidates.append(("PATH", w, None, None))
                 break
@@ -166,7 +166,7 @@ def server_interpreter(server):
             if "/" in a0 and server.get("cwd"):
                 a0 = os.path.join(server["cwd"], a0)
             else:
-                a0 = shutil.which(a0, path=env.get("PATH")) or a0
+                a0 = _which(a0, path=env.get("PATH")) or a0
         if os.path.isabs(a0) and os.access(a0, os.X_OK):
             return a0
     if env.get("VIRTUAL_ENV") and os.access(os.path.join(env["VIRTUAL_ENV"], "bin", "python"), os.X_OK):

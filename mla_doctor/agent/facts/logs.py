@@ -4,11 +4,9 @@ plan's patterns select: the zero-patch evidence.
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 import sys
 
-from ..common import _now, _read_regular, _run
+from ..common import _now, _read_regular, _run, _which
 from .log_formats import compact, harvest_tree
 
 
@@ -124,8 +122,10 @@ def _log_lines(plan, server):
                 continue
             res = _filter_lines(out.splitlines(), patterns, "journal:" + where)
         else:
+            import subprocess  # only for a container's log (common.py: not imported at start)
+
             p = subprocess.run(["docker", "logs", "--tail", "50000", where], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, timeout=20) if shutil.which("docker") else None
+                               stderr=subprocess.STDOUT, timeout=20) if _which("docker") else None
             if p is None or p.returncode != 0:
                 errors.append("docker logs %s failed" % where)
                 continue

@@ -4,7 +4,6 @@ and `index` (a vllm directory given directly). Nothing here changes a file.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 
 from ..common import _now, _user_name
@@ -32,7 +31,8 @@ def op_static(plan):
     t0 = _now()
     errors = []
     digests = None
-    host = {"hostname": socket.gethostname(), "agent_python": list(sys.version_info[:3]),
+    host = {"hostname": os.uname().nodename,  # gethostname(2) is uname(2)'s nodename; socket costs ~3 ms
+            "agent_python": list(sys.version_info[:3]),
             "uid": os.getuid(), "user": _user_name(os.getuid())}
     servers = _step(errors, "servers", find_servers) or []
     loc = _step(errors, "locate", locate_vllm, plan, servers, errors) or {"dir": None, "tried": []}
@@ -52,7 +52,9 @@ def op_static(plan):
             result["thresholds"] = _step(errors, "thresholds", thresholds_section, vdir, thr)
         wanted = symbols_to_search(plan.get("symbols"), plan.get("symbol_needs"), ident.get("version"),
                                    result["index"], (plan.get("index") or {}).get("known"))  # what they leave
-        digests = {}  # the harvested modules' sha256, computed by the integrity pass anyway (facts/logs.py)
+        # the harvested modules' sha256, computed by the integrity pass anyway (facts/logs.py); only where a log
+        # can be found (logs._log_lines: --log or a server), else nothing is harvested and listing them costs ~4 ms
+        digests = {} if (plan.get("log") or server) else None
         result["scan"] = _step(errors, "scan", scan_tree, vdir, record, wanted, digests)
         if result["scan"] is None:
             digests = None  # a partial list: the harvest walks the tree itself

@@ -6,9 +6,8 @@ from __future__ import annotations
 import glob
 import os
 import re
-import shutil
 
-from ..common import _int_or_none, _read_text, _run, _user_name
+from ..common import _int_or_none, _read_text, _run, _user_name, _which
 
 
 # Server processes we recognise in /proc/<pid>/cmdline.
@@ -218,7 +217,7 @@ def _interpreter_of(argv, env, cwd):
         return a0
     if "/" in a0:
         return os.path.normpath(os.path.join(cwd, a0)) if cwd else None
-    return shutil.which(a0, path=env.get("PATH") or "") if env else None
+    return _which(a0, path=env.get("PATH") or "") if env else None
 
 
 def _venv_root(pid, python):
