@@ -18,7 +18,7 @@ from mla_doctor.errors import MlaDoctorError, NoPythonError, UsageError
 from mla_doctor.exit_codes import ExitStatus
 from mla_doctor.redact import redact_text
 from mla_doctor.results import HostStatus, RunReport
-from mla_doctor.ssh.transport import HOST_KEY_POLICIES, ConnectOptions
+from mla_doctor.ssh.local import HOST_KEY_POLICIES, ConnectOptions
 
 # The click types every numeric option is validated by (a bad value is a usage error, exit 2).
 PORT = click.IntRange(1, 65535)

@@ -19,7 +19,7 @@ from mla_doctor.diagnosis.symbol_needs import symbol_needs
 from mla_doctor.errors import MlaDoctorError, UsageError
 from mla_doctor.remote.protocol import StaticRequest, call
 from mla_doctor.results import HostReport, HostStatus, plain
-from mla_doctor.ssh.transport import ConnectOptions, Transport, open_transport
+from mla_doctor.ssh.local import ConnectOptions, LocalTransport, Transport
 
 
 @dataclass
@@ -85,6 +85,14 @@ def transport_summary(conn: ConnectOptions, transport: Transport) -> dict[str, A
             "hops": st.hops, "bytes_sent": st.bytes_sent, "bytes_received": st.bytes_received}
 
 
+def _open(target: str | None, conn: ConnectOptions) -> Transport:
+    if conn.local:  # what open_transport does for --local, without importing the SSH side
+        return LocalTransport(conn.command_timeout)
+    from mla_doctor.ssh.transport import open_transport
+
+    return open_transport(target, conn)
+
+
 def on_host(target: str | None, conn: ConnectOptions,
             fn: Callable[[Transport, str], HostReport]) -> tuple[HostReport, Transport | None]:
     """Open the one connection and run fn(transport, name) on it; host failures become the report's
@@ -92,7 +100,7 @@ def on_host(target: str | None, conn: ConnectOptions,
     name = host_label(target, conn)
     t0 = time.monotonic()
     try:
-        transport = open_transport(target, conn)
+        transport = _open(target, conn)
     except UsageError:
         raise
     except MlaDoctorError as e:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
 from mla_doctor.remote import formats_cache, parse_cache, runner
-from mla_doctor.ssh.transport import LocalTransport, Transport
+from mla_doctor.ssh.local import LocalTransport, Transport
 
 OPS = ("static", "index", "patch", "revert", "renew", "records", "server_restart", "server_restore", "tick",
        "http", "command_restart", "systemd_restart", "docker_find", "docker_restart")

@@ -13,7 +13,7 @@ from typing import Any
 from mla_doctor.agent.protocol import BOOTSTRAP, OLD_PYTHON_RC
 from mla_doctor.errors import NoPythonError, RemoteError, SudoError
 from mla_doctor.remote.bundle import agent_stdin
-from mla_doctor.ssh.transport import LocalTransport, Transport
+from mla_doctor.ssh.local import LocalTransport, Transport
 
 NO_PYTHON_RC = 127
 FALLBACK_PYTHONS = ("python3", "python", "/usr/bin/python3", "/usr/local/bin/python3")

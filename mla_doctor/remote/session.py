@@ -19,7 +19,7 @@ from mla_doctor.agent.protocol import FRAME_HEADER, SERVE_BOOTSTRAP
 from mla_doctor.errors import MlaDoctorError, RemoteError
 from mla_doctor.remote import runner
 from mla_doctor.remote.bundle import payload
-from mla_doctor.ssh.transport import Stream, Transport
+from mla_doctor.ssh.local import Stream, Transport
 
 HELLO_TIMEOUT = 30.0  # seconds for the agent to start and answer its hello
 

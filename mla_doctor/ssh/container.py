@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import shlex
 
-from mla_doctor.ssh.transport import CommandResult, ConnectOptions, Transport
+from mla_doctor.ssh.local import CommandResult, ConnectOptions, Transport
 
 
 class ContainerTransport(Transport):

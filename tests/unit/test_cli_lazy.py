@@ -36,6 +36,14 @@ def test_static_imports_only_its_own_modules():
     assert "mla_doctor.cli.host" not in _modules_after("--help")  # listing the commands imports none of them
 
 
+def test_static_local_leaves_the_ssh_side_unimported():
+    """--local runs on this machine: ssh.transport (paramiko's side, with socket, logging and the ssh_config
+    parser) is never imported — ssh.local holds what the local path needs."""
+    mods = _modules_after("static", "--local", "--python", sys.executable, "--format", "json")
+    assert "mla_doctor.host.audit" in mods and "mla_doctor.ssh.local" in mods
+    assert not {"mla_doctor.ssh.transport", "mla_doctor.ssh.sshconfig", "paramiko", "socket", "logging"} & mods
+
+
 def test_each_command_is_loaded_when_it_runs():
     assert "mla_doctor.cli.fleet" in _modules_after("playbooks", "--format", "json")
     assert "mla_doctor.cli.explain" in _modules_after("explain", "--help")
