@@ -189,6 +189,25 @@ def test_agent_request_shape():
     assert req == K.agent_request()  # version-independent and stable
 
 
+def test_agent_request_is_derived_once_and_each_caller_gets_its_own_copy():
+    """agent_request's files and log patterns are derived once per Knowledge; what a caller changes in one
+    request never reaches the next, and the patterns are exactly format_to_regex's (less the anchor)."""
+    from mla_doctor.diagnosis.knowledge import Knowledge, format_to_regex
+
+    kb = Knowledge(K.data)
+    first = kb.agent_request()
+    want = {"symbols": list(first["symbols"]), "index": {k: type(v)(v) for k, v in first["index"].items()},
+            "log_patterns": dict(first["log_patterns"])}
+    first["symbols"].append("x")
+    first["index"]["files"].append("x.py")
+    first["index"]["patterns"]["x"] = "x"
+    first["log_patterns"]["x"] = "x"
+    assert kb.agent_request() == want
+    for it in K.data["logs"]:
+        rx = format_to_regex(it["format"], anchored=False).pattern[1:]
+        assert rx in want["log_patterns"].values()
+
+
 def test_log_patterns_search_raw_lines():
     pats = {k: re.compile(v) for k, v in K.agent_request()["log_patterns"].items()}
     line = ("(EngineCore_DP0 pid=123) INFO 11-29 10:00:00 [cuda.py:123] Using FLASH_ATTN_MLA attention backend "
