@@ -142,9 +142,21 @@ class RunReport:
         })
 
 
+_SCALARS = frozenset((str, int, float, bool, type(None)))
+_FIELDS: dict[type, tuple[str, ...]] = {}  # a dataclass's field names, read once per class (a fleet's reports)
+
+
 def _plain(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    """Dataclasses, enums, dicts, lists and tuples as JSON-ready data (dataclasses.asdict's rules, plus enums by
+    value and keys as str). Exact scalar types return at once: most of a report's ~600 nodes per host."""
+    t = type(obj)
+    if t in _SCALARS:
+        return obj
+    names = _FIELDS.get(t)
+    if names is None and dataclasses.is_dataclass(t) and not isinstance(obj, type):
+        names = _FIELDS[t] = tuple(f.name for f in dataclasses.fields(t))
+    if names is not None:
+        return {n: _plain(getattr(obj, n)) for n in names}
     if isinstance(obj, enum.Enum):
         return obj.value
     if isinstance(obj, dict):

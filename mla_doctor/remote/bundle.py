@@ -11,6 +11,7 @@ import json
 import marshal
 import os
 import zlib
+from typing import Any
 
 import mla_doctor.agent
 from mla_doctor import user_cache
@@ -117,7 +118,22 @@ def code_frame() -> bytes:
     return CODE_MAGIC + MAGIC_NUMBER + len(blob).to_bytes(4, "big") + blob
 
 
+_last_stdin: tuple[Any, bytes, bytes] = (None, b"", b"")
+
+
 def agent_stdin(plan: dict, compiled: bool = False) -> bytes:
     """What `python -B -c BOOTSTRAP` reads on the host: the payload, then the JSON plan; `compiled` (an agent on
-    this machine) puts this interpreter's compiled modules between them (used when the agent's magic matches)."""
-    return payload() + (code_frame() if compiled else b"") + json.dumps(plan).encode()
+    this machine) puts this interpreter's compiled modules between them (used when the agent's magic matches).
+
+    A fleet audit sends every host an equal plan (~40 KB of JSON, 0.3–0.5 ms to encode): the last bytes sent
+    are reused for another plan object that compares equal under the same payload. The plans' big parts are
+    the same shared objects (the knowledge's request, the caches' digest lists, never changed in place), so
+    the comparison costs a fraction of encoding; the very same object is always encoded again."""
+    pay = payload()
+    last_plan, last_pay, last = _last_stdin  # one tuple: read whole, safe beside other threads
+    if not compiled and last_pay is pay and last_plan is not plan and last_plan == plan:
+        return last
+    out = pay + (code_frame() if compiled else b"") + json.dumps(plan).encode()
+    if not compiled:  # a compiled agent is for this machine only, read from its cache each time
+        globals()["_last_stdin"] = (plan, pay, out)
+    return out

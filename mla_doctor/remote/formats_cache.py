@@ -61,8 +61,14 @@ def known() -> dict[str, list[str]]:
     for d in sorted((root / "formats").glob("py*" + suffix)):
         man = _manifest(d)
         if man:
-            out[d.name[2:-len(suffix)]] = sorted({sha[:PREFIX] for sha in man})
+            got = _prefixes.get(d)  # once per manifest content (a fleet asks per host); shared: never changed
+            if got is None or got[0] is not man:
+                got = _prefixes[d] = (man, sorted({sha[:PREFIX] for sha in man}))
+            out[d.name[2:-len(suffix)]] = got[1]
     return out
+
+
+_prefixes: dict[Path, tuple[dict, list[str]]] = {}  # directory -> (the manifest read, its digest prefixes)
 
 
 def plan_fields(local: bool) -> dict[str, Any]:

@@ -46,10 +46,14 @@ def _pydir(root: Path, pyver: str) -> Path:
     return root / f"py{pyver}-{tag()}"
 
 
+@functools.lru_cache(maxsize=16)
+def _names_key(symbols: tuple[str, ...]) -> str:
+    return hashlib.sha256(json.dumps(sorted(symbols)).encode()).hexdigest()[:12]
+
+
 def _manifest(root: Path, pyver: str, symbols: list[str]) -> Path:
     # the names kept per digest are those whose leaf is searched: another symbol list, another manifest
-    names = hashlib.sha256(json.dumps(sorted(symbols)).encode()).hexdigest()[:12]
-    return _pydir(root, pyver) / f"files-{names}.json"
+    return _pydir(root, pyver) / f"files-{_names_key(tuple(symbols))}.json"
 
 
 def _read_json(path: Path) -> Any:
@@ -101,17 +105,24 @@ def known(symbols: list[str], files: list[str]) -> dict[str, Any]:
     if root is None or not root.is_dir():
         return {}
     out: dict[str, Any] = {}
-    wanted = set(files)
+    wanted = frozenset(files)
     suffix = "-" + tag()
     for d in sorted(root.glob("py*" + suffix)):
         pyver = d.name[2:-len(suffix)]
         man = _read_manifest(_manifest(root, pyver, symbols))
         if isinstance(man, dict):
-            per = {rel: {sha[:PREFIX]: names for sha, names in shas.items()}
-                   for rel, shas in man.items() if rel in wanted and isinstance(shas, dict)}
-            if per:
-                out[pyver] = per
+            # built once per manifest content and file list (a fleet asks per host); shared: never changed
+            got = _known.get((pyver, wanted))
+            if got is None or got[0] is not man:
+                per = {rel: {sha[:PREFIX]: names for sha, names in shas.items()}
+                       for rel, shas in man.items() if rel in wanted and isinstance(shas, dict)}
+                got = _known[(pyver, wanted)] = (man, per)
+            if got[1]:
+                out[pyver] = got[1]
     return out
+
+
+_known: dict[tuple[str, frozenset], tuple[Any, dict]] = {}  # (pyver, files) -> (the manifest read, its prefixes)
 
 
 def merge(raw: dict[str, Any], symbols: list[str], store: bool = True) -> None:

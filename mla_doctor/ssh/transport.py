@@ -247,6 +247,38 @@ def known_hosts_for(paths: list[str], system: str | None = "/etc/ssh/ssh_known_h
     return kh
 
 
+_KEYS: dict[tuple, object] = {}
+_KEYS_LOCK = threading.Lock()
+
+
+def identity_key(path: str):
+    """The private key in `path` as paramiko's SSHClient would load it for `key_filename` (each key class in
+    its order; a `-cert.pub` beside it attached), read once per process while the key and certificate files
+    stay as they are: a fleet audit connects to every host with the same identity (paramiko parsed the file
+    about three times per host). None when it does not load without a passphrase: paramiko then tries the
+    file itself, as before."""
+    paramiko = _paramiko()
+    cert = path + "-cert.pub"
+    key_id = (path, _file_id(path), _file_id(cert))
+    with _KEYS_LOCK:
+        got = _KEYS.get(key_id)
+    if got is None:
+        got = False
+        for cls in (paramiko.RSAKey, paramiko.ECDSAKey, paramiko.Ed25519Key):
+            try:
+                got = cls.from_private_key_file(path)
+                if os.path.isfile(cert):
+                    got.load_certificate(cert)
+                break
+            except (paramiko.SSHException, OSError, ValueError):
+                got = False
+        with _KEYS_LOCK:
+            if len(_KEYS) > 16:
+                _KEYS.clear()
+            _KEYS[key_id] = got
+    return got or None
+
+
 def _fingerprint(key) -> str:
     import base64
     import hashlib
@@ -347,10 +379,13 @@ class SSHTransport(Transport):
         idents = list(self.options.identity) + list(params.identity_files)
         idents = [p for p in idents if os.path.exists(p)]
         only = params.identities_only or bool(self.options.identity)
+        # the first identity tried as a key loaded once per process; the rest by file, in order, as before
+        first = identity_key(idents[0]) if idents and not idents[0].endswith("-cert.pub") else None
         t0 = time.monotonic()
         try:
             client.connect(
-                key_name, port=port, username=user, sock=sock, key_filename=idents or None,
+                key_name, port=port, username=user, sock=sock, pkey=first,
+                key_filename=(idents[1:] if first is not None else idents) or None,
                 look_for_keys=not only, allow_agent=not only, timeout=self.options.connect_timeout,
                 banner_timeout=self.options.connect_timeout, auth_timeout=self.options.connect_timeout,
                 compress=False,
@@ -413,7 +448,6 @@ class SSHTransport(Transport):
         out, err = bytearray(), bytearray()
         writer = None
         if stdin:
-            # Write stdin in a thread so a large payload cannot deadlock against unread output.
             def _write():
                 try:
                     chan.sendall(stdin)
@@ -421,8 +455,11 @@ class SSHTransport(Transport):
                 except (OSError, EOFError, paramiko.SSHException):
                     pass
 
-            writer = threading.Thread(target=_write, daemon=True)
-            writer.start()
+            if len(stdin) <= chan.out_window_size:
+                _write()  # within the window the server granted: sending cannot wait for output to be read
+            else:  # in a thread, so a large payload cannot deadlock against unread output
+                writer = threading.Thread(target=_write, daemon=True)
+                writer.start()
             self.stats.bytes_sent += len(stdin)
         else:
             chan.shutdown_write()

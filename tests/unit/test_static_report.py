@@ -125,3 +125,36 @@ def test_static_on_sends_the_recorded_plan_and_reports(monkeypatch, kb):
     assert fake.sent == [RECORDED["exchanges"][0]["plan"]] == [static_request(kb, opts).to_plan()]
     assert codes(report) == [f["code"] for f in RECORDED["report"]["hosts"][0]["findings"]]
     assert report.timings["agent_s"] == RECORDED["exchanges"][0]["answer"]["_elapsed_s"]
+
+
+def _plain_as_it_was(obj):
+    """results._plain before its per-class field cache (the oracle for the faster one)."""
+    import dataclasses
+    import enum
+
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _plain_as_it_was(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, dict):
+        return {str(k): _plain_as_it_was(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain_as_it_was(v) for v in obj]
+    return obj
+
+
+def test_plain_gives_what_it_gave_on_a_real_report(answer, kb):
+    import dataclasses
+
+    report = build_static_report("localhost", answer, kb)
+    got, want = plain(report), _plain_as_it_was(report)
+    assert got == want and type(got["status"]) is str  # an enum by value, as before
+    assert [type(x) for x in plain([True, 1, 1.5, None, "s", (2, 3)])] == [bool, int, float, type(None), str, list]
+
+    @dataclasses.dataclass
+    class Record:
+        a: int = 1
+        kind = "a class attribute, not a field"
+
+    assert plain({1: Record()}) == _plain_as_it_was({1: Record()}) == {"1": {"a": 1}}
+    assert plain(Record) is Record  # a dataclass type itself is a value, not a record
