@@ -135,14 +135,14 @@ def merge(raw: dict[str, Any], symbols: list[str], store: bool = True) -> None:
     if root is None or not isinstance(index, dict) or len(py) < 2:
         return
     pyver = "%d.%d" % (py[0], py[1])
+    pydir = _pydir(root, pyver)
     fresh, gone = {}, {}
     for rel, info in index.items():
         if not isinstance(info, dict) or not info.get("sha256"):
             continue
         sha = info["sha256"]
-        entry = _pydir(root, pyver) / (sha + ".json")
         if info.get("parser") == "cached":
-            stored = _entry(entry)
+            stored = _entry(pydir / (sha + ".json"))
             info.pop("cached", None)
             if stored is not None:
                 info.update(parser="ast", defs=dict(stored["defs"]), classes=dict(stored.get("classes") or {}))
