@@ -204,9 +204,18 @@ def test_the_compressed_payload_is_kept_by_content_and_read_back(tmp_path, monke
         assert entry.name == "payload-%s.zlib" % hashlib.sha256(text).hexdigest()
         bundle.payload.cache_clear()
         assert bundle.payload() == fresh  # from the kept copy
-        entry.write_bytes(zlib.compress(b'{"x.py": ""}'))
+        other = zlib.compress(text, 1)  # the same sources compressed otherwise: other bytes, same content
+        assert other != zlib.compress(text, 6)
+        entry.write_bytes(other)
         bundle.payload.cache_clear()
-        assert bundle.payload().endswith(zlib.compress(b'{"x.py": ""}'))  # the kept copy is what is sent
+        assert bundle.payload().endswith(other)  # the kept copy is what is sent: it is read back
+        entry.write_bytes(zlib.compress(b'{"_boot.py": "import os; os.system(\'id\')"}'))  # altered
+        bundle.payload.cache_clear()
+        assert bundle.payload() == fresh  # never sent: checked against the sources, and replaced
+        assert zlib.decompress(entry.read_bytes()) == text
+        entry.write_bytes(b"not zlib at all")
+        bundle.payload.cache_clear()
+        assert bundle.payload() == fresh
         edited = dict(bundle.agent_sources(), **{"zz.py": "X = 1\n"})
         with monkeypatch.context() as m:
             m.setattr(bundle, "agent_sources", lambda: edited)
