@@ -9,7 +9,10 @@ transport threads included) divided by the hosts:
   paramiko_95k     - paramiko sending 95 KB on stdin and reading 100 KB (what an audit moves);
   audit_host       - mla-doctor's static audit of the host (real vLLM 0.33.0 in /opt/ml-env): one connection,
                      one remote execution, the answer merged with the caches and the report built;
-  par_*            - fabric_true and audit_host with every host at once (one thread per host).
+  par_*            - fabric_true and audit_host with every host at once (one thread per host);
+  fresh process    - a new process per tool over 5 hosts, CPU at checkpoints: interpreter start, imports, the
+                     first host (mla-doctor imports paramiko there, lazily; fabric among its imports), each
+                     later host: what a whole fleet process pays once, apart from what it pays per host.
 The hosts' own CPU (sshd, the agent) is not in these numbers: the comparison is what one controller spends.
 Every client verifies host keys against the fleet's known_hosts and loads the identity once (fabric and
 paramiko are handed the key; mla-doctor reads the fleet's ssh_config and loads it once per process).
@@ -34,6 +37,75 @@ sys.path.insert(0, str(ROOT))
 def cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
+
+
+CHILD_MLA = r"""
+import json, resource, sys
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+out = {"start": cpu()}
+sys.path.insert(0, sys.argv[1])
+from mla_doctor.host.audit import AuditOptions, audit_host
+from mla_doctor.diagnosis.knowledge import load_knowledge
+from mla_doctor.ssh.transport import ConnectOptions
+out["imports"] = cpu()
+kb = load_knowledge()
+conn, opts = ConnectOptions(ssh_config=sys.argv[2]), AuditOptions(python="/opt/ml-env/bin/python")
+names = sys.argv[3:]
+assert audit_host(names[0], conn, opts, kb).status.value == "ok"
+out["first"] = cpu()
+for n in names[1:]:
+    assert audit_host(n, conn, opts, kb).status.value == "ok"
+out["later"] = cpu()
+print(json.dumps(out))
+"""
+
+CHILD_FABRIC = r"""
+import json, resource, sys
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+out = {"start": cpu()}
+from fabric import Connection
+from paramiko import RejectPolicy
+out["imports"] = cpu()
+hosts = json.loads(sys.argv[1])
+def one(h):
+    c = Connection(h["host"], port=int(h.get("port") or 22), user=h.get("user"),
+                   connect_kwargs={"key_filename": sys.argv[2], "look_for_keys": False, "allow_agent": False})
+    c.client.load_host_keys(sys.argv[3])
+    c.client.set_missing_host_key_policy(RejectPolicy())
+    c.run("true", hide=True, in_stream=False, warn=True)
+    c.close()
+one(hosts[0])
+out["first"] = cpu()
+for h in hosts[1:]:
+    one(h)
+out["later"] = cpu()
+print(json.dumps(out))
+"""
+
+
+def fresh_processes(fleet, rounds: int) -> dict[str, dict[str, list[float]]]:
+    """Each tool in a new process over the first 5 hosts: ms of CPU at each checkpoint (see the docstring)."""
+    import json
+    import subprocess
+
+    names = fleet.names[:5]
+    hosts = [h for h in fleet.hosts if h["name"] in names]
+    argv = {"mla-doctor": [sys.executable, "-c", CHILD_MLA, str(ROOT), str(fleet.ssh_config)] + names,
+            "fabric": [sys.executable, "-c", CHILD_FABRIC, json.dumps(hosts), str(fleet.key),
+                       str(fleet.known_hosts)]}
+    got: dict[str, dict[str, list[float]]] = {k: {} for k in argv}
+    for _ in range(rounds):
+        for tool, cmd in argv.items():
+            d = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+            for step, ms in (("start", d["start"]), ("imports", d["imports"] - d["start"]),
+                             ("first host", d["first"] - d["imports"]),
+                             ("each later host", (d["later"] - d["first"]) / (len(names) - 1))):
+                got[tool].setdefault(step, []).append(ms * 1000)
+    return got
 
 
 def main() -> int:
@@ -116,6 +188,7 @@ def main() -> int:
                     c0 = cpu()
                     kinds[k]()
                     got[k].append((cpu() - c0) / len(others) * 1000)
+            fresh = fresh_processes(fleet, args.rounds)
         finally:
             fs.stop_fleet(fleet)
     print(f"controller CPU per host, {len(others)} hosts, {args.rounds} rounds, load {os.getloadavg()[0]:.2f}")
@@ -129,6 +202,13 @@ def main() -> int:
     print()
     print(f"audit_host / fabric: {seq:.2f}x one host at a time, {par:.2f}x all at once "
           f"(goal <= 1: {'met' if max(seq, par) <= 1 else 'NOT met'})")
+    print()
+    print("a fresh process per tool, 5 hosts one at a time, ms of CPU (median):")
+    print()
+    print("| tool | " + " | ".join(fresh["fabric"]) + " |")
+    print("|---|" + "---|" * len(fresh["fabric"]))
+    for tool, steps in fresh.items():
+        print(f"| {tool} | " + " | ".join(f"{statistics.median(v):.1f}" for v in steps.values()) + " |")
     return 0
 
 
