@@ -18,9 +18,6 @@ from mla_doctor import user_cache
 from mla_doctor.agent._boot import CODE_MAGIC
 from mla_doctor.agent.protocol import PACKAGE, PAYLOAD_MAGIC
 
-AGENT_PACKAGE = "mla_doctor.agent"
-
-
 AGENT_DIR = os.path.dirname(mla_doctor.agent.__file__)
 
 
@@ -63,18 +60,26 @@ def frame(sources: dict[str, str], blob: bytes | None = None) -> bytes:
 
 
 @functools.lru_cache(maxsize=None)
+def _agent() -> tuple[dict[str, str], bytes, str]:
+    """The agent's sources, their JSON (what the payload compresses) and its sha256 (what the payload and the
+    compiled modules are cached under): read and encoded once per process for both."""
+    sources = agent_sources()
+    text = json.dumps(sources, sort_keys=True).encode("utf-8")
+    return sources, text, hashlib.sha256(text).hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
 def payload() -> bytes:
     """The framed agent, built on first use and kept for the life of this process. The compression (~8 ms, the
     most of it) is kept under <cache>/agent-code keyed by the sources' sha256 when that private cache is on:
     content-addressed, so an edited agent is compressed afresh. What is read back is checked against the
     sources (decompressing costs ~0.3 ms): these bytes run as root on every host, so a damaged or altered
     entry is never sent, only replaced."""
-    sources = agent_sources()
-    text = json.dumps(sources, sort_keys=True).encode("utf-8")
+    sources, text, digest = _agent()
     root = user_cache.directory("agent-code", "MLA_DOCTOR_AGENT_CODE_CACHE")  # run by the agent: private only
     if root is None:
         return frame(sources, _compressed(text))
-    entry = root / f"payload-{hashlib.sha256(text).hexdigest()}.zlib"
+    entry = root / f"payload-{digest}.zlib"
     try:
         blob = entry.read_bytes()
         if zlib.decompress(blob) != text:
@@ -102,9 +107,8 @@ def code_frame() -> bytes:
     root = user_cache.directory("agent-code", "MLA_DOCTOR_AGENT_CODE_CACHE")  # run by the agent: private only
     if root is None:
         return b""
-    sources = agent_sources()
-    key = hashlib.sha256(json.dumps(sources, sort_keys=True).encode("utf-8")).hexdigest()
-    entry = root / f"{key}-{MAGIC_NUMBER.hex()}.marshal"
+    sources, _text, digest = _agent()
+    entry = root / f"{digest}-{MAGIC_NUMBER.hex()}.marshal"
     blob = None
     try:
         blob = entry.read_bytes()
@@ -133,11 +137,12 @@ def agent_stdin(plan: dict, compiled: bool = False) -> bytes:
     are reused for another plan object that compares equal under the same payload. The plans' big parts are
     the same shared objects (the knowledge's request, the caches' digest lists, never changed in place), so
     the comparison costs a fraction of encoding; the very same object is always encoded again."""
+    global _last_stdin
     pay = payload()
     last_plan, last_pay, last = _last_stdin  # one tuple: read whole, safe beside other threads
     if not compiled and last_pay is pay and last_plan is not plan and last_plan == plan:
         return last
     out = pay + (code_frame() if compiled else b"") + json.dumps(plan).encode()
     if not compiled:  # a compiled agent is for this machine only, read from its cache each time
-        globals()["_last_stdin"] = (plan, pay, out)
+        _last_stdin = (plan, pay, out)
     return out

@@ -117,18 +117,28 @@ def test_a_payload_that_is_not_framed_is_refused_clearly():
     assert res.rc == 2 and b"not framed" in res.stderr and not res.stdout
 
 
-def test_the_payload_is_built_once_per_process(monkeypatch):
+def _rebuild():
+    """Forget the payload and the sources it was built from (read again on the next use)."""
+    bundle.payload.cache_clear()
+    bundle._agent.cache_clear()
+
+
+def test_the_payload_is_built_once_per_process(monkeypatch, tmp_path):
     calls = []
     real = bundle.agent_sources
     monkeypatch.setattr(bundle, "agent_sources", lambda: calls.append(1) or real())
-    bundle.payload.cache_clear()
+    monkeypatch.setenv("MLA_DOCTOR_AGENT_CODE_CACHE", str(tmp_path / "ac"))
+    _rebuild()
+    bundle.code_frame.cache_clear()
     try:
         first = bundle.payload()
         assert bundle.payload() is first
         assert _run_raw({"op": "nope"})["fatal"] and _run_raw({"op": "nope"})["fatal"]
+        assert bundle.code_frame()  # the compiled modules: from the same sources, not read again
         assert calls == [1]
     finally:
-        bundle.payload.cache_clear()
+        _rebuild()
+        bundle.code_frame.cache_clear()
 
 
 def test_the_payload_holds_every_agent_module_and_nothing_else():
@@ -196,33 +206,33 @@ def test_the_compressed_payload_is_kept_by_content_and_read_back(tmp_path, monke
     fresh = bundle.frame(bundle.agent_sources())
     cache = tmp_path / "ac"
     monkeypatch.setenv("MLA_DOCTOR_AGENT_CODE_CACHE", str(cache))
-    bundle.payload.cache_clear()
+    _rebuild()
     try:
         assert bundle.payload() == fresh
         (entry,) = cache.glob("payload-*.zlib")
         text = json.dumps(bundle.agent_sources(), sort_keys=True).encode()
         assert entry.name == "payload-%s.zlib" % hashlib.sha256(text).hexdigest()
-        bundle.payload.cache_clear()
+        _rebuild()
         assert bundle.payload() == fresh  # from the kept copy
         other = zlib.compress(text, 1)  # the same sources compressed otherwise: other bytes, same content
         assert other != zlib.compress(text, 6)
         entry.write_bytes(other)
-        bundle.payload.cache_clear()
+        _rebuild()
         assert bundle.payload().endswith(other)  # the kept copy is what is sent: it is read back
         entry.write_bytes(zlib.compress(b'{"_boot.py": "import os; os.system(\'id\')"}'))  # altered
-        bundle.payload.cache_clear()
+        _rebuild()
         assert bundle.payload() == fresh  # never sent: checked against the sources, and replaced
         assert zlib.decompress(entry.read_bytes()) == text
         entry.write_bytes(b"not zlib at all")
-        bundle.payload.cache_clear()
+        _rebuild()
         assert bundle.payload() == fresh
         edited = dict(bundle.agent_sources(), **{"zz.py": "X = 1\n"})
         with monkeypatch.context() as m:
             m.setattr(bundle, "agent_sources", lambda: edited)
-            bundle.payload.cache_clear()
+            _rebuild()
             assert bundle.payload() == bundle.frame(edited) and len(list(cache.glob("payload-*.zlib"))) == 2
         monkeypatch.setenv("MLA_DOCTOR_AGENT_CODE_CACHE", "off")
-        bundle.payload.cache_clear()
+        _rebuild()
         assert bundle.payload() == fresh
     finally:
-        bundle.payload.cache_clear()
+        _rebuild()
