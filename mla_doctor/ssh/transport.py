@@ -219,10 +219,6 @@ def load_known_hosts(paths: list[str], system: str | None = "/etc/ssh/ssh_known_
     return kh
 
 
-_KNOWN_CACHE: dict = {}
-_KNOWN_LOCK = threading.Lock()
-
-
 def _file_id(path: str | None):
     try:
         st = os.stat(path) if path else None
@@ -231,52 +227,57 @@ def _file_id(path: str | None):
     return st and (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
+_READ_LOCK = threading.Lock()
+_MISSING = object()
+
+
+def _read_once(cache: dict, key: tuple, read):
+    """read(), kept in `cache` for this process under `key`, which names the files read by their identity
+    (`_file_id`: an edited or replaced file is another key, so it is read afresh); at most 16 kept. A fleet's
+    threads share one read instead of one per host; what is kept is never mutated after it is read."""
+    with _READ_LOCK:
+        got = cache.get(key, _MISSING)
+    if got is _MISSING:
+        got = read()
+        with _READ_LOCK:
+            if len(cache) > 16:
+                cache.clear()
+            cache[key] = got
+    return got
+
+
+_KNOWN_CACHE: dict = {}
+_KEYS: dict = {}
+
+
 def known_hosts_for(paths: list[str], system: str | None = "/etc/ssh/ssh_known_hosts") -> KnownHosts:
-    """`load_known_hosts`, read once per process while the files stay as they are: a fleet audit's threads
-    share one parse (it was per host, so O(hosts x lines)). Keyed by each file's inode, size and mtime, so an
-    accept-new append, an edit or a replaced file is read afresh; the result is never mutated after loading."""
+    """`load_known_hosts`, read once per process while the files stay as they are (`_read_once`; it was per
+    host, so O(hosts x lines)): an accept-new append, an edit or a replaced file is read afresh."""
     key = (tuple(paths), system, tuple(_file_id(p) for p in paths), _file_id(system))
-    with _KNOWN_LOCK:
-        kh = _KNOWN_CACHE.get(key)
-    if kh is None:
-        kh = load_known_hosts(paths, system)
-        with _KNOWN_LOCK:
-            if len(_KNOWN_CACHE) > 16:
-                _KNOWN_CACHE.clear()
-            _KNOWN_CACHE[key] = kh
-    return kh
-
-
-_KEYS: dict[tuple, object] = {}
-_KEYS_LOCK = threading.Lock()
+    return _read_once(_KNOWN_CACHE, key, lambda: load_known_hosts(paths, system))
 
 
 def identity_key(path: str):
     """The private key in `path` as paramiko's SSHClient would load it for `key_filename` (each key class in
     its order; a `-cert.pub` beside it attached), read once per process while the key and certificate files
-    stay as they are: a fleet audit connects to every host with the same identity (paramiko parsed the file
-    about three times per host). None when it does not load without a passphrase: paramiko then tries the
-    file itself, as before."""
-    paramiko = _paramiko()
+    stay as they are (`_read_once`): a fleet audit connects to every host with the same identity (paramiko
+    parsed the file about three times per host). None when it does not load without a passphrase: paramiko
+    then tries the file itself, as before."""
     cert = path + "-cert.pub"
-    key_id = (path, _file_id(path), _file_id(cert))
-    with _KEYS_LOCK:
-        got = _KEYS.get(key_id)
-    if got is None:
-        got = False
-        for cls in (paramiko.RSAKey, paramiko.ECDSAKey, paramiko.Ed25519Key):
-            try:
-                got = cls.from_private_key_file(path)
-                if os.path.isfile(cert):
-                    got.load_certificate(cert)
-                break
-            except (paramiko.SSHException, OSError, ValueError):
-                got = False
-        with _KEYS_LOCK:
-            if len(_KEYS) > 16:
-                _KEYS.clear()
-            _KEYS[key_id] = got
-    return got or None
+    return _read_once(_KEYS, (path, _file_id(path), _file_id(cert)), lambda: _load_identity(path, cert))
+
+
+def _load_identity(path: str, cert: str):
+    paramiko = _paramiko()
+    for cls in (paramiko.RSAKey, paramiko.ECDSAKey, paramiko.Ed25519Key):
+        try:
+            key = cls.from_private_key_file(path)
+            if os.path.isfile(cert):
+                key.load_certificate(cert)
+            return key
+        except (paramiko.SSHException, OSError, ValueError):
+            continue
+    return None
 
 
 def _fingerprint(key) -> str:
