@@ -7,13 +7,12 @@ from __future__ import annotations
 import fcntl
 import os
 import resource
-import shutil
 import signal
 import stat
 import time
 
 from .. import fs
-from ..common import _now, _pid_running, _read_text, _user_name
+from ..common import _now, _pid_running, _read_text, _user_name, _which
 from ..facts.processes import _proc_cmdline, _proc_environ, _proc_status, _supervisor, arg_value, redact_argv, \
     supervised_refusal
 from ..fs import _server_paths, _write_private
@@ -142,7 +141,7 @@ def _resolve_exe(spec):
         cand = os.path.join(spec["cwd"], a0)
         if os.access(cand, os.X_OK):
             return cand
-    found = shutil.which(a0, path=spec["env"].get("PATH"))
+    found = _which(a0, path=spec["env"].get("PATH"))
     return found or spec.get("exe") or a0
 
 
