@@ -37,6 +37,14 @@ def agent_command(python: str | None = None, sudo: bool = False, bootstrap: str 
     return "exec /bin/sh -c " + shlex.quote(script)
 
 
+def describe_answer(data: bytes, edge: int = 120) -> str:
+    """An answer that did not parse, so that a cut, doubled or mixed one can be told apart: its length, its
+    head and its tail."""
+    if len(data) <= 2 * edge:
+        return f"{len(data)} bytes: {data!r}"
+    return f"{len(data)} bytes: head {data[:edge]!r} ... tail {data[-edge:]!r}"
+
+
 def run_agent(transport: Transport, plan: dict, *, python: str | None = None, sudo: bool = False,
               timeout: float | None = None, session: Any = None) -> dict:
     """One op's answer. With `session` (remote/session.py AgentSession, made for this transport, python and
@@ -64,8 +72,9 @@ def run_once(transport: Transport, plan: dict, *, python: str | None = None, sud
     try:
         out = json.loads(res.stdout.decode("utf-8", "replace") or "null")
     except ValueError as e:
-        raise RemoteError(f"agent answered no JSON (exit {res.rc}): {err[-400:] or res.stdout[:200]!r}",
-                          host=transport.name) from e
+        status = "no exit status: killed by a signal?" if res.rc == -1 else f"exit {res.rc}"
+        raise RemoteError(f"agent answered no JSON ({status}): {describe_answer(res.stdout)}"
+                          + (f"; stderr: {err[-400:]}" if err else ""), host=transport.name) from e
     if not isinstance(out, dict):
         raise RemoteError(f"agent answered nothing (exit {res.rc}): {err[-400:]}", host=transport.name)
     if out.get("fatal"):

@@ -81,7 +81,8 @@ class AgentSession:
         try:
             out = json.loads(body.decode("utf-8", "replace"))
         except ValueError as e:
-            raise RemoteError(f"agent answered no JSON: {body[:200]!r}", host=self.transport.name) from e
+            raise RemoteError(f"agent answered no JSON: {runner.describe_answer(body)}",
+                              host=self.transport.name) from e
         if not isinstance(out, dict):
             raise RemoteError(f"agent answered nothing: {str(out)[:200]}", host=self.transport.name)
         return out

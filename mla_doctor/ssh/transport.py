@@ -446,7 +446,6 @@ class SSHTransport(Transport):
         t0 = time.monotonic()
         chan = self._exec(command)
         self.stats.executions += 1
-        out, err = bytearray(), bytearray()
         writer = None
         if stdin:
             def _write():
@@ -464,41 +463,12 @@ class SSHTransport(Transport):
             self.stats.bytes_sent += len(stdin)
         else:
             chan.shutdown_write()
-        deadline = t0 + timeout
-        while True:
-            got = False
-            while chan.recv_ready():
-                out += chan.recv(1 << 16)
-                got = True
-            while chan.recv_stderr_ready():
-                err += chan.recv_stderr(1 << 16)
-                got = True
-            if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-                break
-            if chan.closed and not got:
-                break
-            now = time.monotonic()
-            if now > deadline:
-                chan.close()
-                raise RemoteError(f"command timed out after {timeout:g}s", host=self.name)
-            if not got:
-                # Sleep until something happens, not on a short tick: the channel's pipe is set by data, EOF and
-                # close, so a long wait costs nothing in latency, while a 20 ms tick woke each of a fleet's
-                # threads ~50 times a second for every second its agent ran (GIL hand-offs, CPU per host).
-                wait = max(0.0, min(0.5, deadline - now))
-                if chan.eof_received:  # nothing more to read: only the exit status is still to come
-                    chan.status_event.wait(wait)
-                else:
-                    select.select([chan], [], [], wait)
-        rc = chan.recv_exit_status()
-        # drain anything that raced the exit status
-        while chan.recv_ready():
-            out += chan.recv(1 << 16)
-        while chan.recv_stderr_ready():
-            err += chan.recv_stderr(1 << 16)
-        chan.close()
-        if writer:
-            writer.join(timeout=1)
+        try:
+            rc, out, err = read_to_end(chan, t0 + timeout, timeout, self.name)
+        finally:
+            chan.close()
+            if writer:
+                writer.join(timeout=1)
         self.stats.bytes_received += len(out) + len(err)
         return CommandResult(rc, bytes(out), bytes(err), time.monotonic() - t0)
 
@@ -513,6 +483,60 @@ class SSHTransport(Transport):
             except Exception:
                 pass
         self._clients = []
+
+
+NO_EXIT_STATUS = -1  # paramiko's exit_status when the channel closed without one (killed by a signal: exit-signal)
+
+
+def read_to_end(chan, deadline: float, timeout: float, name: str) -> tuple[int, bytearray, bytearray]:
+    """stdout, stderr and the exit status of one `exec` channel, read until the channel's EOF *and* its exit
+    status (or its close). Never until the exit status alone: sshd sends the exit status when it reaps the
+    command, which may be before it has drained the command's pipe, so data can follow the status. EOF covers
+    both streams (stderr is the same channel's extended data) and paramiko handles a channel's messages in
+    order, so once EOF is in, everything sent before it is in the buffers.
+
+    A channel that closes with no EOF was cut (the connection died, or was closed from here: a timeout or a
+    cancel): that is an UnreachableError saying how much had arrived, never a short answer returned as whole."""
+    out, err = bytearray(), bytearray()
+
+    def drain() -> bool:
+        got = False
+        while chan.recv_ready():
+            out.extend(chan.recv(1 << 16))
+            got = True
+        while chan.recv_stderr_ready():
+            err.extend(chan.recv_stderr(1 << 16))
+            got = True
+        return got
+
+    while True:
+        got = drain()
+        if chan.eof_received and chan.exit_status_ready():
+            break
+        if chan.closed:
+            drain()
+            if not chan.eof_received:
+                tr = getattr(chan, "transport", None)
+                why = "the SSH connection was lost" if tr is None or not tr.is_active() else "the channel closed"
+                raise UnreachableError(f"{why} before the command's output ended ({len(out)} bytes of stdout, "
+                                       f"{len(err)} of stderr received, no exit status)", host=name)
+            break
+        now = time.monotonic()
+        if now > deadline:
+            raise RemoteError(f"command timed out after {timeout:g}s ({len(out)} bytes of stdout received, "
+                              f"{'end of output in' if chan.eof_received else 'output not ended'}, "
+                              "no exit status)", host=name)
+        if not got:
+            # Sleep until something happens, not on a short tick: the channel's pipe is set by data, EOF and
+            # close, so a long wait costs nothing in latency, while a 20 ms tick woke each of a fleet's
+            # threads ~50 times a second for every second its agent ran (GIL hand-offs, CPU per host).
+            wait = max(0.0, min(0.5, deadline - now))
+            if chan.eof_received:  # nothing more to read: only the exit status (or the close) is still to come
+                chan.status_event.wait(wait)
+            else:
+                select.select([chan], [], [], wait)
+    drain()
+    return chan.recv_exit_status(), out, err
 
 
 class _SSHStream(Stream):
