@@ -12,6 +12,7 @@ import sys
 
 import click
 
+from mla_doctor import interrupts
 from mla_doctor.cli.common import STATE, cli, command_name, error_doc, json_asked
 from mla_doctor.cli.config import show_envvars
 from mla_doctor.errors import MlaDoctorError
@@ -54,7 +55,8 @@ def main(argv: list[str] | None = None) -> None:
 def _main(argv: list[str] | None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        cli.main(args=argv, prog_name="mla-doctor", standalone_mode=False, auto_envvar_prefix="MLA_DOCTOR")
+        with interrupts.handling():  # SIGINT and SIGTERM alike: end promptly, restore, report what finished
+            cli.main(args=argv, prog_name="mla-doctor", standalone_mode=False, auto_envvar_prefix="MLA_DOCTOR")
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except (click.Abort, KeyboardInterrupt):

@@ -1,13 +1,15 @@
 """`run_host`: the live diagnosis of one host as its steps (see the package's docstring)."""
 from __future__ import annotations
 
+from mla_doctor import interrupts
 from mla_doctor.diagnosis.knowledge import Knowledge, load_knowledge
 from mla_doctor.errors import MlaDoctorError
 from mla_doctor.host.audit import AuditOptions
 from mla_doctor.host.live import collect, steps
 from mla_doctor.host.live.options import RunOptions
 from mla_doctor.host.live.prepare import prepare
-from mla_doctor.host.live.session import Progress
+from mla_doctor.host.live.session import LiveRun, Progress
+from mla_doctor.host.undo import revert_command
 from mla_doctor.results import HostReport, HostStatus
 from mla_doctor.ssh.transport import ConnectOptions, Transport
 
@@ -31,10 +33,30 @@ def run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Audit
             run.report.status, run.report.error, run.report.error_kind = HostStatus.ERROR, e.message, type(e).__name__
     finally:
         run.stop_lease()
-        steps.restore(run)
+        # a first Ctrl-C/SIGTERM does not stop the restore; a second does, saying what is left and its undo
+        with interrupts.restoring(name, lambda: left_on_host(run), restore_bound_s(run)):
+            steps.restore(run)
     try:
         if not passes:
             passes.append(steps.Pass("production", run.prompts_obs, 0, len(run.log_lines), run.start_error))
         return collect.conclude(run, passes)
     finally:
         run.close_agents()  # the serving agent ends here, not only when the connection closes
+
+
+def restore_bound_s(run: LiveRun) -> float:
+    """The most a restore may take: the revert's command, the server's restart and its readiness wait."""
+    return 2 * run.conn.command_timeout + 120 + (run.ropts.ready_timeout if run.restarted else 0)
+
+
+def left_on_host(run: LiveRun) -> str:
+    """What an interrupted restore leaves on the host, and how to undo it (said on a second Ctrl-C)."""
+    what = []
+    if run.patched:
+        what.append("instrumented files")
+    if run.restarted:
+        what.append("the server restarted with debug settings")
+    undo = revert_command(run.name, run.conn, run.aopts.python, run.run_id, run.ropts.run_root)
+    return (f"left on {run.name} by run {run.run_id}: {' and '.join(what) or 'nothing changed yet'}. The host's "
+            f"watchdog puts them back when the run's lease ends (at most {run.ropts.ttl:g}s from now, since nothing "
+            f"renews it); to undo now: {undo}")
