@@ -45,7 +45,8 @@ def without_time(doc):
 def release():
     tree = corpus.tree_dir("vllm", "0.33.0")
     if not (tree / ".complete").exists():
-        pytest.skip("vLLM 0.33.0 sources not cached (python tests/support/corpus.py vllm==0.33.0)")
+        pytest.fail("vLLM 0.33.0 sources not cached: `make unit` fetches them first "
+                    "(or: python tests/support/corpus.py vllm==0.33.0)")
     return tree
 
 

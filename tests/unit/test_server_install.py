@@ -36,7 +36,8 @@ def venv(tmp_path_factory):
     """A real venv (no pip) whose site-packages hold vllm 0.33.0's real dist-info and package init."""
     tree = corpus.tree_dir("vllm", "0.33.0")
     if not (tree / ".complete").exists():
-        pytest.skip("vLLM 0.33.0 sources not cached (python tests/support/corpus.py vllm==0.33.0)")
+        pytest.fail("vLLM 0.33.0 sources not cached: `make unit` fetches them first "
+                    "(or: python tests/support/corpus.py vllm==0.33.0)")
     dest = tmp_path_factory.mktemp("srv") / "venv-b"
     base = getattr(sys, "_base_executable", sys.executable)
     subprocess.run([base, "-m", "venv", "--without-pip", str(dest)], check=True, capture_output=True)

@@ -25,7 +25,8 @@ HOST_FINDINGS = ("SERVER", "MODEL", "LOG", "GPU")  # findings about the running 
 @pytest.fixture(scope="module")
 def release_venv(tmp_path_factory):
     if not (corpus.tree_dir("vllm", "0.33.0") / ".complete").exists():
-        pytest.skip("vLLM 0.33.0 sources not cached (python tests/support/corpus.py vllm==0.33.0)")
+        pytest.fail("vLLM 0.33.0 sources not cached: `make unit` fetches them first "
+                    "(or: python tests/support/corpus.py vllm==0.33.0)")
     return corpus.release_venv(tmp_path_factory.mktemp("speed") / "venv", "vllm", "0.33.0")
 
 
