@@ -30,6 +30,12 @@ def fresh_state():
     interrupts.reset()
 
 
+def send(sig) -> None:
+    """The signal to this process, once it is handled (the default would end this test run, not fail a test)."""
+    assert signal.getsignal(sig) not in (signal.SIG_DFL, signal.default_int_handler), f"{sig!r} is not handled"
+    os.kill(os.getpid(), sig)
+
+
 def test_sigterm_and_sigint_raise_interrupted_and_fire_the_cancels():
     fired = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -37,7 +43,7 @@ def test_sigterm_and_sigint_raise_interrupted_and_fire_the_cancels():
         fired.clear()
         with interrupts.handling(), interrupts.on_cancel(fired.set):
             with pytest.raises(interrupts.Interrupted) as e:
-                os.kill(os.getpid(), sig)
+                send(sig)
                 time.sleep(30)  # the signal ends this at once
         assert e.value.signum == sig and interrupts.interrupted() == sig
         assert fired.wait(30)
@@ -49,9 +55,9 @@ def test_a_restore_goes_on_after_the_first_signal_and_stops_on_the_second(capsys
     with interrupts.handling():
         with pytest.raises(interrupts.Interrupted):
             with interrupts.restoring("h1", lambda: "left on h1: files; undo: mla-doctor revert --run R", 42):
-                os.kill(os.getpid(), signal.SIGINT)
+                send(signal.SIGINT)
                 steps.append("restore went on")  # the first signal did not interrupt
-                os.kill(os.getpid(), signal.SIGINT)
+                send(signal.SIGINT)
                 steps.append("never")
     err = capsys.readouterr().err
     assert steps == ["restore went on"]
@@ -64,7 +70,7 @@ def test_a_finished_restore_then_ends_the_command(capsys):
     with interrupts.handling():
         with pytest.raises(interrupts.Interrupted):
             with interrupts.restoring("h1", lambda: "?", 5):
-                os.kill(os.getpid(), signal.SIGTERM)
+                send(signal.SIGTERM)
                 done.append(1)
     assert done == [1] and "still restoring h1" in capsys.readouterr().err
 
