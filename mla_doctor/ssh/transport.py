@@ -408,7 +408,10 @@ class SSHTransport(Transport):
             tried = ", ".join(idents) if idents else "agent and default keys"
             raise AuthError(f"authentication refused for user {user!r} ({tried}): {e}", host=label) from e
         except paramiko.SSHException as e:
+            silent = self._no_banner(client, params.hostname, port, label)
             client.close()
+            if silent:
+                raise silent from e
             msg = str(e)
             if "not found in known_hosts" in msg:
                 raise HostKeyError(f"unknown host key for {_kh_name(key_name, port)} and --host-key-policy "
@@ -416,14 +419,25 @@ class SSHTransport(Transport):
                                    host=label) from e
             raise UnreachableError(f"SSH handshake failed: {msg}", host=label) from e
         except (socket.timeout, TimeoutError, EOFError, OSError) as e:
+            silent = self._no_banner(client, params.hostname, port, label)
             client.close()
-            raise UnreachableError(f"SSH handshake failed: {e or type(e).__name__}", host=label) from e
+            raise (silent or UnreachableError(f"SSH handshake failed: {e or type(e).__name__}", host=label)) from e
         finally:
             self.stats.connect_s += time.monotonic() - t0
         tr = client.get_transport()
         if tr is not None:
             tr.set_keepalive(15)
         return client
+
+    def _no_banner(self, client, hostname: str, port: int, label: str) -> UnreachableError | None:
+        """The failure said as what it was when the host never sent its SSH banner (paramiko then reports
+        whatever its next step hit, e.g. "No existing session"): a port that accepts and never speaks."""
+        tr = client.get_transport()
+        if tr is None or getattr(tr, "remote_version", None):
+            return None
+        return UnreachableError(f"no SSH banner from {hostname}:{port} within {self.options.connect_timeout:g}s: "
+                                "the port accepts connections but nothing speaks SSH there (sshd hung or "
+                                "overloaded, or another service)", host=label)
 
     # -- running ----------------------------------------------------------------------------
 

@@ -139,3 +139,24 @@ def test_a_command_past_its_timeout_is_ended_and_said_so(tr):
         tr.run("printf abc; sleep 60", timeout=1)
     assert "timed out after 1s" in str(e.value) and "3 bytes of stdout" in str(e.value)
     assert time.monotonic() - t0 < 30  # generous: the point is that it does not wait the 60 s out
+
+
+def test_a_port_that_accepts_and_never_speaks_is_said_to_be_silent(tmp_path):
+    import socket
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    port = srv.getsockname()[1]
+    try:
+        from mla_doctor.ssh.local import ConnectOptions
+
+        (tmp_path / "cfg").write_text("")
+        t0 = time.monotonic()
+        with pytest.raises(UnreachableError) as e:
+            SSHTransport(f"127.0.0.1:{port}", ConnectOptions(connect_timeout=2, known_hosts=str(tmp_path / "kh"),
+                                                            ssh_config=str(tmp_path / "cfg")))
+        assert f"no SSH banner from 127.0.0.1:{port} within 2s" in str(e.value)
+        assert time.monotonic() - t0 < 30  # the 2 s connect timeout bounds it (generous: a loaded machine)
+    finally:
+        srv.close()
