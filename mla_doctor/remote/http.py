@@ -38,6 +38,10 @@ class _ChannelSocket:
     def really_close(self):
         self.chan.close()
 
+    def cut(self) -> bool:
+        """Closed before its EOF: the connection went away mid-stream."""
+        return bool(self.chan.closed and not self.chan.eof_received)
+
 
 class HostHTTP:
     def __init__(self, transport: Transport, port: int, bind_host: str | None = None,
@@ -90,7 +94,14 @@ class HostHTTP:
         try:
             conn.request(method, path, body=data, headers=headers)
             resp = conn.getresponse()
-            return resp.status, resp.read()
+            got = resp.read()
+            # a body without a length or chunks ends where the channel ends: one closed without EOF (the
+            # connection lost) cut it, and a cut body must not pass for the server's whole answer
+            if isinstance(sock, _ChannelSocket) and resp.getheader("Content-Length") is None \
+                    and resp.getheader("Transfer-Encoding") is None and sock.cut():
+                raise ConnectionError(f"the tunnel to {self.host}:{self.port} was lost mid-response "
+                                      f"({len(got)} bytes of the body read)")
+            return resp.status, got
         finally:
             conn.close()
             if isinstance(sock, _ChannelSocket):

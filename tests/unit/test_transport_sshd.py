@@ -160,3 +160,42 @@ def test_a_port_that_accepts_and_never_speaks_is_said_to_be_silent(tmp_path):
         assert time.monotonic() - t0 < 30  # the 2 s connect timeout bounds it (generous: a loaded machine)
     finally:
         srv.close()
+
+
+def test_an_http_body_cut_by_a_lost_connection_is_not_taken_whole(sshd):
+    """HTTP through the tunnel: a body with no length ends where the channel ends; the connection lost
+    mid-body must be an error, not a short answer."""
+    import socket
+
+    from mla_doctor.remote.http import HostHTTP
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    sent = threading.Event()
+
+    def serve():
+        c, _ = srv.accept()
+        c.recv(65536)
+        c.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + b"x" * 5000)
+        sent.set()
+        time.sleep(60)  # holds the rest back: the test cuts the connection meanwhile
+        c.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    tr = SSHTransport(sshd.target, sshd.options())
+    try:
+        http = HostHTTP(tr, srv.getsockname()[1], timeout=60)
+        ptr = tr.client.get_transport()
+
+        def cut():
+            sent.wait(60)
+            time.sleep(0.2)  # the 5000 bytes reach the controller's buffer first (not a bound of the test)
+            ptr.sock.shutdown(socket.SHUT_RDWR)
+
+        threading.Thread(target=cut, daemon=True).start()
+        status, body, err = http.try_request("GET", "/metrics")
+        assert status is None and "lost mid-response" in err, (status, len(body), err)
+    finally:
+        tr.close()
+        srv.close()
