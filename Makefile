@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[test,bench]'
 	touch $@
 
-# sshd and iproute2 for the test fleet, sudo for the non-root host, chromium to render the HTML report
+# sshd and iproute2 for the test fleet (nftables: the fault tier's packet loss), sudo for the non-root host, chromium to render the HTML report
 # (headless, offline), systemd and docker.io (dockerd) for the service host of the systemd/docker runtimes
 # (tests/fleet/service-host.sh). Installed only when missing and root.
 system-packages:
@@ -28,6 +28,7 @@ system-packages:
 	[ -x /lib/systemd/systemd ] || missing="$$missing systemd"; \
 	command -v dockerd >/dev/null 2>&1 || missing="$$missing docker.io"; \
 	command -v ip >/dev/null 2>&1 || missing="$$missing iproute2"; \
+	command -v nft >/dev/null 2>&1 || missing="$$missing nftables"; \
 	command -v sudo >/dev/null 2>&1 || missing="$$missing sudo"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then \
