@@ -9,7 +9,7 @@ ARGS   ?=
 DIST       ?= build/dist
 WHEEL_VENV ?= build/venv-wheel
 
-.PHONY: test setup system-packages unit unit-data faults corpus integration install-tier lint clean demo wheel wheel-venv
+.PHONY: test setup system-packages unit unit-data faults soak corpus integration install-tier lint clean demo wheel wheel-venv
 
 setup: $(VENV)/.installed system-packages
 
@@ -52,17 +52,20 @@ unit-data: setup
 unit: setup unit-data
 	$(PYTEST) -q tests/unit
 
-# the load and fault tier (netem, resets, silent sshd, killed agents, busy cores; the soak): the netns fleet,
-# root; one fleet per machine, so under the fleet lock
+# the load and fault tier (netem, loss, resets, silent sshd, killed agents, busy cores): the netns fleet, root;
+# one fleet per machine, so under the fleet lock. The soak: one loopback sshd, minutes of audits, no growth.
 faults: setup
 	flock /tmp/mla-fleet.lock $(PYTEST) -q tests/faults
+
+soak: setup unit-data
+	$(PYTEST) -q tests/soak
 
 # builds the wheel, installs it into a fresh venv and drives the installed CLI (needs only python3 + pip)
 install-tier: setup
 	$(PYTEST) -q tests/install
 
 # Tiers fastest first, so a failure shows early; every tier runs, the exit status is the worst.
-TIERS ?= unit corpus install attack integration faults
+TIERS ?= unit corpus install attack integration faults soak
 
 test: setup lint unit-data
 	@failed=""; for t in $(TIERS); do \

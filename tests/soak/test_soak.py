@@ -2,7 +2,8 @@
 entry point (`host.audit.audit_host`, as a long-running controller calls it, a few at a time), then SOAK_CLI_N
 (200) over the CLI. Nothing may grow once warmed up: memory (RSS), file descriptors, threads, temp files (the
 controller's own temp directory and HOME), processes left on the host. The host is one real sshd on loopback
-(tests/support/loopback_sshd.py) with a cut-down real vLLM 0.33.0 install; no fleet.
+(tests/support/loopback_sshd.py) with a cut-down real vLLM 0.33.0 install; no fleet, no root. A tier of its
+own (`make soak`), after the fault tier: minutes of steady work, not a fault.
 
 The bounds: RSS may move by allocator noise, not by a leak; 16 MiB over 900 audits is ~18 KB per audit, about
 what one kept report or connection weighs. Descriptors, threads and files must come back exactly."""
@@ -24,7 +25,7 @@ from mla_doctor.diagnosis.knowledge import load_knowledge
 from mla_doctor.host.audit import AuditOptions, audit_host
 from tests.support import loopback_sshd, small_vllm
 
-pytestmark = pytest.mark.faults
+pytestmark = pytest.mark.soak
 
 REPO = Path(__file__).resolve().parents[2]
 N = int(os.environ.get("SOAK_N", "1000"))
