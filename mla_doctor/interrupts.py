@@ -2,7 +2,7 @@
 
 A command runs under `handling()`. There SIGINT and SIGTERM both raise `Interrupted` (a KeyboardInterrupt, so
 every `finally` and every existing Ctrl-C path runs) in the main thread, and fire every cancel registered with
-`on_cancel` first: a fleet's host connections are closed, so its workers' reads (connect, banner, auth, an
+`on_cancel` or `watch` first: a fleet's host connections are closed, so its workers' reads (connect, banner, auth, an
 agent's answer, HTTP through the tunnel) end at once instead of at their timeouts.
 
 Inside `restoring(...)` (a live run putting its host back) a signal does not interrupt: the first says that the
@@ -20,6 +20,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
@@ -39,6 +40,7 @@ class _State:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.cancels: dict[int, Callable[[], None]] = {}
+        self.watched: weakref.WeakSet = weakref.WeakSet()  # objects with fire(): a fleet's per-host cancels
         self.signum: int | None = None  # the first interrupt's signal
         self.count = 0
         self.restore: list[tuple[str, Callable[[], str], float]] = []  # (host, what is left, expected seconds)
@@ -65,7 +67,7 @@ def _say(text: str) -> None:
 
 def _fire_cancels() -> None:
     with _S.lock:
-        fns = list(_S.cancels.values())
+        fns = list(_S.cancels.values()) + [c.fire for c in list(_S.watched)]
     for fn in fns:
         try:
             fn()
@@ -142,6 +144,15 @@ def on_cancel(fn: Callable[[], None]) -> Iterator[None]:
     finally:
         with _S.lock:
             _S.cancels.pop(key, None)
+
+
+def watch(cancel) -> None:
+    """Fire `cancel` (anything with fire(): mla_doctor's per-host Cancel) when the command is interrupted; kept
+    only while something else keeps it (a weak reference: nothing to unregister)."""
+    with _S.lock:
+        _S.watched.add(cancel)
+    if _S.signum is not None and not _S.restore:
+        cancel.fire()  # interrupted already
 
 
 @contextmanager

@@ -148,48 +148,44 @@ def run_fleet(hosts: list[str], job: Job, limit: int, max_fail_percent: float | 
                                 error=f"internal error on this host's job: {type(e).__name__}: {e}")
         done_q.put((host, report))
 
-    def cancel_all() -> None:  # Ctrl-C / SIGTERM: every host's connection closed, its job's reads end now
-        for c in list(cancels.values()):
-            c.fire()
-
-    with interrupts.on_cancel(cancel_all):
-        while not sched.done:
-            while True:
-                host = sched.next()
-                if host is None:
-                    break
-                cancel = Cancel()
-                cancels[host] = cancel
-                started_at[host] = time.monotonic()
-                t = timeout_for(host)
-                if t:
-                    deadlines[host] = started_at[host] + t
-                events.started(host)
-                threading.Thread(target=worker, args=(host, cancel), name=f"mla-doctor {host}", daemon=True).start()
-            wait = 0.5
-            if deadlines:
-                wait = max(0.01, min(wait, min(deadlines.values()) - time.monotonic()))
-            try:
-                host, report = done_q.get(timeout=wait)
-            except queue.Empty:
-                now = time.monotonic()
-                for h, dl in list(deadlines.items()):
-                    if now >= dl and h in sched.running:
-                        cancels[h].fire()
-                        del deadlines[h]
-                        report = FleetHostReport(host=h, status=HostStatus.ERROR, error_kind="HostTimeout",
-                                            error=f"timed out after {now - started_at[h]:.0f}s (host timeout): "
-                                                  "connection closed")
-                        results[h] = report
-                        sched.finish(h, job_failed(report))
-                        events.done(h, report)
-                continue
-            deadlines.pop(host, None)
-            if host in results:  # it had timed out already; its late answer is dropped
-                continue
-            results[host] = report
-            sched.finish(host, job_failed(report))
-            events.done(host, report)
+    while not sched.done:
+        while True:
+            host = sched.next()
+            if host is None:
+                break
+            cancel = Cancel()
+            interrupts.watch(cancel)  # Ctrl-C / SIGTERM fires it: the host's connection closed, its reads end now
+            cancels[host] = cancel
+            started_at[host] = time.monotonic()
+            t = timeout_for(host)
+            if t:
+                deadlines[host] = started_at[host] + t
+            events.started(host)
+            threading.Thread(target=worker, args=(host, cancel), name=f"mla-doctor {host}", daemon=True).start()
+        wait = 0.5
+        if deadlines:
+            wait = max(0.01, min(wait, min(deadlines.values()) - time.monotonic()))
+        try:
+            host, report = done_q.get(timeout=wait)
+        except queue.Empty:
+            now = time.monotonic()
+            for h, dl in list(deadlines.items()):
+                if now >= dl and h in sched.running:
+                    cancels[h].fire()
+                    del deadlines[h]
+                    report = FleetHostReport(host=h, status=HostStatus.ERROR, error_kind="HostTimeout",
+                                        error=f"timed out after {now - started_at[h]:.0f}s (host timeout): "
+                                              "connection closed")
+                    results[h] = report
+                    sched.finish(h, job_failed(report))
+                    events.done(h, report)
+            continue
+        deadlines.pop(host, None)
+        if host in results:  # it had timed out already; its late answer is dropped
+            continue
+        results[host] = report
+        sched.finish(host, job_failed(report))
+        events.done(host, report)
     for h in sched.not_run:
         pct = sched.max_fail_percent
         report = FleetHostReport(host=h, status=HostStatus.ERROR, error_kind="NotRun",

@@ -225,3 +225,41 @@ def _running(needle: str) -> list[int]:
             except OSError:
                 pass
     return found
+
+
+def test_an_interrupted_fleet_closes_every_running_hosts_connection():
+    """run_fleet under Ctrl-C: each running host's Cancel is fired, so its connection is closed and its
+    job's blocked read returns, instead of the job running on until its timeout."""
+    from mla_doctor.fleet.scheduler import FleetHostReport, run_fleet
+    from mla_doctor.results import HostStatus
+
+    closed = {}
+    started = threading.Semaphore(0)
+
+    class Conn:
+        def __init__(self, host):
+            self.host, self.ev = host, threading.Event()
+            closed[host] = self.ev
+
+        def close(self):
+            self.ev.set()
+
+    def job(host, cancel, step):
+        c = Conn(host)
+        cancel.attach(c)
+        started.release()
+        c.ev.wait(120)  # a read blocked on the host: only the close ends it
+        return FleetHostReport(host=host, status=HostStatus.OK)
+
+    def interrupt_when_both_run():
+        started.acquire()
+        started.acquire()
+        os.kill(os.getpid(), signal.SIGINT)
+
+    with interrupts.handling():
+        assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+        threading.Thread(target=interrupt_when_both_run, daemon=True).start()
+        with pytest.raises(interrupts.Interrupted):
+            run_fleet(["a", "b"], job, limit=2)
+    interrupts.reset()  # the guard stands down: this process is pytest's, it goes on
+    assert all(ev.wait(30) for ev in closed.values()) and set(closed) == {"a", "b"}
