@@ -2,7 +2,8 @@
 entry point (`host.audit.audit_host`, as a long-running controller calls it, a few at a time), then SOAK_CLI_N
 (200) over the CLI. Nothing may grow once warmed up: memory (RSS), file descriptors, threads, temp files (the
 controller's own temp directory and HOME), processes left on the host. The host is one real sshd on loopback
-(tests/support/loopback_sshd.py) with a cut-down real vLLM 0.33.0 install; no fleet, no root. A tier of its
+(tests/support/loopback_sshd.py; in a PID namespace of its own, so the audit's process scan sees only the
+host's own processes) with a cut-down real vLLM 0.33.0 install; no fleet (root for the namespace). A tier of its
 own (`make soak`), after the fault tier: minutes of steady work, not a fault.
 
 The bounds: RSS may move by allocator noise, not by a leak; 16 MiB over 900 audits is ~18 KB per audit, about
@@ -45,7 +46,7 @@ def host(tmp_path_factory):
     for p in tree.iterdir():
         if not p.name.startswith("."):
             subprocess.run(["cp", "-R", str(p), str(site)], check=True)
-    s = loopback_sshd.start(d / "sshd")
+    s = loopback_sshd.start(d / "sshd", own_pids=True)
     yield s, str(venv / "bin" / "python")
     s.stop()
 

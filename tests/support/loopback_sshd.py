@@ -19,6 +19,7 @@ class LoopbackSSHD:
     port: int
     dir: Path
     user: str
+    own_pids: bool = False
 
     @property
     def target(self) -> str:
@@ -37,7 +38,10 @@ class LoopbackSSHD:
             return ""
 
     def stop(self) -> None:
-        self.proc.terminate()
+        if self.own_pids:  # unshare ignores SIGTERM; killed, it takes its sshd (--kill-child) and the namespace
+            self.proc.kill()
+        else:
+            self.proc.terminate()
         try:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
@@ -51,7 +55,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(d: Path, tries: int = 3) -> LoopbackSSHD:
+def start(d: Path, tries: int = 3, own_pids: bool = False) -> LoopbackSSHD:
+    """`own_pids` (root): sshd and its sessions in a PID namespace of their own (`unshare --pid --mount-proc`), so
+    an audit's process scan sees this host's processes only, not the whole machine's (other tests' vLLM
+    servers, which it would then audit too: slower, and not the same from one run to the next)."""
     sshd = shutil.which("sshd") or "/usr/sbin/sshd"
     if not os.path.exists(sshd):
         raise AssertionError("sshd is not installed: `make setup` installs openssh-server (as root); the SSH "
@@ -73,7 +80,10 @@ def start(d: Path, tries: int = 3) -> LoopbackSSHD:
             "PermitRootLogin prohibit-password\nLogLevel VERBOSE\nPrintMotd no\nMaxSessions 100\n"
             "MaxStartups 100:30:200\n")
         log = open(d / "sshd.log", "w")
-        proc = subprocess.Popen([sshd, "-D", "-e", "-f", str(d / "sshd_config")], stdout=log,
+        ns = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"] if own_pids else []
+        if own_pids and os.getuid() != 0:
+            raise AssertionError("a loopback sshd with its own PID namespace needs root")
+        proc = subprocess.Popen([*ns, sshd, "-D", "-e", "-f", str(d / "sshd_config")], stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         log.close()
         pub = (d / "host_key.pub").read_text().split()[:2]
@@ -86,7 +96,7 @@ def start(d: Path, tries: int = 3) -> LoopbackSSHD:
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
                     if s.recv(7).startswith(b"SSH-2.0"):
-                        return LoopbackSSHD(proc, port, d, user)
+                        return LoopbackSSHD(proc, port, d, user, own_pids)
             except OSError:
                 time.sleep(0.05)
         if proc.poll() is None:
