@@ -9,9 +9,9 @@ ARGS   ?=
 DIST       ?= build/dist
 WHEEL_VENV ?= build/venv-wheel
 
-.PHONY: test setup system-packages unit corpus integration install-tier lint clean demo wheel wheel-venv
+.PHONY: test setup system-packages unit unit-local corpus integration install-tier lint clean demo wheel wheel-venv
 
-setup: $(VENV)/.installed system-packages
+setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,8 @@ $(VENV)/.installed: pyproject.toml
 
 # sshd and iproute2 for the test fleet, sudo for the non-root host, chromium to render the HTML report
 # (headless, offline), systemd and docker.io (dockerd) for the service host of the systemd/docker runtimes
-# (tests/fleet/service-host.sh). Installed only when missing and root.
+# (tests/fleet/service-host.sh). Installed only when missing and root, by the targets that need them: `test`,
+# `unit-local` (chromium, sshd), `demo`; never by `setup` or `unit`.
 system-packages:
 	@missing=""; \
 	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
@@ -43,8 +44,13 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check mla_doctor tests
 	$(VENV)/bin/vermin --no-tips --violations -t=3.8- mla_doctor/agent
 
+# the fast loop: the unit tests that run in this process only (no system package, nothing started);
+# unit-local: the rest of tests/unit, which start the agent, the CLI, a pty, chromium, sshd (tests/unit/conftest.py)
 unit: setup
-	$(PYTEST) -q tests/unit
+	$(PYTEST) -q -m 'not local' tests/unit
+
+unit-local: setup system-packages
+	$(PYTEST) -q -m local tests/unit
 
 # builds the wheel, installs it into a fresh venv and drives the installed CLI (needs only python3 + pip)
 install-tier: setup
@@ -53,7 +59,7 @@ install-tier: setup
 # Tiers fastest first, so a failure shows early; every tier runs, the exit status is the worst.
 TIERS ?= unit corpus install attack integration
 
-test: setup lint
+test: setup system-packages lint
 	@failed=""; for t in $(TIERS); do \
 	  [ -d tests/$$t ] || { echo "tier tests/$$t: missing" >&2; failed="$$failed $$t"; continue; }; \
 	  echo "=== tier $$t"; $(PYTEST) -q tests/$$t || failed="$$failed $$t"; \
@@ -76,7 +82,7 @@ wheel-venv: wheel
 	  $(DIST)/mla_doctor-*.whl
 
 clean:
-	rm -rf $(VENV) .pytest_cache $(DIST) $(WHEEL_VENV)
+	rm -rf $(VENV) .pytest_cache $(DIST) $(WHEEL_VENV) build *.egg-info
 
-demo: setup wheel-venv
+demo: setup system-packages wheel-venv
 	MLA_DOCTOR_BIN=$(CURDIR)/$(WHEEL_VENV)/bin/mla-doctor $(PY) demo/sandbox.py $(ARGS)
