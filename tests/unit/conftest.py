@@ -5,9 +5,12 @@ subprocess, a pty, chromium, a throwaway sshd, ssh-keygen (`make unit-local`; `m
 LOCAL below says which tests are `local`, by file and name (data here rather than a mark in each file, so the
 files stay as they are). A guard keeps it right: in a run that leaves the local tests out, a test not listed
 that starts a process fails, naming itself and this table; a listed name that is no test fails collection.
+`python tests/support/local_tests.py` brings the table up to date (after a merge, say): it runs that loop with
+the guard recording instead of failing, then adds what started a process and drops the names of no test.
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 
@@ -52,7 +55,8 @@ LOCAL: dict[str, object] = {
         "the_dry_run_plan_is_redacted"},
     "fleet_html_browser": ALL,
     "inventory_conventions": {"connection_local_in_the_plan_and_never_silently_ssh",
-        "extra_vars_override_inventory_connection_vars", "templates_in_expect_values_are_not_parsed_before_rendering"},
+        "extra_vars_override_inventory_connection_vars",
+        "templates_in_expect_values_are_not_parsed_before_rendering"},
     "patch_engine": {"watchdog_never_reverts_under_a_patch_still_being_written"},
     "reports": {"cli_audit_dry_run_and_usage_errors", "cli_report_merge_and_render"},
     "runtimes_pure": {"docker_exec_wrapper_quotes_every_word", "docker_since_is_rfc3339_with_fractions"},
@@ -62,6 +66,10 @@ LOCAL: dict[str, object] = {
         "virtual_env_names_the_install_when_argv0_does_not"},
     "speed_equivalence": {"static_local_json_is_what_it_was_before_the_levers"},
 }
+
+
+RECORD = os.environ.get("MLA_DOCTOR_LOCAL_RECORD")  # tests/support/local_tests.py: record, never fail
+_stale: dict[str, list[str]] = {}
 
 
 def _local(item: pytest.Item) -> bool:
@@ -76,7 +84,9 @@ def pytest_collection_modifyitems(config, items):
         if stem in LOCAL and stem not in checked and LOCAL[stem] != ALL:
             checked.add(stem)
             stale = sorted(n for n in LOCAL[stem] if not hasattr(item.module, "test_" + n))
-            if stale:
+            if stale and RECORD:
+                _stale[stem] = stale
+            elif stale:
                 raise pytest.UsageError(f"tests/unit/conftest.py: LOCAL[{stem!r}] names no test: {stale}")
         if _local(item):
             item.add_marker(pytest.mark.local)
@@ -97,7 +107,8 @@ def _guarded(what: str, real):
     def spawn(*args, **kw):
         if _running:
             _spawned.setdefault(_running[0], what)
-            raise AssertionError(_message(_running[0], what))
+            if not RECORD:
+                raise AssertionError(_message(_running[0], what))
         return real(*args, **kw)
 
     return spawn
@@ -132,6 +143,17 @@ def pytest_runtest_protocol(item, nextitem):
 def pytest_runtest_makereport(item, call):
     report = (yield).get_result()
     what = _spawned.get(item.nodeid)
-    if what and report.when == "call" and report.passed:  # failed even where the test caught the error
+    if what and not RECORD and report.when == "call" and report.passed:  # failed even where the test caught the error
         report.outcome = "failed"
         report.longrepr = _message(item.nodeid, what)
+
+
+def pytest_sessionfinish(session):
+    if RECORD:
+        spawned: dict[str, set[str]] = {}
+        for nodeid in _spawned:
+            path, _, name = nodeid.partition("::")
+            spawned.setdefault(os.path.basename(path)[len("test_"):-len(".py")], set()).add(
+                name.split("[")[0][len("test_"):])
+        with open(RECORD, "w", encoding="utf-8") as f:
+            json.dump({"spawned": {k: sorted(v) for k, v in spawned.items()}, "stale": _stale}, f)
