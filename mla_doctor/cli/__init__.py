@@ -19,9 +19,11 @@ from mla_doctor.exit_codes import ExitStatus
 
 __all__ = ["cli", "main"]
 
+# `agent` (cli/agent.py, for debugging the agent by hand): lazy like the others, its entry added here
 LAZY_COMMANDS["agent"] = cli.lazy_commands["agent"] = (
     "mla_doctor.cli.agent", "Debug the host agent by hand: write the exact payload mla-doctor sends and a script "
     "that runs it.")
+
 show_envvars(cli)
 
 
