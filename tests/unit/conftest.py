@@ -54,6 +54,7 @@ LOCAL: dict[str, object] = {
     "first_screen": {"colour_on_a_terminal_only_never_piped_nor_with_no_color", "connection_local_runs_locally",
         "the_dry_run_plan_is_redacted"},
     "fleet_html_browser": ALL,
+    "host_target": {"execute_runs_a_plan_over_one_connection_and_stops_at_the_first_failure"},
     "inventory_conventions": {"connection_local_in_the_plan_and_never_silently_ssh",
         "extra_vars_override_inventory_connection_vars",
         "templates_in_expect_values_are_not_parsed_before_rendering"},
