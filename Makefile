@@ -9,9 +9,10 @@ ARGS   ?=
 DIST       ?= build/dist
 WHEEL_VENV ?= build/venv-wheel
 
-.PHONY: test setup system-packages unit unit-data faults soak corpus integration install-tier lint clean demo wheel wheel-venv
+.PHONY: test setup system-packages unit unit-local unit-data faults soak corpus integration install-tier lint clean demo \
+	wheel wheel-venv
 
-setup: $(VENV)/.installed system-packages
+setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +22,8 @@ $(VENV)/.installed: pyproject.toml
 
 # sshd and iproute2 for the test fleet (nftables: the fault tier's packet loss), sudo for the non-root host, chromium to render the HTML report
 # (headless, offline), systemd and docker.io (dockerd) for the service host of the systemd/docker runtimes
-# (tests/fleet/service-host.sh). Installed only when missing and root.
+# (tests/fleet/service-host.sh). Installed only when missing and root, by the targets that need them: `test`,
+# `unit-local` (chromium, sshd), `demo`; never by `setup` or `unit`.
 system-packages:
 	@missing=""; \
 	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
@@ -49,8 +51,13 @@ lint: $(VENV)/.installed
 unit-data: setup
 	$(PY) tests/support/corpus.py vllm==0.33.0
 
+# the fast loop: the unit tests that run in this process only (no system package, nothing started);
+# unit-local: the rest of tests/unit, which start the agent, the CLI, a pty, chromium, sshd (tests/unit/conftest.py)
 unit: setup unit-data
-	$(PYTEST) -q tests/unit
+	$(PYTEST) -q -m 'not local' tests/unit
+
+unit-local: setup system-packages unit-data
+	$(PYTEST) -q -m local tests/unit
 
 # the load and fault tier (netem, loss, resets, silent sshd, killed agents, busy cores): the netns fleet, root;
 # one fleet per machine, so under the fleet lock. The soak: one loopback sshd, minutes of audits, no growth.
@@ -67,7 +74,7 @@ install-tier: setup
 # Tiers fastest first, so a failure shows early; every tier runs, the exit status is the worst.
 TIERS ?= unit corpus install attack integration faults soak
 
-test: setup lint unit-data
+test: setup system-packages lint unit-data
 	@failed=""; for t in $(TIERS); do \
 	  [ -d tests/$$t ] || { echo "tier tests/$$t: missing" >&2; failed="$$failed $$t"; continue; }; \
 	  echo "=== tier $$t"; $(PYTEST) -q tests/$$t || failed="$$failed $$t"; \
@@ -90,7 +97,7 @@ wheel-venv: wheel
 	  $(DIST)/mla_doctor-*.whl
 
 clean:
-	rm -rf $(VENV) .pytest_cache $(DIST) $(WHEEL_VENV)
+	rm -rf $(VENV) .pytest_cache $(DIST) $(WHEEL_VENV) build *.egg-info
 
-demo: setup wheel-venv
+demo: setup system-packages wheel-venv
 	MLA_DOCTOR_BIN=$(CURDIR)/$(WHEEL_VENV)/bin/mla-doctor $(PY) demo/sandbox.py $(ARGS)

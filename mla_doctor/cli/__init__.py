@@ -13,12 +13,17 @@ import sys
 import click
 
 from mla_doctor import interrupts
-from mla_doctor.cli.common import STATE, cli, command_name, error_doc, json_asked
+from mla_doctor.cli.common import LAZY_COMMANDS, STATE, cli, command_name, error_doc, json_asked
 from mla_doctor.cli.config import show_envvars
 from mla_doctor.errors import MlaDoctorError
 from mla_doctor.exit_codes import ExitStatus
 
 __all__ = ["cli", "main"]
+
+# `agent` (cli/agent.py, for debugging the agent by hand): lazy like the others, its entry added here
+LAZY_COMMANDS["agent"] = cli.lazy_commands["agent"] = (
+    "mla_doctor.cli.agent", "Debug the host agent by hand: write the exact payload mla-doctor sends and a script "
+    "that runs it.")
 
 show_envvars(cli)
 

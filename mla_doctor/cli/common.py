@@ -1,4 +1,5 @@
-"""What every command shares: the click group, connection and output options, the one-host runner,
+"""What every command shares: the click group, connection and output options, the one-host runner (a one-step
+plan through host.execute),
 and the error handling that turns library errors into one message, the documented exit status and JSON."""
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import functools
 import importlib
 import json
 import os
-import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import click
 
 from mla_doctor import __version__
-from mla_doctor.errors import MlaDoctorError, NoPythonError, UsageError
+from mla_doctor.errors import MlaDoctorError
 from mla_doctor.exit_codes import ExitStatus
 from mla_doctor.redact import redact_text
-from mla_doctor.results import HostStatus, RunReport
-from mla_doctor.ssh.local import HOST_KEY_POLICIES, ConnectOptions
+from mla_doctor.results import RunReport
+from mla_doctor.host.target import HOST_KEY_POLICIES
 
 # The click types every numeric option is validated by (a bad value is a usage error, exit 2).
 PORT = click.IntRange(1, 65535)
@@ -85,18 +85,6 @@ def output_options(f):
     f = output_file_option()(f)
     f = click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)(f)
     return f
-
-
-def conn_options(kw) -> ConnectOptions:
-    if kw.get("local") and kw.get("host"):
-        raise UsageError("--local and --host exclude each other")
-    if not kw.get("local") and not kw.get("host"):
-        raise UsageError("give --host HOST, or --local to audit this machine")
-    return ConnectOptions(
-        port=kw.get("port"), user=kw.get("user"), identity=tuple(kw.get("identity") or ()),
-        ssh_config=kw.get("ssh_config"), known_hosts=kw.get("known_hosts"),
-        host_key_policy=kw.get("host_key_policy"), connect_timeout=kw["connect_timeout"],
-        command_timeout=kw["command_timeout"], sudo=kw.get("sudo", False), local=kw.get("local", False))
 
 
 def write_output(output: str, text: str, status: ExitStatus, overall: str) -> ExitStatus:
@@ -278,55 +266,12 @@ def cli(ctx, verbose, debug, config_path):
                             format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
 
-def one_host_command(command: str, kw: dict, conn: ConnectOptions, fn, fmt: str, output: str | None) -> None:
-    """Run fn(transport, name) on the one host over one connection, report, exit with its status."""
-    from mla_doctor.host.audit import on_host
+def one_host_command(command: str, target, step, fmt: str, output: str | None, progress=None) -> None:
+    """Run a one-step plan on the one host (host.execute: one connection), report, exit with its status."""
+    from mla_doctor.host import execute
 
     t0 = time.monotonic()
     report = RunReport(command=command)
-    host, transport = on_host(kw.get("host"), conn, fn)
-    try:
-        explain_python(host, transport, kw.get("python"), conn.sudo)
-    finally:
-        if transport is not None:
-            transport.close()
-    report.hosts.append(host)
+    report.hosts.append(execute(target, [step], progress))
     report.duration_s = time.monotonic() - t0
     sys.exit(int(emit(report, fmt, output)))
-
-
-_PY_CHECK = "import sys; sys.stdout.write('%d.%d' % sys.version_info[:2])"
-
-
-def explain_python(host, transport, python: str | None, sudo: bool) -> None:
-    """When the agent answered nothing under --python, say whether that is a Python 3.8+ at all (one more
-    command, only on this failure path): `--python /bin/true` is not an agent failure."""
-    if not python or transport is None or host.status != HostStatus.ERROR or not host.error:
-        return
-    if "agent answered" not in host.error:
-        return
-    cmd = ("sudo -n " if sudo else "") + shlex.quote(python) + " -c " + shlex.quote(_PY_CHECK)
-    try:
-        res = transport.run(cmd, timeout=30)
-        out = res.stdout.decode("utf-8", "replace").strip()
-    except MlaDoctorError:
-        return
-    try:
-        ok = res.rc == 0 and tuple(int(x) for x in out.split(".")) >= (3, 8)
-    except ValueError:
-        ok = False
-    if not ok:
-        seen = f"it printed {out[:60]!r}" if out else "it printed nothing"
-        host.fail_with(NoPythonError(f"--python {python} is not a Python 3.8+ interpreter ({seen}, exit {res.rc} "
-                                     "for a version check); point --python at the interpreter that has vLLM"))
-
-
-def undo_command(kw: dict, run_id: str | None, run_root: str | None, default_run_root: str) -> str:
-    """The exact `mla-doctor revert` that undoes a run made with these (command-line) connection options."""
-    from mla_doctor.host.undo import revert_command
-
-    conn = ConnectOptions(port=kw.get("port"), user=kw.get("user"), identity=tuple(kw.get("identity") or ()),
-                          ssh_config=kw.get("ssh_config"), known_hosts=kw.get("known_hosts"),
-                          host_key_policy=kw.get("host_key_policy"), sudo=bool(kw.get("sudo")),
-                          local=bool(kw.get("local")))
-    return revert_command(kw.get("host"), conn, kw.get("python"), run_id, run_root, default_run_root)

@@ -22,7 +22,6 @@ from mla_doctor.cli.common import (
     write_output,
 )
 from mla_doctor.cli.progress import Progress
-from mla_doctor.diagnosis.knowledge import load_knowledge
 from mla_doctor.errors import UsageError
 from mla_doctor.exit_codes import ExitStatus
 from mla_doctor.fleet import inventory as inv_mod
@@ -32,7 +31,7 @@ from mla_doctor.fleet.playbook import catalog
 from mla_doctor.fleet.scheduler import Events, FleetHostReport, run_fleet
 from mla_doctor.redact import redact_tree
 from mla_doctor.results import HostStatus
-from mla_doctor.ssh.transport import HOST_KEY_POLICIES, ConnectOptions
+from mla_doctor.host.target import HOST_KEY_POLICIES, connect_options
 
 _FMT = click.Choice(["text", "json", "junit", "markdown", "html"])
 _OUT = click.Path(dir_okay=False)
@@ -146,10 +145,7 @@ def audit_cmd(inventory_path, limit, playbook_name, forks, serial, max_fail_perc
                 raise UsageError("not confirmed")
         else:
             raise UsageError(f"playbook {pb.name} restarts servers: pass --yes (no terminal to confirm on)")
-    defaults = ConnectOptions(port=kw.get("port"), user=kw.get("user"), identity=tuple(kw.get("identity") or ()),
-                              ssh_config=kw.get("ssh_config"), known_hosts=kw.get("known_hosts"),
-                              host_key_policy=kw.get("host_key_policy"), connect_timeout=kw["connect_timeout"],
-                              command_timeout=kw["command_timeout"], sudo=kw.get("sudo", False))
+    defaults = connect_options(kw)  # the same builder as one host's; each host's inventory vars win (fleet/job)
     mode = progress_mode
     if mode == "auto":
         mode = "quiet" if fmt == "json" else ("live" if sys.stderr.isatty() else "plain")
@@ -157,7 +153,6 @@ def audit_cmd(inventory_path, limit, playbook_name, forks, serial, max_fail_perc
         mode = "quiet"
     prog = Progress(len(hosts), mode)
 
-    kb = load_knowledge()
     finished: dict = {}
 
     def done(host, report):
@@ -170,7 +165,7 @@ def audit_cmd(inventory_path, limit, playbook_name, forks, serial, max_fail_perc
     try:
         results, sched = run_fleet(
             [h.name for h in hosts],
-            lambda name, cancel, step: execute_host(plans[name], defaults, cancel, step, kb, kw.get("python")),
+            lambda name, cancel, step: execute_host(plans[name], defaults, cancel, step, None, kw.get("python")),
             limit=limit_n, max_fail_percent=mfp,
             timeout_for=lambda name: float(plans[name].host.vars.get("host_timeout") or default_timeout),
             events=events)

@@ -3,7 +3,6 @@ library's option objects, runs on the host's one connection and renders the repo
 and run use (the instrumenter, the live run, the verdict) is imported in those commands: `static` stays light."""
 from __future__ import annotations
 
-import shlex
 import sys
 import time
 
@@ -13,23 +12,18 @@ from mla_doctor.cli.common import (
     SECONDS,
     TTL,
     cli,
-    conn_options,
     connection_options,
-    emit,
-    explain_python,
     handle_errors,
     one_host_command,
     output_options,
-    undo_command,
 )
-from mla_doctor.diagnosis.knowledge import load_knowledge
-from mla_doctor.errors import UsageError
-from mla_doctor.host.audit import AuditOptions, on_host, static_on
+from mla_doctor.host.fields import cli_fields
+from mla_doctor.host.steps import Audit, Live, Patch, Revert, RunOptions, parse_expect, second_pass
+from mla_doctor.host.target import target_from_options
 from mla_doctor.paths import DEFAULT_RUN_ROOT
 from mla_doctor.redact import redact_text
-from mla_doctor.results import RunReport
 from mla_doctor.safety import check_no_control
-from mla_doctor.ssh.container import inside
+from mla_doctor.errors import UsageError
 
 
 @cli.command()
@@ -48,16 +42,8 @@ def static(fmt, output, model, log, container, **kw):
     mla-doctor static --local -v                     # on the host itself; every entry and detail
     mla-doctor static --host gpu-17 --model /models/glm5 --log /var/log/vllm/server.log -o gpu-17.txt
     """
-    conn = conn_options(kw)
-    check_no_control(container, "--container")
-
-    opts = AuditOptions(python=kw.get("python"), model=model, log=log)
-
-    def one(tr, name):
-        tr, c = inside(tr, conn, container)
-        return static_on(tr, name, c, opts, load_knowledge()).redacted()
-
-    one_host_command("static", kw, conn, one, fmt, output)
+    target = target_from_options(kw)
+    one_host_command("static", target, Audit.make({"model": model, "log": log}, container=container), fmt, output)
 
 
 def instrument_options(f):
@@ -90,43 +76,10 @@ def patch(fmt, output, run_root, dry_run, ttl, method, hold, targets, templates,
     mla-doctor patch --host gpu-17 --ttl 60 --hold   # renew until Ctrl-C, then revert
     mla-doctor patch --local --method plugin         # a vLLM general plugin: no vLLM file edited
     """
-    from mla_doctor.host.instrument import PatchOptions, load_targets
-    from mla_doctor.host.patch import hold as hold_lease
-    from mla_doctor.host.patch import patch_host, revert_host
-
-    conn = conn_options(kw)
-
-    if ttl < 0:
-        raise UsageError("--ttl must be >= 0")
-    if hold and ttl == 0:
-        raise UsageError("--hold needs a lease: give --ttl > 0")
-    load_targets(targets)  # a bad playbook is a usage error before any connection
-    popts = PatchOptions(ttl=ttl, method=method, dry_run=dry_run, run_root=run_root, targets=targets,
-                         templates=templates, run_id=run_id)
-    t0 = time.monotonic()
-    report = RunReport(command="patch")
-    aopts = AuditOptions(python=kw.get("python"))
-
-    host, transport = on_host(kw.get("host"), conn, lambda tr, name: patch_host(tr, name, conn, aopts, popts))
-    report.hosts.append(host)
-    try:
-        explain_python(host, transport, kw.get("python"), conn.sudo)
-        if host.patch and host.patch.get("run_id") and host.patch.get("outcome") == "patched":
-            host.patch["undo"] = undo_command(kw, host.patch["run_id"], run_root, DEFAULT_RUN_ROOT)
-        if hold and transport is not None and (host.patch or {}).get("outcome") == "patched":
-            rid = host.patch["run_id"]
-            click.echo(f"holding run {rid} (lease {ttl:g}s); Ctrl-C to revert", err=True)
-            why = hold_lease(transport, rid, ttl, run_root, conn.sudo)
-            click.echo(f"{why}; reverting run {rid}", err=True)
-            rev = revert_host(transport, host.host, conn, rid, False, run_root)
-            host.revert = rev.revert
-            if rev.status.value != "ok":
-                host.status, host.error, host.exit_override = rev.status, rev.error, rev.exit_override
-    finally:
-        if transport is not None:
-            transport.close()
-    report.duration_s = time.monotonic() - t0
-    sys.exit(int(emit(report, fmt, output)))
+    target = target_from_options(kw)
+    step = Patch.make(ttl=ttl, method=method, dry_run=dry_run, run_root=run_root, targets=targets,
+                      templates=templates, run_id=run_id, hold=hold)
+    one_host_command("patch", target, step, fmt, output, progress=lambda msg: click.echo(msg, err=True))
 
 
 @cli.command()
@@ -148,16 +101,30 @@ def revert(fmt, output, run_root, dry_run, run_id, container, **kw):
     mla-doctor revert --local --run-root /srv/mla-runs --dry-run
     mla-doctor revert --host gpu-17 --container vllm
     """
-    from mla_doctor.host.patch import revert_host
+    target = target_from_options(kw)
+    step = Revert.make({"run": run_id, "dry_run": dry_run, "run_root": run_root}, container=container)
+    one_host_command("revert", target, step, fmt, output)
 
-    conn = conn_options(kw)
-    check_no_control(container, "--container")
 
-    def one(tr, name):
-        tr, c = inside(tr, conn, container)
-        return revert_host(tr, name, c, run_id, dry_run, run_root).redacted()
+_LIVE_TYPES = {"ready_timeout": SECONDS, "ttl": SECONDS, "max_tokens": click.IntRange(min=1)}
 
-    one_host_command("revert", kw, conn, one, fmt, output)
+
+def live_options(f):
+    """The live run's own options, derived from RunOptions' fields (host/live/options.py): declared once there,
+    a runbook's `live:` key and this click option come from the same field."""
+    for fld in reversed(cli_fields(RunOptions)):
+        spec = fld.metadata["cli"]
+        kw = {"help": spec.get("help"), "metavar": spec.get("metavar")}
+        if fld.type in ("bool", bool):
+            kw["is_flag"] = True
+        else:
+            kw["default"] = spec.get("default", fld.default)
+            kw["show_default"] = True
+            choices = fld.metadata.get("choices")
+            kw["type"] = click.Choice(list(choices)) if choices else _LIVE_TYPES.get(fld.name)
+        f = click.option("--" + fld.name.replace("_", "-"), fld.name, **{k: v for k, v in kw.items()
+                                                                          if v is not None})(f)
+    return f
 
 
 @cli.command("run")
@@ -174,34 +141,20 @@ def revert(fmt, output, run_root, dry_run, run_id, container, **kw):
               "the run's settings arrive in its environment).")
 @click.option("--stop-command", metavar="CMD", help="runtime command: stops the server.")
 @click.option("--log-file", metavar="PATH", help="runtime command: the file the started server logs to.")
-@click.option("--method", type=click.Choice(["patch", "plugin"]), default="patch", show_default=True)
 @click.option("--yes", "-y", is_flag=True, help="Consent to restart the server (required without a terminal).")
-@click.option("--force", is_flag=True, help="Restart even if the server is serving requests.")
-@click.option("--api-key-env", metavar="NAME", help="Environment variable holding the server's API key.")
-@click.option("--ready-timeout", type=SECONDS, default=900.0, show_default=True,
-              help="Seconds to wait for the model to load.")
-@click.option("--ttl", type=SECONDS, default=120.0, show_default=True,
-              help="Lease seconds (> 0); renewed while the run is alive, the host's watchdog restores after it.")
 @click.option("--expect", "expect", metavar="prefill=mha,decode=mqa",
               help="Runbook expectations: unmet ones are a fault (exit 1).")
-@click.option("--prompts", default="short,long,chunked", show_default=True,
-              help="Prompt set: short (1 token), long (above every decode threshold), chunked (beyond "
-                   "max_num_batched_tokens, sent only where chunked prefill is on); sparse prompts on both sides "
-                   "of index_topk are added where the release switches there.")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Output tokens per prompt.")
-@click.option("--second-pass", "second_pass", metavar="ARGS|SETTINGS",
+@click.option("--second-pass", "second_pass_text", metavar="ARGS|SETTINGS",
               help="An explicit second configuration: restart with it and send the prompts again, reported apart "
                    "from the production pass. Server arguments ('--enforce-eager') or settings by name, written "
                    "in the form the installed release accepts ('enforce_eager=on,prefix_caching=off').")
 @click.option("--env", "extra_env", multiple=True, metavar="KEY=VALUE",
               help="Extra environment for the instrumented server (besides VLLM_LOGGING_LEVEL=DEBUG).")
-@click.option("--run-root", default=DEFAULT_RUN_ROOT, show_default=True)
+@live_options
 @output_options
 @handle_errors("run")
-def run_cmd(fmt, output, runtime, unit, container, start_command, stop_command, log_file, method, yes, force,
-            api_key_env, ready_timeout, ttl, expect, prompts,
-            max_tokens, second_pass, extra_env, run_root, **kw):
+def run_cmd(fmt, output, runtime, unit, container, start_command, stop_command, log_file, yes, expect,
+            second_pass_text, extra_env, **kw):
     """The live diagnosis: instrument, restart with debug settings, send calibrated prompts, restore, verdict.
 
     \b
@@ -211,24 +164,18 @@ def run_cmd(fmt, output, runtime, unit, container, start_command, stop_command, 
     mla-doctor run --host gpu-17 --yes --runtime systemd --unit vllm
     mla-doctor run --host gpu-17 --yes --second-pass enforce_eager=on
     """
-    from mla_doctor.diagnosis.live_verdict import parse_expect
-    from mla_doctor.host.live import RunOptions, run_host
-
-    conn = conn_options(kw)
-    for what, value in (("--env", extra_env), ("--second-pass", second_pass), ("--unit", unit),
+    live = {f.name: kw.pop(f.name) for f in cli_fields(RunOptions)}
+    target = target_from_options(kw)
+    for what, value in (("--env", extra_env), ("--second-pass", second_pass_text), ("--unit", unit),
                         ("--container", container), ("--start-command", start_command),
-                        ("--stop-command", stop_command), ("--log-file", log_file), ("--api-key-env", api_key_env)):
+                        ("--stop-command", stop_command), ("--log-file", log_file),
+                        ("--api-key-env", live["api_key_env"])):
         check_no_control(value, what)  # a drop-in line, the server's argv or environment: before any connection
 
-    exp = {}
-    if expect:
-        try:
-            exp = parse_expect(expect)
-        except ValueError as e:
-            raise UsageError(f"--expect: {e}") from e
+    exp = parse_expect(expect)
     if not yes:
         if sys.stdin.isatty():
-            where = "this machine" if conn.local else kw.get("host")
+            where = "this machine" if target.local else target.address
             if not click.confirm(f"mla-doctor will restart the vLLM server on {where} (twice). Continue?"):
                 raise UsageError("not confirmed")
         else:
@@ -241,35 +188,15 @@ def run_cmd(fmt, output, runtime, unit, container, start_command, stop_command, 
         if not sep or not k.isidentifier():
             raise UsageError(f"--env {item!r}: expected KEY=VALUE")
         debug_env[k] = v
-    second_args, second_settings = _second_pass(second_pass)
-    ropts = RunOptions.build(runtime=runtime, method=method, force=force, api_key_env=api_key_env,
-                             debug_env=debug_env, ready_timeout=ready_timeout, ttl=ttl, expect=exp,
-                             max_tokens=max_tokens, run_root=run_root, prompts=prompts,
-                             second_pass=second_settings or second_args, start_command=start_command,
-                             stop_command=stop_command, log_file=log_file, unit=unit, container=container)
+    sp = second_pass(second_pass_text)
+    values = {k: v for k, v in live.items() if v is not None}
+    values.update(expect=exp, debug=debug_env, second_pass=sp if isinstance(sp, dict) else list(sp))
+    step = Live.make(values, runtime=runtime, start_command=start_command, stop_command=stop_command,
+                     log_file=log_file, unit=unit, container=container)
     quiet = fmt == "json"
 
-    def progress(host, msg):
+    def progress(msg):
         if not quiet:
-            click.echo(f"[{time.strftime('%H:%M:%S')}] {host}: {redact_text(msg)}", err=True)
+            click.echo(f"[{time.strftime('%H:%M:%S')}] {target.name}: {redact_text(msg)}", err=True)
 
-    aopts = AuditOptions(python=kw.get("python"))
-    one_host_command("run", kw, conn,
-                     lambda tr, name: run_host(tr, name, conn, aopts, ropts, progress=progress).redacted(), fmt, output)
-
-
-def _second_pass(text: str | None) -> tuple[tuple[str, ...], dict[str, str]]:
-    """'--enforce-eager --max-num-seqs 8' (arguments) or 'enforce_eager=on,prefix_caching=off' (settings)."""
-    text = (text or "").strip()
-    if not text or text.startswith("-"):
-        return tuple(shlex.split(text)), {}
-
-    known = load_knowledge().server_setting_names()
-    settings = {}
-    for item in text.split(","):
-        k, sep, v = item.strip().partition("=")
-        if not sep or k not in known or v.lower() not in ("on", "off", "true", "false"):
-            raise UsageError(f"--second-pass {item.strip()!r}: expected NAME=on|off with NAME one of "
-                             f"{', '.join(known)}, or server arguments starting with '-'")
-        settings[k] = v
-    return (), settings
+    one_host_command("run", target, step, fmt, output, progress=progress)

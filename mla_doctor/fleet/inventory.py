@@ -18,9 +18,9 @@ from typing import Any
 import yaml
 
 from mla_doctor import yamlfile
-from mla_doctor.diagnosis.live_verdict import EXPECT_VALUES
 from mla_doctor.errors import ConfigFileError, UsageError
-from mla_doctor.ssh.transport import HOST_KEY_POLICIES
+from mla_doctor.host.expect import EXPECT_KEYS, EXPECT_VALUES
+from mla_doctor.host.target import HOST_KEY_POLICIES
 
 RUNTIME_KINDS = ("process", "systemd", "docker", "commands")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -48,7 +48,6 @@ VARS: dict[str, tuple[Any, str]] = {
     "model": (str, "model directory or config.json on the host"),
     "log": (str, "server log file on the host"),
 }
-EXPECT_KEYS = ("vllm", "distribution", "integrity", "sparse", "backend", "prefill", "decode")
 
 # Ansible's connection variables -> ours. Other Ansible vars are kept (templates may use them), unchecked.
 ANSIBLE_VARS = {

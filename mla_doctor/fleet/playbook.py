@@ -35,24 +35,16 @@ import jinja2
 from mla_doctor import yamlfile
 from mla_doctor.errors import ConfigFileError, UsageError
 from mla_doctor.fleet import templating
-from mla_doctor.fleet.inventory import EXPECT_KEYS, Host, validate_expectations
+from mla_doctor.fleet.inventory import Host, validate_expectations
+from mla_doctor.host import steps
 from mla_doctor.paths import PLAYBOOKS_DIR
 from mla_doctor.safety import check_no_control
 
 _NUM = (int, float)
-# kind -> option -> accepted types
-STEP_OPTIONS: dict[str, dict[str, Any]] = {
-    "audit": {"python": str, "model": str, "log": str},
-    "expect": {k: (str, bool) for k in EXPECT_KEYS},
-    "live": {"method": str, "prompts": (list, str), "max_tokens": int, "ready_timeout": _NUM, "ttl": _NUM,
-             "debug": dict, "force": bool, "api_key_env": str, "expect": dict, "run_root": str,
-             "second_pass": (list, dict)},  # raw server arguments, or settings {enforce_eager: on, ...}
-    "revert": {"run": str, "dry_run": bool, "run_root": str},
-    "command": {"run": (str, list), "timeout": _NUM, "restarts": bool, "expect_rc": int},
-}
+# kind -> option -> accepted types: derived from the host's step types (host/steps.py), never declared here
+STEP_OPTIONS: dict[str, dict[str, Any]] = {kind: steps.runbook_spec(kind) for kind in steps.RUNBOOK_KINDS}
 KIND_RESTARTS = {"live": True}
 KIND_CHANGES = {"live": True, "revert": True, "command": True}
-_METHODS = ("patch", "plugin")
 
 
 @dataclass
@@ -193,30 +185,18 @@ def _has_template(node: Any) -> bool:
 
 
 def _check_options(path: str, line: int | None, what: str, kind: str, opts: dict, rendered: bool) -> None:
-    spec = STEP_OPTIONS[kind]
-    for k, v in opts.items():
-        if k not in spec:
-            raise ConfigFileError(path, line, f"{what}: {kind} has no option {k!r} ({', '.join(spec)})")
-        if not rendered and _is_template(v):
-            continue
-        kinds = spec[k] if isinstance(spec[k], tuple) else (spec[k],)
-        if not isinstance(v, kinds) or (int in kinds and isinstance(v, bool) and bool not in kinds):
-            names = "/".join(t.__name__ for t in kinds)
-            raise ConfigFileError(path, line, f"{what}: {kind}.{k} must be {names}, not {type(v).__name__} {v!r}")
+    """The step type's own validation (host/steps.py: the same the command line's options go through), then
+    what only a runbook has: expectations' values, templates, control characters."""
+    try:
+        steps.check(kind, opts, skip=lambda v: not rendered and _is_template(v))
+    except steps.StepError as e:
+        raise ConfigFileError(path, line, f"{what}: {e.message}") from e
     if kind == "expect":
         validate_expectations(opts, path, line, what)
     if kind == "live":
-        if "method" in opts and (rendered or not _is_template(opts["method"])) and opts["method"] not in _METHODS:
-            raise ConfigFileError(path, line, f"{what}: live.method is one of {', '.join(_METHODS)}")
         exp = opts.get("expect")
         if isinstance(exp, dict):
-            bad = [k for k in exp if k not in ("prefill", "decode")]
-            if bad:
-                raise ConfigFileError(path, line, f"{what}: live.expect takes prefill/decode, not {bad[0]!r}")
             validate_expectations(exp, path, line, what)
-        dbg = opts.get("debug")
-        if isinstance(dbg, dict) and not all(isinstance(k, str) and k.isidentifier() for k in dbg):
-            raise ConfigFileError(path, line, f"{what}: live.debug maps environment variable names to values")
         # the server's environment and argv, a drop-in line: no control characters (templates: once rendered)
         for k, v in opts.items():
             if rendered or not _has_template(v):

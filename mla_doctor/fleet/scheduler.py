@@ -6,7 +6,8 @@
   ``max_fail_percent`` of all hosts. What it did not start is reported as not run.
 * `run_fleet` drives it with threads: one host's failure (an exception included) never stops the
   others; a host past its timeout gets its connection closed and is reported as timed out.
-One host's job (its one connection, the playbook's steps) is `fleet.job.execute_host`.
+One host's job (its one connection, the playbook's steps) is `fleet.job.execute_host` → `host.execute`;
+its `Cancel` (mla_doctor/cancel.py) is fired on a host timeout.
 Progress is reported through callbacks; nothing here prints.
 """
 from __future__ import annotations
@@ -19,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from mla_doctor import interrupts
+from mla_doctor.cancel import Cancel
 from mla_doctor.exit_codes import ExitStatus
 from mla_doctor.results import HostReport, HostStatus
-from mla_doctor.ssh.transport import Transport
 
 # A job failure, for --max-fail-percent: the host's job could not do its work. A fault found
 # (exit 1) is a diagnosis, not a failed rollout.
@@ -91,30 +92,6 @@ class Scheduler:
 
 
 # ------------------------------------------------------------------------------------ the runner
-
-class Cancel:
-    """Lets the runner close a host's connection from outside (timeout), unblocking its job."""
-
-    def __init__(self) -> None:
-        self.transport: Transport | None = None
-        self.cancelled = False
-        self._lock = threading.Lock()
-
-    def attach(self, transport: Transport) -> None:
-        with self._lock:
-            self.transport = transport
-            if self.cancelled:
-                transport.close()
-
-    def fire(self) -> None:
-        with self._lock:
-            self.cancelled = True
-            if self.transport is not None:
-                try:
-                    self.transport.close()
-                except Exception:  # noqa: BLE001 - best effort from another thread
-                    pass
-
 
 @dataclass
 class Events:

@@ -1,1 +1,16 @@
-"""What mla-doctor does to one host over its one connection: audit, patch/revert, the live run."""
+"""The host layer: one host's work. `target` (who, how: `HostTarget`, `connect`), `steps` (what: one typed step
+per kind) and `execute(target, steps, progress, cancel) -> HostReport` (host/executor.py), the one way to run
+them; `audit`, `patch`, `live` do the steps' work."""
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["execute"]
+
+
+def __getattr__(name: str) -> Any:  # lazy: importing host.target must not import every step's module
+    if name == "execute":
+        from mla_doctor.host.executor import execute
+
+        return execute
+    raise AttributeError(name)

@@ -1,25 +1,25 @@
 """The read-only static audit of one host: one connection, one agent execution, pure analysis.
 
-`audit_host` does the I/O; `build_static_report` turns the agent's answer into a HostReport and
+`static_on` does the I/O over an open connection (host.execute opens it: host/target.py);
+`build_static_report` turns the agent's answer into a HostReport and
 is pure, so it is tested from recorded agent output without a host.
 """
 from __future__ import annotations
 
 import functools
-import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from mla_doctor.diagnosis import static_rules as rules
-from mla_doctor.diagnosis.knowledge import Knowledge, load_knowledge
+from mla_doctor.diagnosis.knowledge import Knowledge
 from mla_doctor.diagnosis.log_reading import records_of, remember_installed, run_start_patterns
 from mla_doctor.diagnosis.static_facts import (OtherInstall, classify_model, describe_install, other_install,
                                                parse_log, verify_static)
 from mla_doctor.diagnosis.symbol_needs import symbol_needs
-from mla_doctor.errors import MlaDoctorError, UsageError
+from mla_doctor.errors import MlaDoctorError
 from mla_doctor.remote.protocol import StaticRequest, call
 from mla_doctor.results import HostReport, HostStatus, plain
-from mla_doctor.ssh.local import ConnectOptions, LocalTransport, Transport
+from mla_doctor.ssh.local import ConnectOptions, Transport
 
 
 @dataclass
@@ -75,44 +75,6 @@ def static_plan(kb: Knowledge, opts: AuditOptions) -> dict[str, Any]:
     return static_request(kb, opts).to_plan()
 
 
-def host_label(target: str | None, conn: ConnectOptions) -> str:
-    return "localhost" if conn.local else (target or "?")
-
-
-def transport_summary(conn: ConnectOptions, transport: Transport) -> dict[str, Any]:
-    st = transport.stats
-    return {"kind": "local" if conn.local else "ssh", "connections": st.connections, "executions": st.executions,
-            "hops": st.hops, "bytes_sent": st.bytes_sent, "bytes_received": st.bytes_received}
-
-
-def _open(target: str | None, conn: ConnectOptions) -> Transport:
-    if conn.local:  # what open_transport does for --local, without importing the SSH side
-        return LocalTransport(conn.command_timeout)
-    from mla_doctor.ssh.transport import open_transport
-
-    return open_transport(target, conn)
-
-
-def on_host(target: str | None, conn: ConnectOptions,
-            fn: Callable[[Transport, str], HostReport]) -> tuple[HostReport, Transport | None]:
-    """Open the one connection and run fn(transport, name) on it; host failures become the report's
-    status, a bad ssh_config or option is raised (the user's to fix). The caller closes the transport."""
-    name = host_label(target, conn)
-    t0 = time.monotonic()
-    try:
-        transport = _open(target, conn)
-    except UsageError:
-        raise
-    except MlaDoctorError as e:
-        return HostReport.failed(name, e, timings={"total_s": round(time.monotonic() - t0, 4)}), None
-    connect_s = time.monotonic() - t0
-    report = fn(transport, name)
-    report.transport = transport_summary(conn, transport)
-    report.timings.setdefault("connect_s", round(connect_s, 4))
-    report.timings["total_s"] = round(time.monotonic() - t0, 4)
-    return report, transport
-
-
 def static_on(transport: Transport, name: str, conn: ConnectOptions, opts: AuditOptions,
               kb: Knowledge) -> HostReport:
     """The static audit over an open connection: one remote execution."""
@@ -127,18 +89,15 @@ def static_on(transport: Transport, name: str, conn: ConnectOptions, opts: Audit
 
 
 def audit_host(target: str | None, conn: ConnectOptions, opts: AuditOptions,
-               kb: Knowledge | None = None, transport: Transport | None = None) -> HostReport:
-    """Audit one host; never raises for host problems: they become the report's status.
-    With `transport`, audit over that open connection (a fleet job's) and leave it open."""
-    kb = kb or load_knowledge()
-    if transport is not None:
-        report = static_on(transport, host_label(target, conn), conn, opts, kb)
-        report.transport = transport_summary(conn, transport)
-        return report
-    report, opened = on_host(target, conn, lambda tr, name: static_on(tr, name, conn, opts, kb))
-    if opened is not None:
-        opened.close()
-    return report
+               kb: Knowledge | None = None) -> HostReport:
+    """Audit one host (a library call, the benchmarks'): the one-step plan `static` runs, through
+    `host.execute`. Never raises for host problems: they become the report's status."""
+    from mla_doctor.host.executor import execute
+    from mla_doctor.host.steps import Audit
+    from mla_doctor.host.target import HostTarget, host_label
+
+    host = HostTarget(name=host_label(target, conn), address=target, conn=conn, python=opts.python)
+    return execute(host, [Audit(model=opts.model, log=opts.log)], kb=kb)
 
 
 def build_static_report(name: str, raw: dict[str, Any], kb: Knowledge) -> HostReport:

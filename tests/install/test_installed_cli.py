@@ -92,6 +92,19 @@ def test_static_local_json_parses(installed):
     assert p.returncode == doc["exit_status"]
 
 
+def test_agent_dump_from_the_install_runs_by_hand(installed):
+    """`mla-doctor agent --dump`: the installed package's agent as files, run by hand with the dumped plan."""
+    d = installed.cwd / "agent-dump"
+    p = installed.run("agent", "--dump", str(d))
+    assert p.returncode == 0, p.stderr
+    assert (d / "mla_doctor_agent" / "facts" / "ops.py").is_file() and "run.py" in (d / "README.txt").read_text()
+    run = subprocess.run([str(installed.python), str(d / "run.py")], capture_output=True, text=True,
+                         cwd=installed.cwd, env=installed.env(), timeout=120)
+    assert run.returncode == 0 and run.stderr == "", run.stderr
+    answer = json.loads(run.stdout)
+    assert answer["op"] == "static" and answer["agent_version"] == 1 and "fatal" not in answer
+
+
 def test_audit_dry_run_of_every_bundled_runbook(installed):
     inv = installed.cwd / "inv.yaml"
     inv.write_text("hosts:\n  gpu-1: {address: 127.0.0.9, user: ops}\n")

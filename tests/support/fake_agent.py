@@ -26,6 +26,8 @@ import time as _time
 from pathlib import Path
 from typing import Any
 
+from tests.support.fixture_json import join_text
+
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "agent"
 
 POLLS_HTTP = {"/health"}  # the readiness loop's poll: its failures are timing, not behaviour
@@ -37,8 +39,9 @@ class Mismatch(AssertionError):
 
 
 def load(name: str) -> dict[str, Any]:
-    """A recording, with the repeated plan fields (stored once, see record_agent.compact) expanded."""
-    doc = json.loads((FIXTURES / f"{name}.json").read_text())
+    """A recording, with its long texts joined (stored line by line, see fixture_json.split_text) and the
+    repeated plan fields (stored once, see record_agent.compact) expanded."""
+    doc = join_text(json.loads((FIXTURES / f"{name}.json").read_text()))
     exchanges = doc["exchanges"]
     for ex in exchanges:
         if ex.get("kind") == "agent":

@@ -12,6 +12,7 @@ own reference to it): the plan sent and the answer received, in order. The HTTP 
 sequence, since the live run talks to the server directly with ``--local``. Nothing is redacted (the agent
 redacts what it must); /metrics bodies are cut to the samples the controller reads (``trim_metrics``),
 and a big plan field sent again unchanged is stored once (``compact``, expanded by ``fake_agent.load``).
+The file is laid out for review (``tests/support/fixture_json.py``: indented, long texts line by line).
 
 Regenerate (about 3 minutes: one server start, two restarts and a restore)::
 
@@ -159,13 +160,14 @@ def record(kind: str, args: list[str]) -> dict[str, Any]:
 
 
 def save(name: str, doc: dict[str, Any]) -> Path:
+    """Write the recording in the fixtures' layout (tests/support/fixture_json.py): indented, small values on
+    one line, long texts line by line, so that a re-recording reads as a diff."""
+    from tests.support.fixture_json import dumps, join_text, split_text
+
     FIXTURES.mkdir(parents=True, exist_ok=True)
     path = FIXTURES / f"{name}.json"
-    # one exchange per line: reviewable as a diff, without the bulk of indenting every nested list
-    head = {k: v for k, v in doc.items() if k != "exchanges"}
-    lines = [json.dumps(ex, sort_keys=True, separators=(",", ":")) for ex in doc["exchanges"]]
-    text = json.dumps(head, indent=1, sort_keys=True)[:-2] + ',\n "exchanges": [\n' + ",\n".join(lines) + "\n ]\n}\n"
-    json.loads(text)  # still one JSON document
+    text = dumps(split_text(doc))
+    assert join_text(json.loads(text)) == json.loads(json.dumps(doc))  # lossless
     path.write_text(text)
     return path
 

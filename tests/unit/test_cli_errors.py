@@ -63,7 +63,7 @@ def test_output_checked_before_any_work(tmp_path):
 
 
 def test_internal_error_is_70_one_line_and_json_and_debug_shows_the_traceback():
-    code = ("import sys, mla_doctor.cli.host as h, mla_doctor.cli as c\n"
+    code = ("import sys, mla_doctor.host.audit as h, mla_doctor.cli as c\n"
             "def boom(*a, **k): raise KeyError('planted bug')\n"
             "h.static_on = boom\n"
             "c.main(sys.argv[1:])\n")
@@ -141,7 +141,12 @@ def test_patch_undo_hint_is_the_exact_command(tmp_path):
     p = run("patch", "--local", "--python", "/bin/true", "--run-root", str(tmp_path / "r"), "--dry-run")
     assert p.returncode == ExitStatus.HOST_ERROR  # nothing patched: no undo hint to give
     assert "undo:" not in p.stdout
-    from mla_doctor.cli.common import undo_command
+    from mla_doctor.host.target import target_from_options
+    from mla_doctor.host.undo import revert_command
+
+    def undo_command(kw, run_id, run_root, default_run_root):  # what `patch` prints: from the command's target
+        t = target_from_options(kw)
+        return revert_command(t.address, t.conn, t.python, run_id, run_root, default_run_root)
 
     kw = {"local": True, "python": "/opt/v/bin/python", "sudo": True}
     assert undo_command(kw, "R1", "/srv/runs", "/var/tmp/mla-doctor") == \

@@ -207,7 +207,7 @@ def test_verbose_is_threaded_from_the_group(monkeypatch, answer, kb):
     from click.testing import CliRunner
 
     from mla_doctor.cli import cli
-    from mla_doctor.cli import host as host_cmd
+    from mla_doctor.host import audit as host_cmd
 
     monkeypatch.setattr(host_cmd, "static_on", lambda tr, name, c, opts, k: build_static_report(name, answer, kb))
     quiet = CliRunner().invoke(cli, ["static", "--local"])
@@ -304,8 +304,12 @@ def test_inventory_expect_templates_are_rendered_before_parsing(tmp_path):
 
 
 def test_patch_failure_names_the_exact_revert_command():
-    from mla_doctor.cli.common import undo_command
+    from mla_doctor.host.target import target_from_options
     from mla_doctor.host.undo import revert_command
+
+    def undo_command(kw, run_id, run_root, default_run_root):  # what `patch` prints: from the command's target
+        t = target_from_options(kw)
+        return revert_command(t.address, t.conn, t.python, run_id, run_root, default_run_root)
 
     conn = ConnectOptions(local=True)
     assert revert_command(None, conn, "/opt/py", "RID", "/srv/runs") == \

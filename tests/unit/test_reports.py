@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mla_doctor import reports
-from mla_doctor.fleet.expect import check_expectations
+from mla_doctor.host.expect import check_expectations
 from mla_doctor.fleet.scheduler import FleetHostReport
 from mla_doctor.results import Finding, HostReport, HostStatus, Severity
 

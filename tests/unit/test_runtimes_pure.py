@@ -57,13 +57,12 @@ def test_docker_since_is_rfc3339_with_fractions():
 def test_second_pass_arguments_or_settings_by_name():
     import pytest
 
-    from mla_doctor.cli.host import _second_pass
+    from mla_doctor.host.steps import second_pass as _second_pass
     from mla_doctor.errors import UsageError
     from mla_doctor.diagnosis.knowledge import load_knowledge
 
-    assert _second_pass("--enforce-eager --max-num-seqs 8") == (("--enforce-eager", "--max-num-seqs", "8"), {})
-    assert _second_pass("enforce_eager=on,prefix_caching=off") == ((), {"enforce_eager": "on",
-                                                                         "prefix_caching": "off"})
+    assert _second_pass("--enforce-eager --max-num-seqs 8") == ("--enforce-eager", "--max-num-seqs", "8")
+    assert _second_pass("enforce_eager=on,prefix_caching=off") == {"enforce_eager": "on", "prefix_caching": "off"}
     with pytest.raises(UsageError, match="prefix_caching"):
         _second_pass("prefix_cache=off")
     kb = load_knowledge()

@@ -144,7 +144,9 @@ def test_host_job_runs_steps_in_order_on_one_transport_and_stops_at_a_failure(mo
         opened.append((target, conn.user, conn.port, conn.sudo))
         return LocalTransport()
 
-    monkeypatch.setattr(fleet, "open_transport", fake_open)
+    from mla_doctor.ssh import transport as ssh_transport
+
+    monkeypatch.setattr(ssh_transport, "open_transport", fake_open)  # what host.target.connect opens
     book = tmp_path / "b.yaml"
     book.write_text("""
 steps:

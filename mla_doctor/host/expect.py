@@ -6,7 +6,12 @@ from typing import Any
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from mla_doctor.diagnosis.live_verdict import EXPECT_VALUES
 from mla_doctor.results import Finding, HostReport, Severity, backend_of
+
+# what `expect:` (inventory, runbook) may check; prefill/decode take EXPECT_VALUES
+EXPECT_KEYS = ("vllm", "distribution", "integrity", "sparse", "backend", "prefill", "decode")
+__all__ = ["EXPECT_KEYS", "EXPECT_VALUES", "check_expectations"]
 
 
 def check_expectations(report: HostReport, exp: dict[str, Any]) -> list[Finding]:
