@@ -55,6 +55,9 @@ LOCAL: dict[str, object] = {
         "the_dry_run_plan_is_redacted"},
     "fleet_html_browser": ALL,
     "host_target": {"execute_runs_a_plan_over_one_connection_and_stops_at_the_first_failure"},
+    "interrupts": {"a_fleet_audit_on_sigterm_writes_the_finished_hosts_and_the_retry_file",
+        "static_in_the_banner_phase_ends_at_once", "static_while_the_agent_runs_ends_at_once",
+        "the_guard_exits_when_something_blocks_past_the_interrupt"},
     "inventory_conventions": {"connection_local_in_the_plan_and_never_silently_ssh",
         "extra_vars_override_inventory_connection_vars",
         "templates_in_expect_values_are_not_parsed_before_rendering"},
@@ -66,6 +69,7 @@ LOCAL: dict[str, object] = {
     "server_install": {"a_plain_interpreter_is_its_own_prefix", "a_server_from_a_venv_names_its_install",
         "virtual_env_names_the_install_when_argv0_does_not"},
     "speed_equivalence": {"static_local_json_is_what_it_was_before_the_levers"},
+    "transport_sshd": ALL,  # one real sshd (the module fixture) for every test of the file
 }
 
 
