@@ -27,21 +27,49 @@ ENTRIES = DECODE + PREFILL + DISPATCH
 PLATFORMS = ("nvidia", "amd", "xpu", "cpu", "tpu")
 # where an attention layer can be built: the model trees and the shared layers (bounds the walk)
 _EXPAND = ("model_executor/models/", "models/", "model_executor/layers/mla.py", "model_executor/layers/attention/",
-           "attention/layer.py", "attention/backends/", "v1/attention/backends/")
+           "attention/__init__.py", "attention/layer.py", "attention/backends/", "v1/attention/backends/")
 _SKIP_NAME = re.compile(r"(MoE|MLP|Experts?|Norm|Embedding|Linear|RotaryEmbedding|Rope|LogitsProcessor|Sampler|Router|"
                         r"Gate|Head|Conv\w*|Tower|Encoder|Processor|Config|Pooler|PPMissingLayer)$")
 _MAX_CLASSES = 300
 
 
-def _platform_of(text):
-    t = text.replace(" ", "")
-    if "TYPE_CHECKING" in t:
+_PLAT_CALLS = {"is_rocm": "amd", "is_xpu": "xpu", "is_cpu": "cpu", "is_cuda": "nvidia", "is_cuda_alike": "nvidia+amd",
+               "is_tpu": "tpu"}
+_ALL = ("nvidia", "amd", "xpu", "cpu")
+
+
+def _test_platforms(node):
+    """The platforms an `if` test selects ("typing" for TYPE_CHECKING), or None when it is no platform test."""
+    if isinstance(node, (ast.Name, ast.Attribute)) and (_chain(node) or [""])[-1] == "TYPE_CHECKING":
         return "typing"
-    for key, plat in (("is_rocm", "amd"), ("is_xpu", "xpu"), ("is_cpu", "cpu"), ("is_cuda", "nvidia"),
-                      ("is_tpu", "tpu"), ('"tpu"', "tpu"), ("'tpu'", "tpu"), ('"cpu"', "cpu"), ('"xpu"', "xpu")):
-        if key in t:
-            return plat
+    if isinstance(node, ast.Call):
+        c = _chain(node.func)
+        if c and c[-1] in _PLAT_CALLS:
+            return set(_PLAT_CALLS[c[-1]].split("+"))
+        return None
+    if isinstance(node, ast.Compare) and len(node.comparators) == 1:
+        for side in (node.left, node.comparators[0]):
+            if isinstance(side, ast.Constant) and side.value in ("tpu", "cpu", "xpu", "cuda", "rocm"):
+                p = {"cuda": "nvidia", "rocm": "amd"}.get(side.value, side.value)
+                return {p} if isinstance(node.ops[0], ast.Eq) else set(_ALL) - {p}
+        return None
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        inner = _test_platforms(node.operand)
+        return set(_ALL) - inner if isinstance(inner, set) else None
+    if isinstance(node, ast.BoolOp):
+        parts = [_test_platforms(v) for v in node.values]
+        sets = [x for x in parts if isinstance(x, set)]
+        if not sets:
+            return "typing" if "typing" in parts and isinstance(node.op, ast.Or) else None
+        out = set(sets[0])
+        for x in sets[1:]:
+            out = out | x if isinstance(node.op, ast.Or) else out & x
+        return out
     return None
+
+
+def _label(plats):
+    return "+".join(p for p in _ALL + ("tpu",) if p in plats) or "none"
 
 
 def _dir_platform(rel):
@@ -92,20 +120,25 @@ class _Mod(object):
                     self._walk(sub, plat)
 
     def _walk_if(self, node, plat):
-        seen = []
+        covered = set()
         while True:
-            p = _platform_of(self.lines[node.test.lineno - 1] if node.test.lineno <= len(self.lines) else "")
-            seen.append(p)
-            self._walk(node.body, p or plat)
+            p = _test_platforms(node.test)
+            if p == "typing":
+                pass  # what a type checker sees, never what runs
+            elif isinstance(p, set):
+                mine = p - covered
+                covered |= p
+                self._walk(node.body, _label(mine))
+            else:
+                self._walk(node.body, plat)
             orelse = node.orelse
             if len(orelse) == 1 and isinstance(orelse[0], ast.If):
                 node = orelse[0]
                 continue
             if orelse:
-                # the else of a platform chain: the default (NVIDIA) branch, or where its imports point
-                tested = [s for s in seen if s and s != "typing"]
-                rest = [q for q in PLATFORMS[:4] if q not in tested]
-                self._walk(orelse, "+".join(rest) if tested and rest else plat)
+                # the else of a platform chain: the platforms no test above took
+                rest = set(_ALL) - covered
+                self._walk(orelse, _label(rest) if covered else plat)
             return
 
 
@@ -116,6 +149,7 @@ class Source(object):
         self.vdir = vdir
         self.mods = {}
         self.exists = {}
+        self._mro = {}
 
     def isfile(self, rel):
         if rel not in self.exists:
@@ -167,6 +201,8 @@ class Source(object):
                 target = self.rel_of(mod, rel, level)
                 sub = self.rel_of((mod + "." if mod else "") + attr, rel, level) if level else \
                     self.rel_of(mod + "." + attr)
+                if target and not target.startswith(_EXPAND):
+                    continue  # torch-free layers, utils, configs: never an attention layer; not parsed
                 if target:
                     found = self.lookup(target, attr, depth + 1, p)
                     if found:
@@ -229,6 +265,12 @@ class Source(object):
         return out
 
     def mro(self, m, cls):
+        key = (m.rel, cls.name, cls.lineno)
+        if key not in self._mro:
+            self._mro[key] = self._mro_of(m, cls)
+        return self._mro[key]
+
+    def _mro_of(self, m, cls):
         order, seen, todo = [], set(), [(m, cls)]
         while todo and len(order) < 40:
             mm, c = todo.pop(0)
@@ -345,6 +387,7 @@ class Resolver(object):
     def __init__(self, vdir):
         self.src = Source(vdir)
         self.layer_memo = {}
+        self._is_layer, self._inst = {}, {}
 
     # ---------------------------------------------------------------- registry
     def registry(self):
@@ -388,6 +431,12 @@ class Resolver(object):
         return out
 
     def is_layer(self, m, cls):
+        key = (m.rel, cls.name, cls.lineno)
+        if key not in self._is_layer:
+            self._is_layer[key] = self._is_layer_of(m, cls)
+        return self._is_layer[key]
+
+    def _is_layer_of(self, m, cls):
         for mm, c in self.src.mro(m, cls):
             for n in c.body:
                 if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and _entry_calls(n):
@@ -396,6 +445,12 @@ class Resolver(object):
 
     def _instantiated(self, m, cls):
         """[(mod, ClassDef, when)] built in __init__ (own or inherited) and the self-methods it calls."""
+        key = (m.rel, cls.name, cls.lineno)
+        if key not in self._inst:
+            self._inst[key] = self._instantiated_of(m, cls)
+        return self._inst[key]
+
+    def _instantiated_of(self, m, cls):
         # every __init__ of the MRO (super().__init__ chains), and the helpers they call on self, one level
         inits = [(mm, n) for mm, c in self.src.mro(m, cls) for n in c.body
                  if isinstance(n, ast.FunctionDef) and n.name == "__init__"][:4]
@@ -414,8 +469,11 @@ class Resolver(object):
             for n in ast.walk(fn):
                 if not isinstance(n, ast.Call):
                     continue
-                found = self.src.class_expr(mm, n.func, local)
                 c = _chain(n.func)
+                if c and (_SKIP_NAME.search(c[-1]) or c[-1][:1].islower() and c[0] != "self"
+                          and c[-1] not in local):
+                    continue  # a norm/linear/MoE by its name, or a plain function call: no layer built there
+                found = self.src.class_expr(mm, n.func, local)
                 if not found and c and len(c) == 2 and c[0] == "self":  # self.model_cls(...)
                     attr = self.src.class_attr(m, cls, c[1])
                     if attr:
@@ -549,7 +607,10 @@ class Resolver(object):
             out["forward"] = _ref(fwd[0], fwd[1], fwd[2])
         top = [c for c in calls if not c.get("inside")]
         roles = {c["role"] for c in top}
-        out["has_forward_mha"] = any(c["entry"] in PREFILL or c["entry"] == "forward_impl" for c in top)
+        # impl.forward (<= 0.15: MLACommonImpl.forward splits into _forward_prefill/_forward_decode) and
+        # forward_impl (0.16+: -> impl.forward_mha) are the shared split: a dense-MHA prefill exists
+        out["has_forward_mha"] = any(c["entry"] in PREFILL + ("forward_impl",) or
+                                     (c["entry"] == "forward" and c["via"] == "impl") for c in top)
         out["prefill"] = ("own" if any(c.get("own") for c in top) else
                           "forward_mha" if out["has_forward_mha"] else
                           "none" if "decode" in roles else "?")
