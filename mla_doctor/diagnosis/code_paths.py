@@ -203,8 +203,10 @@ def knowledge_family(facts: Any, config: Optional[dict]) -> Optional[Dict[str, A
 def compare_family(facts: Any, fp: FamilyPath) -> List[Dict[str, Any]]:
     """Disagreements between the knowledge's family table (and its generic entries) and the code's path."""
     out = []
-    fam = next((f for f in getattr(facts, "families", ()) or () if fp.architecture in (f.get("architectures") or ())),
-               None)
+    fams = getattr(facts, "families", ()) or ()
+    fam = next((f for f in fams if fp.architecture in (f.get("architectures") or ())), None)
+    if fam is None and fp.private:  # another architecture of a listed family (its MTP draft, a VL variant)
+        fam = next((f for f in fams if f.get("name") == fp.family), None)
     plats = set(fam.get("platforms") or ()) if fam else set()
     mine = [lp for lp in fp.running() if not plats or plats & set(lp.platform.split("+"))] or fp.running()
     kinds = {lp.prefill for lp in mine}
