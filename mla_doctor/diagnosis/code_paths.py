@@ -109,7 +109,8 @@ def _layer(platform: str, lp: dict) -> LayerPath:
         else:
             disp.append(ref)
     generic = str(lp.get("file") or "").startswith(_SHARED)
-    return LayerPath(platform=platform, cls=str(lp.get("class")), file=str(lp.get("file")), line=int(lp.get("line") or 0),
+    return LayerPath(platform=platform, cls=str(lp.get("class")), file=str(lp.get("file")),
+                     line=int(lp.get("line") or 0),
                      when=lp.get("when"), prefill=str(lp.get("prefill") or "?"), decode=list(dict.fromkeys(decode)),
                      prefill_refs=list(dict.fromkeys(pre)), dispatch=list(dict.fromkeys(disp)), generic=generic)
 
@@ -179,6 +180,7 @@ def code_paths_section(facts: Any, resolution: Optional[dict], config: Optional[
             "served": served.to_dict() if served is not None else None,
             "route_family": family_route(served),
             "architectures": [fp.to_dict() for fp in fps], "unknown_architectures": resolution.get("unknown") or [],
+            "not_resolved": resolution.get("not_resolved") or [],  # past the agent's time budget (no model given)
             "probe_targets": probe_target_list(resolution),
             "backends": [{k: b.get(k) for k in ("name", "file", "class", "line", "enum", "kind", "decode", "note")}
                          for b in resolution.get("backends") or [] if isinstance(b, dict)],

@@ -395,7 +395,8 @@ def _family_decision(ctx: _Ctx) -> Optional[Tuple[str, str, str]]:
             thr_why = "a decode threshold of %d" % thr
         pre = b.get("prefill_symbol") or "the family's own prefill"
         if n <= thr:
-            return MQA, decode, "%d token(s) <= %s: decode tokens go to %s (%s, per %s)" % (n, thr_why, decode, name, src)
+            return MQA, decode, "%d token(s) <= %s: decode tokens go to %s (%s, per %s)" % (
+                n, thr_why, decode, name, src)
         return (FAMILY_PREFILL, pre, "%d token(s) > %s: prefill tokens go to %s's own prefill %s, never forward_mha "
                                      "(%s; per %s)" % (n, thr_why, name, pre, layers, src))
     return None  # forward_mha / mixed: the shared split's routing below

@@ -95,8 +95,9 @@ def render_host(h: HostReport) -> list[str]:
     out.append(f"   decode:    {_sym(s.get('decode_entry'))}")
     served = (s.get("code_paths") or {}).get("served") or {}
     if served and not served.get("generic"):  # the served model's own layer, from the installed code
-        out.append(f"   family:    {served.get('family')} ({served.get('architecture')} -> vllm/{served.get('module')}; "
-                   f"branch {served.get('platform_taken') or 'unknown: every branch'}) — prefill {served.get('prefill')}")
+        branch = served.get("platform_taken") or "unknown: every branch"
+        out.append(f"   family:    {served.get('family')} ({served.get('architecture')} -> "
+                   f"vllm/{served.get('module')}; branch {branch}) — prefill {served.get('prefill')}")
         for lp in served.get("layers") or []:
             if served.get("platform_taken") and lp.get("platform") != served.get("platform_taken"):
                 continue

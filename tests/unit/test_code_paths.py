@@ -166,7 +166,8 @@ def _arch(res, name):
 
 def test_registry_reads_every_dict_flat_and_fully_qualified(tree):
     reg = Resolver(str(tree)).registry()
-    assert reg["FlatForCausalLM"]["module"] == "vllm.model_executor.models.flat" and not reg["FlatForCausalLM"]["private"]
+    flat = reg["FlatForCausalLM"]
+    assert flat["module"] == "vllm.model_executor.models.flat" and not flat["private"]
     assert reg["FamForCausalLM"]["private"] and reg["SplitForCausalLM"]["dict"] == "_OTHER"
 
 

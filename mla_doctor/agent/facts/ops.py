@@ -75,7 +75,7 @@ def op_static(plan):
     if loc.get("dir") and isinstance(plan.get("resolve"), dict):  # the attention code that runs, from the files
         result["resolution"] = _step(errors, "resolution", resolve_paths, loc["dir"],
                                      plan["resolve"].get("architectures") or _architectures(result.get("model")),
-                                     result.get("vllm"), result.get("gpu"))
+                                     result.get("vllm"), result.get("gpu"), 64, plan["resolve"].get("budget_s", 4))
     for s in servers:
         s.pop("_raw_env", None)
         s.pop("_argv", None)

@@ -343,7 +343,8 @@ def _slice_of(arg):
     if not isinstance(arg, ast.Subscript):
         return None
     s = arg.slice
-    if hasattr(ast, "Index") and isinstance(s, getattr(ast, "Index")):  # Python 3.8
+    _index = getattr(ast, "Index", None)  # Python 3.8 wraps a subscript
+    if _index is not None and isinstance(s, _index):
         s = s.value
     if not isinstance(s, ast.Slice) or s.step is not None:
         return None
@@ -387,7 +388,7 @@ class Resolver(object):
     def __init__(self, vdir):
         self.src = Source(vdir)
         self.layer_memo = {}
-        self._is_layer, self._inst = {}, {}
+        self._is_layer, self._inst, self._paths = {}, {}, {}
 
     # ---------------------------------------------------------------- registry
     def registry(self):
@@ -437,7 +438,7 @@ class Resolver(object):
         return self._is_layer[key]
 
     def _is_layer_of(self, m, cls):
-        for mm, c in self.src.mro(m, cls):
+        for _mm, c in self.src.mro(m, cls):
             for n in c.body:
                 if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and _entry_calls(n):
                     return True
@@ -508,6 +509,12 @@ class Resolver(object):
     # ---------------------------------------------------------------- layer -> entries
     def layer_paths(self, m, cls):
         """What a layer's code calls: its forward, and every call that reaches an entry, with the split."""
+        key = (m.rel, cls.name, cls.lineno)
+        if key not in self._paths:
+            self._paths[key] = self._layer_paths(m, cls)
+        return dict(self._paths[key])
+
+    def _layer_paths(self, m, cls):
         fwd = self.src.method(m, cls, "forward")
         calls, seen_fn, inside = [], set(), {}
         todo = [(mm, c, n) for mm, c in self.src.mro(m, cls) for n in c.body
@@ -676,8 +683,12 @@ def host_platform(ident, gpu):
     return None
 
 
-def resolve_paths(vdir, architectures=None, ident=None, gpu=None, limit=64):
-    """The static answer's `resolution` section."""
+def resolve_paths(vdir, architectures=None, ident=None, gpu=None, limit=64, budget_s=None):
+    """The static answer's `resolution` section. Without a model, every MLA architecture: the model-private
+    families first, then the flat modules, until `budget_s` (what is left is named in `not_resolved`)."""
+    import time
+
+    t0 = time.time()
     r = Resolver(vdir)
     reg = r.registry()
     plat = host_platform(ident, gpu)
@@ -698,7 +709,12 @@ def resolve_paths(vdir, architectures=None, ident=None, gpu=None, limit=64):
                 hint[rel] = _family_has_hint(r.src, rel)
             if hint[rel]:
                 wanted.append(a)
-    for a in wanted[:limit]:
+        wanted.sort(key=lambda a: (not reg[a]["private"], a))
+    out["not_resolved"] = []
+    for i, a in enumerate(wanted[:limit]):
+        if budget_s is not None and time.time() - t0 > budget_s:
+            out["not_resolved"] = wanted[i:limit]
+            break
         e = reg.get(a)
         if e is None:
             out["unknown"].append(a)
