@@ -188,6 +188,23 @@ def code_paths_section(facts: Any, resolution: Optional[dict], config: Optional[
             "disagreements": disagree}
 
 
+def family_routing_text(served: Dict[str, Any]) -> str:
+    """The served family's routing in one sentence, from its code path (static.code_paths.served)."""
+    taken = served.get("platform_taken")
+    layers = [lp for lp in served.get("layers") or [] if not taken or lp.get("platform") == taken]
+    names = ", ".join(dict.fromkeys(str(lp.get("class")) for lp in layers)) or "?"
+    where = "%s (vllm/%s, branch %s)" % (served.get("family"), served.get("module"), taken or "unknown")
+    kind = served.get("prefill")
+    if kind == "none":
+        return ("%s: its layer (%s) has no forward_mha; every token, prefill included, goes through its own "
+                "forward_mqa (from the installed code)" % (where, names))
+    if kind == "own":
+        pre = next((p for lp in layers for p in lp.get("prefill_entries") or []), "its own prefill")
+        return ("%s: decode tokens through forward_mqa, prefill tokens through %s, never forward_mha (from the "
+                "installed code)" % (where, pre))
+    return "%s: its layer (%s) keeps the shared split (prefill %s, from the installed code)" % (where, names, kind)
+
+
 def knowledge_family(facts: Any, config: Optional[dict]) -> Optional[Dict[str, Any]]:
     """The knowledge's family entry for the served architecture (where no code was read: explain)."""
     archs = _archs(config)
