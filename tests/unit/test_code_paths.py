@@ -300,3 +300,34 @@ def test_patch_plan_places_probes_in_the_family_methods(tree, tmp_path):
     assert fam["FamFlashAttention.forward_mqa"]["key"].startswith("family:fam:decode:")
     files = {f["rel"]: f for f in prep.plan["files"]}
     assert [i["function"] for i in files["models/split/layer.py"]["inserts"]] == [None, "SplitMLA._fused_prefill"]
+
+
+def test_live_verdict_expects_the_family_path_never_forward_mha():
+    import copy
+
+    from mla_doctor.diagnosis.live_verdict import expected_path, rule_path_unexpected, rule_sparse_all_mqa
+    from tests.support.evidence_fixtures import build, fixture_from_dict
+    from tests.unit.test_verdict import BASE
+
+    def mk(cfg, steps, tokens=4096):
+        doc = copy.deepcopy(BASE)
+        doc.update(version="0.33.0", backend="FLASHMLA_SPARSE", model_config=dict(BASE["model_config"], **cfg),
+                   log=[{"fmt": "sel_auto", "args": ["FLASHMLA_SPARSE", "['FLASHMLA_SPARSE']"]}],
+                   prompts=[{"name": "long", "prompt_tokens": tokens, "steps": steps}])
+        return build(fixture_from_dict(doc))
+
+    v4 = dict(model_type="deepseek_v4", architectures=["DeepseekV4ForCausalLM"], head_dim=512, index_topk=512,
+              compress_ratios=[1, 4])
+    ev = mk(v4, [{"role": "decode", "q_rows": 4096}])
+    assert ev.family and ev.family["family"] == "deepseek_v4"  # the families table (no code read in a fixture)
+    exp = expected_path(ev, ev.prompts[0])
+    assert exp["prefill"] == "mqa" and "no forward_mha" in exp["why"], exp
+    assert rule_path_unexpected(ev) == []
+    assert "deepseek_v4's own layer" in rule_sparse_all_mqa(ev)[0].summary
+    # forward_mha seen for a family that has none: the run says the path was unexpected
+    assert rule_path_unexpected(mk(v4, [{"role": "prefill", "q_rows": 4096}]))[0].code == "PATH_UNEXPECTED"
+    k3 = dict(model_type="kimi_linear", architectures=["KimiLinearForCausalLM"])
+    ev = mk(k3, [{"role": "prefill", "q_rows": 4096}])
+    exp = expected_path(ev, ev.prompts[0])
+    assert exp["prefill"] == "mha" and "_forward_prefill_fused" in exp["why"] and "never forward_mha" in exp["why"]
+    assert rule_path_unexpected(ev) == []
