@@ -8,7 +8,8 @@ import textwrap
 
 import pytest
 
-from mla_doctor.agent.facts.resolve import Resolver, backends, resolve_paths
+from mla_doctor.agent.facts.backends import backends
+from mla_doctor.agent.facts.resolve import Resolver, resolve_paths
 from mla_doctor.diagnosis import code_paths as cp
 from mla_doctor.diagnosis.knowledge import load_knowledge
 from mla_doctor.diagnosis.routing import FAMILY_PREFILL, MQA, Known, route
