@@ -84,6 +84,7 @@ class LiveEvidence:
     gpu: str | None = None
     compute_capability: str | None = None
     decode_threshold: int | None = None  # of the selected decode backend in this release
+    family: dict | None = None  # a model-private family's route (routing.family_of: the code's, else the table's)
     full_cudagraph_decode: bool | None = None  # default for the selected backend, unless eager
     sparse_routing: str | None = None  # the release's sparse routing sentence
     sparse_mode: str | None = None  # knowledge's sparse_mode for the release

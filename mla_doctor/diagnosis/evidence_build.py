@@ -14,7 +14,7 @@ from typing import Any
 from mla_doctor.diagnosis.evidence import ROLE_KEYS, LiveEvidence, PromptObservation, RoleCount, observe
 from mla_doctor.diagnosis.knowledge import ReleaseFacts
 from mla_doctor.diagnosis.log_reading import installed_records
-from mla_doctor.diagnosis.routing import kv_dtype_from_argv, model_dims
+from mla_doctor.diagnosis.routing import family_of, kv_dtype_from_argv, model_dims
 from mla_doctor.diagnosis.static_facts import LogEvidence, classify_model, parse_log
 
 __all__ = ["build_live_evidence", "resolve_threshold", "text_config"]
@@ -238,6 +238,7 @@ def build_live_evidence(*, facts: ReleaseFacts, version: str | None, model_confi
     ev.backend_cudagraph_support = b.cudagraph if b is not None else None
     ev.full_cudagraph_decode = _full_decode(facts, ev)
     ev.entry_refs = _entry_refs(facts, static, ev.decode_backend)
+    ev.family = family_of((static or {}).get("code_paths"), facts, model_config)
     ev.modified_files = list((static or {}).get("modified_files") or [])
 
     # the run

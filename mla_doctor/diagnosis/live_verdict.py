@@ -195,7 +195,12 @@ def observed_path(prompt: PromptObservation) -> dict[str, Any]:
     why = []
     if mha_steps:
         prefill, mqa_for_prefill = "mha", 0
-        why.append(f"forward_mha ran {mha_steps} step(s), {out['mha_tokens_per_layer']} token(s) per layer")
+        # the prefill role's entry: forward_mha, or a model-private family's own prefill (Kimi K3's fused one)
+        names = sorted({w.rsplit(".", 1)[-1] for w in mha.classes}) or ["forward_mha"]
+        entry = "/".join(names) if names != ["forward_mha"] else "forward_mha"
+        if entry != "forward_mha":
+            entry = "the prefill entry " + "/".join(sorted(mha.classes))
+        why.append(f"{entry} ran {mha_steps} step(s), {out['mha_tokens_per_layer']} token(s) per layer")
     elif sp_steps:
         prefill, mqa_for_prefill = "mqa", 0
         why.append(f"the sparse impl's own forward ran {sp_steps} step(s) (top-k MQA for every token), "
@@ -625,6 +630,14 @@ def rule_sparse_all_mqa(ev: LiveEvidence) -> list[Finding]:
         if obs["prefill"] != "mqa":
             continue
         exp = expected_path(ev, p)
+        if ev.family:  # a model-private family's own layer: its route (FAMILY_* in `why`), not the shared split's
+            if exp["prefill"] == "mqa":
+                out.append(Finding("SPARSE_ALL_MQA", INFO,
+                                   f"{_prompt_label(p)}: {ev.family.get('family')}'s own layer sent every token "
+                                   "through its forward_mqa, as its code says (it has no forward_mha)",
+                                   [_count_text(MQA, p.count(MQA), _layers(p), _ranks(p)), f"expected: {exp['why']}"],
+                                   "expected behaviour of this model family"))
+            continue
         key = SPARSE if p.count(SPARSE).calls else MQA
         evid = [_count_text(key, p.count(key), _layers(p), _ranks(p)), f"release routing: {ev.sparse_routing}"]
         evid += [f"log: {ln}" for ln in (ev.backend_lines[:1] + ev.sparse_lines[:2])]

@@ -22,15 +22,18 @@ __all__ = ["Known", "Condition", "Branch", "Route", "route", "routes", "kv_kind"
            "Resolution", "resolve", "consistent", "known_from_live", "PREFILL_OF"]
 
 MHA, MQA, SPARSE_MQA, GENERIC = "mha", "mqa", "sparse_mqa", "generic"
-PATH_SYMBOLS = {MHA: "forward_mha", MQA: "forward_mqa", SPARSE_MQA: "sparse top-k MQA", GENERIC: "generic attention"}
-# a route's path as the live probe observes a prompt's prefill (a sparse impl's own forward is an MQA entry)
-PREFILL_OF = {MHA: "mha", MQA: "mqa", SPARSE_MQA: "mqa", GENERIC: "none"}
+FAMILY_PREFILL = "family_prefill"        # a model-private family's own prefill (Kimi K3's fused prefill)
+PATH_SYMBOLS = {MHA: "forward_mha", MQA: "forward_mqa", SPARSE_MQA: "sparse top-k MQA", GENERIC: "generic attention",
+                FAMILY_PREFILL: "the family's own prefill"}
+# a route's path as the live probe observes a prompt's prefill (a sparse impl's own forward is an MQA entry; a
+# family's own prefill is probed with the prefill role, as forward_mha is)
+PREFILL_OF = {MHA: "mha", MQA: "mqa", SPARSE_MQA: "mqa", GENERIC: "none", FAMILY_PREFILL: "mha"}
 
 # the values an unknown fact is branched on (what vLLM's own conditions distinguish)
 DOMAINS: Dict[str, Tuple[Any, ...]] = {
     "sm": (100, 90, 120, 80), "kv": ("auto", "fp8"), "fa_version": (4, 3), "tp": (1, 2, 4, 8),
     "local_heads": (16, 64, 128), "topk": ("le", "gt"), "dims": ("masked", "other"), "backend": (),
-    "sinks": (False, True), "engine": ("V1", "V0"),
+    "sinks": (False, True), "engine": ("V1", "V0"), "platform": (),
 }
 
 
@@ -57,6 +60,8 @@ def _label(var: str, value: Any) -> str:
         return "attention sinks" if value else "no attention sinks"
     if var == "engine":
         return "engine %s" % value
+    if var == "platform":
+        return "the %s branch of the family's __init__" % value
     return "%s %s" % (var, value)
 
 
@@ -107,6 +112,10 @@ class Known:
     no_prefill_backend: bool = False         # "No MLA prefill backend supports this model" was logged
     platform: Optional[str] = None           # cuda / rocm / xpu / cpu
     sources: Dict[str, str] = field(default_factory=dict)
+    # a model-private family's own layer (code_paths.family_route: from the installed code, or the knowledge's
+    # families table): {"family", "source", "platform", "by_platform": {branch: {prefill: none|own|forward_mha|
+    # mixed, decode: [symbols], prefill_symbol, layers}}}; None: the shared MLA layer (the routing below)
+    family: Optional[Dict[str, Any]] = None
 
     @property
     def local_heads(self) -> Optional[int]:
@@ -164,7 +173,7 @@ class Route:
         for b in self.branches:
             by.setdefault(b.symbol, []).append(b)
         # the decode entry is "otherwise" (the question is when forward_mha runs); else the commonest path
-        rest = max(by, key=lambda s: (s == PATH_SYMBOLS[MQA] or s.endswith("_forward_decode"), len(by[s])))
+        rest = max(by, key=lambda s: (s.endswith(PATH_SYMBOLS[MQA]) or s.endswith("_forward_decode"), len(by[s])))
         parts = ["%s when %s" % (s, " or ".join("(%s)" % b.when if len(bs) > 1 else b.when for b in bs))
                  for s, bs in by.items() if s != rest]
         return ", ".join(parts) + ", otherwise %s" % rest
@@ -308,6 +317,9 @@ def _decide(ctx: _Ctx) -> Tuple[str, str, str]:
     dec = f.decode_common.symbol.rsplit(".", 1)[-1] if f.decode_common else "forward_mqa"
     if ctx.known.is_mla is False:
         return GENERIC, PATH_SYMBOLS[GENERIC], "not MLA in this release: no forward_mha/forward_mqa split"
+    fam = _family_decision(ctx)
+    if fam is not None:
+        return fam
     engine = ctx.known.engine
     if engine is None:  # never the release's default when it has two engines and the log did not say
         engines = tuple(ctx.known.engines)
@@ -350,6 +362,44 @@ def _decide(ctx: _Ctx) -> Tuple[str, str, str]:
     if n <= thr:
         return MQA, dec, "%d token(s) <= %s: decode-classified, never %s" % (n, thr_why, pre)
     return MHA, pre, "%d token(s) > %s: prefill through %s" % (n, thr_why, pre)
+
+
+_PLATFORM_OF = {"cuda": "nvidia", "rocm": "amd", "xpu": "xpu", "cpu": "cpu", "nvidia": "nvidia", "amd": "amd"}
+
+
+def _family_decision(ctx: _Ctx) -> Optional[Tuple[str, str, str]]:
+    """A model-private family whose layer is not the shared split: its own entries decide (never forward_mha
+    where the layer has none). The platform branch is a condition when the host's is unknown."""
+    fam = ctx.known.family
+    if not fam or not fam.get("by_platform"):
+        return None
+    by = fam["by_platform"]
+    plat = fam.get("platform") or _PLATFORM_OF.get(ctx.known.platform or "")
+    key = next((k for k in by if k == plat or plat in k.split("+")), None) if plat else None
+    if key is None:
+        key = next(iter(by)) if len(by) == 1 else ctx.get("platform", tuple(by))
+    b = by[key]
+    src = "the installed code" if fam.get("source") == "code" else "the knowledge's families table"
+    name = fam.get("family") or "the family"
+    decode = " / ".join(b.get("decode") or ["forward_mqa"])
+    layers = ", ".join(b.get("layers") or [])
+    if b.get("prefill") == "none":
+        return (MQA, decode, "%s's layer (%s) has no forward_mha: every token, prefill included, goes through %s "
+                             "(per %s)" % (name, layers, decode, src))
+    if b.get("prefill") == "own":
+        f, n = ctx.facts, ctx.tokens
+        if ctx.known.backend:
+            thr, thr_why = _thr_of(ctx, ctx.known.backend)
+        else:
+            thr = ctx.get("backend_threshold", _dense_thresholds(f))
+            thr_why = "a decode threshold of %d" % thr
+        pre = b.get("prefill_symbol") or "the family's own prefill"
+        if n <= thr:
+            return MQA, decode, "%d token(s) <= %s: decode tokens go to %s (%s, per %s)" % (
+                n, thr_why, decode, name, src)
+        return (FAMILY_PREFILL, pre, "%d token(s) > %s: prefill tokens go to %s's own prefill %s, never forward_mha "
+                                     "(%s; per %s)" % (n, thr_why, name, pre, layers, src))
+    return None  # forward_mha / mixed: the shared split's routing below
 
 
 def _dense_thresholds(f: ReleaseFacts) -> Tuple[int, ...]:
@@ -514,7 +564,19 @@ def known_from_log(reading: Any, facts: ReleaseFacts, config: Optional[dict], en
     k.no_prefill_backend = no_backend
     k.sources = {"backend": "the log's selection line", "kv": "the log's KV-cache line",
                  "heads": "config.json", "index_topk": "config.json", "dims": "config.json"}
+    k.family = family_of(None, facts, config)  # explain reads no code: the knowledge's families table
     return k
+
+
+def family_of(code_paths: Optional[dict], facts: ReleaseFacts, config: Optional[dict]) -> Optional[Dict[str, Any]]:
+    """The served model's family route: the installed code's when it was read (None there = the shared layer),
+    else the knowledge's families table."""
+    from mla_doctor.diagnosis.code_paths import knowledge_family
+
+    cp = code_paths if isinstance(code_paths, dict) else {}
+    if cp.get("served") is not None:
+        return cp.get("route_family")
+    return knowledge_family(facts, config)
 
 
 def known_from_host(h: dict, facts: ReleaseFacts) -> Known:
@@ -545,6 +607,7 @@ def known_from_host(h: dict, facts: ReleaseFacts) -> Known:
     no_dense, no_backend = mqa_only_from_lines(texts)
     k.force_mqa = True if no_dense else None
     k.no_prefill_backend = no_backend
+    k.family = family_of((h.get("static") or {}).get("code_paths"), facts, config)
     k.sources = srcs
     return k
 
@@ -581,6 +644,7 @@ def known_from_live(ev: Any, facts: ReleaseFacts) -> Known:
     no_dense, no_backend = mqa_only_from_lines(list(ev.sparse_lines) + list(ev.mla_lines) + list(ev.backend_lines))
     k.force_mqa = True if (no_dense or (ev.settings or {}).get("sparse_mla_force_mqa")) else None
     k.no_prefill_backend = no_backend
+    k.family = getattr(ev, "family", None)
     k.sources = srcs
     return k
 

@@ -25,7 +25,7 @@ def _ref(r: Any) -> str:
 
 
 def static_findings(*, facts, audit, scan, ident, side, server, model, model_class, log, log_raw,
-                    agent_errors, other_install=None) -> list[Finding]:
+                    agent_errors, other_install=None, code_paths=None) -> list[Finding]:
     out: list[Finding] = []
     version = ident.get("version") or "unknown"
     out += version_rules(facts, version, ident)
@@ -36,6 +36,7 @@ def static_findings(*, facts, audit, scan, ident, side, server, model, model_cla
     out += other_install_rules(other_install)
     out += model_rules(model, model_class, facts)
     out += log_rules(log, log_raw, model_class)
+    out += code_path_rules(code_paths)
     for e in agent_errors:
         out.append(Finding("AGENT_STEP_FAILED", WARN, f"the agent could not complete step {e.get('step')!r}",
                            [str(e.get("error"))], "re-run with --sudo if this is a permission problem"))
@@ -266,4 +267,47 @@ def log_rules(log, log_raw: dict, model_class) -> list[Finding]:
                            f"the model is MLA but the server selected a non-MLA backend ({log.decode_backend})",
                            [log.decode_backend_line.text if log.decode_backend_line else ""],
                            "check VLLM_MLA_DISABLE in the server's environment and the model config"))
+    return out
+
+
+def code_path_rules(cp: dict | None) -> list[Finding]:
+    """What the installed code shows of the served model's attention (code_paths.py), its disagreements with the
+    knowledge, and backends the table has never heard of."""
+    if not cp:
+        return []
+    out = []
+    served = cp.get("served")
+    if served and not served.get("generic"):
+        ev = [f"registry: {served['architecture']} -> {served['module']} ({served['registry']})"]
+        for lp in served.get("layers") or []:
+            when = f" when {lp['when']}" if lp.get("when") else ""
+            ev.append(f"[{lp['platform']}] layer {lp['class']} {lp['ref']}{when}: prefill {lp['prefill']}")
+            ev += [f"  decode: {d}" for d in lp.get("decode") or []]
+            ev += [f"  prefill: {p}" for p in lp.get("prefill_entries") or []]
+        taken = served.get("platform_taken")
+        ev.append(f"platform branch taken: {taken}" if taken else
+                  "platform branch: unknown (no GPU seen): every branch listed")
+        kind = served.get("prefill")
+        summary = {"none": f"{served['architecture']} runs the model-private family {served['family']}: every token, "
+                           "prefill included, goes through its own forward_mqa; it has no forward_mha",
+                   "own": f"{served['architecture']} runs the model-private family {served['family']}: decode "
+                          "through forward_mqa, prefill through the family's own prefill (never forward_mha)"}.get(
+            kind, f"{served['architecture']} runs {served['family']}'s own attention layer (prefill: {kind})")
+        out.append(Finding("FAMILY_PATH", INFO, summary, ev[:40]))
+    for d in cp.get("disagreements") or []:
+        out.append(Finding("KNOWLEDGE_CODE_DISAGREE", WARN,
+                           f"the knowledge and the installed code disagree ({d.get('what')}): the code's path is used",
+                           [d.get("text", ""), f"knowledge: {d.get('knowledge')}", f"code: {d.get('code')}"],
+                           "update the families table in diagnosis/knowledge/vllm_releases.yaml"))
+    unknown = cp.get("backends_unknown_to_table") or []
+    if unknown:
+        out.append(Finding("BACKEND_NOT_IN_TABLE", INFO,
+                           f"{len(unknown)} MLA backend(s) in the installed code are not in the knowledge's table; "
+                           "their decode entries were located from the code",
+                           [f"{b['name']}: {b['ref']}; decode {b['decode']}" for b in unknown[:30]]))
+    for m in cp.get("backend_decode_mismatch") or []:
+        out.append(Finding("KNOWLEDGE_CODE_DISAGREE", WARN,
+                           f"{m['name']}: the knowledge's decode entry is not what the installed code defines",
+                           [f"knowledge: {m['knowledge']}", f"code: {m['code']} {m['ref']}"],
+                           "update the backends table in diagnosis/knowledge/vllm_releases.yaml"))
     return out

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mla_doctor.diagnosis import static_rules as rules
+from mla_doctor.diagnosis.code_paths import code_paths_section, family_routing_text
 from mla_doctor.diagnosis.knowledge import Knowledge
 from mla_doctor.diagnosis.log_reading import records_of, remember_installed, run_start_patterns
 from mla_doctor.diagnosis.static_facts import (OtherInstall, classify_model, describe_install, other_install,
@@ -68,7 +69,7 @@ def static_request(kb: Knowledge, opts: AuditOptions, targets: Any = None) -> St
     patterns = {**req["log_patterns"], **run_start_patterns()}
     return StaticRequest(python=opts.python, model=opts.model, log=opts.log, symbols=req["symbols"],
                          index=_agent_index(kb), log_patterns=patterns, targets=targets,
-                         symbol_needs=_symbol_needs(kb))
+                         symbol_needs=_symbol_needs(kb), resolve={})
 
 
 def static_plan(kb: Knowledge, opts: AuditOptions) -> dict[str, Any]:
@@ -155,6 +156,15 @@ def build_static_report(name: str, raw: dict[str, Any], kb: Knowledge) -> HostRe
     if model_raw:
         model_class = classify_model(facts, model_raw.get("config"))
         report.model = {**model_raw, "classification": plain(model_class)}
+    # the attention code that runs, as the installed files state it (agent/facts/resolve.py)
+    code_paths = code_paths_section(facts, raw.get("resolution"), (model_raw or {}).get("config"))
+    if code_paths is not None:
+        static["code_paths"] = code_paths
+        served = code_paths.get("served") or {}
+        if model_class is not None and served and not served.get("generic"):
+            # the table's routing text is the shared split's (deepseek_v2.py's is_v32 gate...): not this model's code
+            model_class.routing = family_routing_text(served)
+            report.model["classification"] = plain(model_class)
     log_ev = None
     if log_raw.get("found"):
         harvested = records_of(log_raw.get("formats"))  # the installed vllm/'s own formats
@@ -173,7 +183,7 @@ def build_static_report(name: str, raw: dict[str, Any], kb: Knowledge) -> HostRe
     report.findings = rules.static_findings(
         facts=facts, audit=audit, scan=scan, ident=ident, side=raw.get("side_code") or {}, server=server,
         model=model_raw, model_class=model_class, log=log_ev, log_raw=log_raw, agent_errors=agent_errors,
-        other_install=other)
+        other_install=other, code_paths=code_paths)
     return report
 
 

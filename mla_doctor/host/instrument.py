@@ -86,6 +86,13 @@ def load_targets(name_or_path: str = "instrument-mla") -> TargetSet:
                      template=str(doc.get("template") or "probe_call.py.j2"), targets=tuple(targets))
 
 
+def family_targets(static_raw: dict[str, Any]) -> list[dict[str, Any]]:
+    """The resolution's probe targets (the agent's static answer, `resolution.probe_targets`)."""
+    res = static_raw.get("resolution") if isinstance(static_raw, dict) else None
+    items = (res or {}).get("probe_targets") if isinstance(res, dict) else None
+    return [t for t in items or [] if isinstance(t, dict) and t.get("file") and t.get("class") and t.get("method")]
+
+
 def never_patch_check(facts, rel: str, function: str) -> str | None:
     """The knowledge's torch.compile-traced list: refuse those (a graph break can stop the server)."""
     for e in getattr(facts, "never_patch", ()) or ():
@@ -189,6 +196,30 @@ def prepare_patch(kb: Knowledge, tset: TargetSet, static_raw: dict[str, Any], op
             # dispatch at its entry (its layer, q rows and metadata: what forward_mha then inherits)
             if t.where == "entry" or t.role == "dispatch":
                 plugin_targets.setdefault(modname, []).append([m["function"], t.key, t.role])
+    # the served family's own entries, as the installed code resolved them (agent/facts/resolve.py): DeepSeek V4's
+    # platform forward_mqa, Kimi K3's fused prefill... The shared entries are the playbook's; dispatch-role methods
+    # of a family are listed for attach, not patched (the playbook's split probes need their after_assign point).
+    placed = {(t["file"], t["function"]) for t in prepared.targets}
+    for i, ft in enumerate(family_targets(static_raw), 1):
+        rel, function = ft["file"], f"{ft['class']}.{ft['method']}"
+        if ("vllm/" + rel, function) in placed or ft.get("role") not in ("prefill", "decode") or not ft.get("sha256"):
+            continue
+        why = never_patch_check(facts, rel, function)
+        if why:
+            continue  # traced code is never a target, whoever found it
+        key = f"family:{ft.get('family')}:{ft['role']}:{i}"
+        code = templates.render(tset.template, module=module, target_id=key, role=ft["role"], function=function,
+                                run_id=run_id)
+        f = files.setdefault(rel, {"rel": rel, "expected_sha256": ft["sha256"], "inserts": []})
+        if f["expected_sha256"] != ft["sha256"]:
+            continue  # the playbook resolved another content of this file: never mix two hashes in one plan
+        f["inserts"].append({"function": function, "where": "entry", "code": code, "target": key})
+        prepared.targets.append({"key": key, "role": ft["role"], "file": "vllm/" + rel, "function": function,
+                                 "line": ft.get("line"), "where": "entry", "family": ft.get("family"),
+                                 "architecture": ft.get("architecture"), "platform": ft.get("platform"),
+                                 "call_site": "vllm/" + str(ft.get("call_site"))})
+        placed.add(("vllm/" + rel, function))
+        plugin_targets.setdefault("vllm." + rel[:-3].replace("/", "."), []).append([function, key, ft["role"]])
     import_code = templates.render("probe_import.py.j2", module=module, run_id=run_id)
     for f in files.values():
         f["inserts"].insert(0, {"function": None, "where": "module", "code": import_code, "target": "armed"})

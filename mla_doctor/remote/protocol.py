@@ -178,6 +178,7 @@ class StaticRequest(Request[StaticAnswer]):
     log_patterns: Any
     targets: Any = None
     symbol_needs: Any = None  # diagnosis/symbol_needs.py: which symbols the release's knowledge may search
+    resolve: Any = None  # {} or {"architectures": [...]}: the attention code that runs, read by AST (resolve.py)
 
     def to_plan(self) -> dict[str, Any]:
         plan = {"op": self.op, "python": self.python, "model": self.model, "log": self.log,
@@ -186,6 +187,8 @@ class StaticRequest(Request[StaticAnswer]):
             plan["targets"] = self.targets
         if self.symbol_needs is not None:
             plan["symbol_needs"] = self.symbol_needs
+        if self.resolve is not None:
+            plan["resolve"] = self.resolve
         return plan
 
 

