@@ -26,6 +26,7 @@ from typing import Any, Dict, Iterable, List, Optional, Pattern, Sequence, Tuple
 
 
 from mla_doctor.diagnosis.knowledge import load_data, load_knowledge, parse_version
+from mla_doctor.diagnosis.log_normalise import MAX_LINE, clean_line
 
 __all__ = ["Format", "Match", "Fact", "LogReading", "Matcher", "load_formats", "load_meanings", "matcher",
            "read_log", "message_of", "is_source_build", "shipped_releases", "release_of_version",
@@ -45,13 +46,14 @@ _OUTER = re.compile(
     r"^(?:(?:\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?"
     r"|[A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2}(?:\.\d+)?) \S+ [^\s\[\]:]+(?:\[(?P<jpid>\d+)\])?: ?"
     r"|\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?Z )")
-# "(EngineCore_DP0 pid=4242) INFO 11-29 10:00:00 [core.py:110] " or, vLLM <= 0.7, "INFO ... core.py:110] "
-_PREFIX = re.compile(
-    r"^\s*(?:\((?P<proc>[^()]*?)\s+pid=(?P<pid>\d+)\)\s*)?"
-    r"(?:(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+\d{2}-\d{2}\s+\d{1,2}:\d{1,2}:\d{1,2}(?:[.,]\d+)?\s+"
-    r"\[?(?P<where>[^\]\s]*)\]\s+)?")
-_EXC = re.compile(r"^(?P<exc>(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Warning))"
-                  r"\s*:\s*(?P<msg>.*)$")
+# vLLM's record prefix ("INFO 11-29 10:00:00 [core.py:110] ", <= 0.7 "INFO ... core.py:110] ", path-qualified
+# "[v1/engine/core.py:966]"), or Ray's own ("INFO worker.py:1749 -- "); bounded classes only: linear
+_RECORD = re.compile(
+    r"^(?:(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) {1,4}\d{2}-\d{2} {1,4}\d{1,2}:\d{1,2}:\d{1,2}(?:[.,]\d{1,9})?"
+    r" {1,4}\[?(?P<where>[^\]\s]{0,256})\] {0,8}"
+    r"|(?P<rlevel>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<rwhere>[\w.]{1,64}\.py:\d{1,7}) -- )?")
+_EXC = re.compile(r"^(?P<exc>(?:[A-Za-z_]\w{0,63}\.){0,8}[A-Z]\w{0,80}?(?:Error|Exception|Exit|Interrupt|Warning))"
+                  r" {0,4}: {0,4}(?P<msg>.*)$")
 _SOURCE_BUILD = re.compile(r"^0\.0\.0|\.dev\d*|\+g[0-9a-f]{6,}")
 PARTIAL_MIN = 20  # literal characters a truncated line must still carry to match a format's head
 
@@ -61,24 +63,31 @@ def literal_len(fmt: str) -> int:
 
 
 def strip_outer(line: str) -> str:
-    """The line as vLLM wrote it: without a journald or docker prefix, and without colour."""
+    """The line as vLLM's process wrote it, tags kept: without colour, a journald/docker/launcher prefix."""
     clean = _ANSI.sub("", line).rstrip()
     m = _OUTER.match(clean)
     return clean[m.end():] if m else clean
 
 
+def split_record(text: str) -> Tuple[str, Optional[str], Optional[str]]:
+    """(message, level, ``file.py:N`` or path-qualified ``v1/engine/core.py:N``) of a record whose outer
+    wrappers are already stripped (``log_normalise.clean_line``)."""
+    m = _RECORD.match(text)
+    if not m or not m.end():
+        return text.strip(), None, None
+    return text[m.end():].strip(), m.group("level") or m.group("rlevel"), m.group("where") or m.group("rwhere")
+
+
 def message_of(line: str) -> Tuple[str, Optional[str]]:
-    """(the logged message without colour, journald/docker prefix, process tag, level, time and [file:line];
-    the process tag)."""
-    clean = strip_outer(line)
-    m = _PREFIX.match(clean)
-    return clean[m.end():].strip(), (m.group("proc") if m else None)
+    """(the logged message without colour, launcher/journald/docker prefix, process tags, level, time and
+    [file:line]; the innermost process tag)."""
+    text, tags, _pid = clean_line(line)
+    return split_record(text)[0], (tags[-1] if tags else None)
 
 
 def _logged_at(line: str) -> Optional[str]:
     """The ``file.py:N`` vLLM's log prefix names (the call site), or None."""
-    m = _PREFIX.match(strip_outer(line))
-    return m.group("where") if m and m.group("where") else None
+    return split_record(clean_line(line)[0])[2]
 
 
 def is_source_build(version: Optional[str]) -> bool:
@@ -108,6 +117,8 @@ class Format:
     _rx: Optional[List[Tuple[Pattern[str], int, bool]]] = field(default=None, repr=False, compare=False)
     _anchor: Optional[str] = field(default=None, repr=False, compare=False)
     _head: Optional[str] = field(default=None, repr=False, compare=False)
+    _plan: Optional[Tuple[List[str], str, List[Tuple[int, int]], bool]] = field(default=None, repr=False,
+                                                                                compare=False)
 
     @property
     def sites(self) -> Dict[str, List[Tuple[str, int, str]]]:
@@ -161,6 +172,32 @@ class Format:
                 rx += [(re.compile("^" + h + "$", re.S), n, True) for h, n in heads]
             self._rx = rx
         return self._rx
+
+    def plan(self) -> Tuple[List[str], str, List[Tuple[int, int]], bool]:
+        """What ``regexes`` compiles, for the linear matcher: (literal chunks, placeholder kinds ``d``/``s``,
+        heads as (placeholders kept before the rest of the line, literal chars), heads tried)."""
+        if self._plan is None:
+            chunks, kinds, heads, cur, lit = [], [], [], [], 0
+            text = self.body
+            pos = 0
+            for m in _TOKEN.finditer(text):
+                cur.append(text[pos:m.start()])
+                lit += m.start() - pos
+                tok = m.group()
+                if tok == "%%":
+                    cur.append("%")
+                    lit += 1
+                else:
+                    if lit >= PARTIAL_MIN:
+                        heads.append((len(kinds), lit))
+                    chunks.append("".join(cur))
+                    cur = []
+                    kinds.append("d" if tok[-1] in "di" else "s")
+                pos = m.end()
+            cur.append(text[pos:])
+            chunks.append("".join(cur))
+            self._plan = (chunks, "".join(kinds), heads, self.raised or self.meaning.kind == "fatal")
+        return self._plan
 
     @property
     def head(self) -> str:
@@ -239,31 +276,103 @@ def release_of_version(version: Optional[str], distribution: Optional[str] = Non
     return hits[0] if hits else None
 
 
+_INT = re.compile(r"-?\d+")
+GRAM = 4   # a line's formats are looked up by the 4-grams of their heads: O(line) per line, not O(formats)
+
+
+def _linear(text: str, chunks: List[str], kinds: str, upto: Optional[int] = None) -> Optional[List[str]]:
+    """The placeholders' values when ``text`` is the format (``upto``: its head, the first ``upto``
+    placeholders then any rest). One left-to-right pass of ``str.find``: linear in the text, never the
+    nested-lazy-group backtracking of a regex (minutes on a long line)."""
+    first = chunks[0]
+    if len(chunks) == 1:
+        return [] if text == first else None
+    if not text.startswith(first):
+        return None
+    pos = len(first)
+    if upto is None:
+        last = chunks[-1]
+        end = len(text) - len(last)
+        if end < pos or not text.endswith(last):
+            return None
+        mids = chunks[1:-1]
+    else:
+        end = len(text)
+        mids = chunks[1:upto + 1]
+    groups = []
+    for chunk in mids:
+        j = text.find(chunk, pos, end) if chunk else pos
+        if j < 0:
+            return None
+        groups.append(text[pos:j])
+        pos = j + len(chunk)
+    groups.append(text[pos:end])
+    if upto is None:
+        for g, kind in zip(groups, kinds):
+            if kind == "d" and not _INT.fullmatch(g):
+                return None
+    else:
+        for g, kind in zip(groups, kinds[:upto]):
+            if kind == "d" and not _INT.fullmatch(g):
+                return None
+    return groups
+
+
 class Matcher:
-    """Compiled formats of one or more releases; ``match`` returns the most specific."""
+    """Compiled formats of one or more releases; ``match`` returns the most specific. ``steps`` counts the
+    work done (candidate formats tried, characters scanned) so a caller can bound it per log."""
 
     def __init__(self, formats: Iterable[Format]):
         self.formats = list(formats)
         self._heads: Optional[List[Tuple[str, Format]]] = None
+        self._grams: Optional[Dict[str, List[int]]] = None
+        self._short: List[int] = []
+        self.steps = 0
+
+    def _index(self) -> None:
+        self._heads = [(fmt.head, fmt) for fmt in self.formats]
+        grams: Dict[str, List[int]] = {}
+        short = []
+        for i, (head, _f) in enumerate(self._heads):
+            if len(head) >= GRAM:
+                grams.setdefault(head[:GRAM], []).append(i)
+            else:
+                short.append(i)
+        self._grams, self._short = grams, short
+
+    def candidates(self, message: str) -> List[int]:
+        """The formats whose head can be in the message (by their first 4-gram), in the matcher's order."""
+        if self._grams is None:
+            self._index()
+        grams = self._grams or {}
+        self.steps += len(message)
+        found = set(self._short)
+        for g in {message[i:i + GRAM] for i in range(len(message) - GRAM + 1)}:
+            got = grams.get(g)
+            if got:
+                found.update(got)
+        return sorted(found)
 
     def match(self, message: str) -> Optional["Match"]:
         m = _EXC.match(message)
         exc, body = (m.group("exc"), m.group("msg")) if m else (None, None)
-        if self._heads is None:
-            self._heads = [(fmt.head, fmt) for fmt in self.formats]
+        heads = self._heads
         best: Optional[Match] = None
-        for head, fmt in self._heads:
+        for i in self.candidates(message):
+            head, fmt = (heads or self._heads or [])[i]
             if head not in message:   # a raised format's text (the body) is inside the message too
                 continue
             text = body if fmt.raised else message
             if text is None or fmt.anchor not in text:
                 continue
-            for rx, lit, partial in fmt.regexes():
+            self.steps += 1 + len(text) // 64
+            chunks, kinds, fheads, partials = fmt.plan()
+            tries = [(None, fmt.literal, False)] + ([(k, lit, True) for k, lit in fheads] if partials else [])
+            for upto, lit, partial in tries:
                 if best is not None and (lit, not partial) <= (best.literal, not best.partial):
                     continue
-                mm = rx.match(text)
-                if mm:
-                    groups = [g for g in mm.groups() if g is not None]
+                groups = _linear(text, chunks, kinds, upto)
+                if groups is not None:
                     best = Match(fmt, groups, lit, partial, exc if fmt.raised else None)
                     break
         return best
@@ -483,11 +592,10 @@ def split_runs(lines: Sequence[Any]) -> List[Tuple[ProcessRun, List[Any]]]:
     has_engine = False
     pre: List[Tuple[Optional[str], Optional[str]]] = []   # (tag, pid) of the lines before the first start
     for (n, raw), item in zip(_items(lines), lines or []):
-        clean = strip_outer(raw)
-        pm = _PREFIX.match(clean)
-        msg = clean[pm.end():].strip() if pm else clean.strip()
+        text, tags, pid = clean_line(raw[:MAX_LINE])
+        msg = split_record(text)[0]
         hit = next(((sid, kind) for sid, kind, rx in starts if rx.match(msg)), None)
-        tag = pm.group("proc") if pm else None
+        tag = tags[-1] if tags else None
         if hit is not None and runs:
             # data-parallel engines (EngineCore_DP0, _DP1) each log their start: the same start counts again
             # only from the same process tag
@@ -512,11 +620,11 @@ def split_runs(lines: Sequence[Any]) -> List[Tuple[ProcessRun, List[Any]]]:
                 vm = re.match(r"^Initializing an? (?:V[01] )?LLM engine \(v([^)\s]+)\)", msg)
                 if vm and run.version is None:
                     run.version = vm.group(1)
-        if pm and pm.group("proc") and pm.group("pid"):
+        if tag and tag != "pid" and pid is not None:
             if run.index == 0 and run.start_line is None:
-                pre.append((pm.group("proc"), pm.group("pid")))
+                pre.append((tag, str(pid)))
             else:
-                run.pids.setdefault(pm.group("proc"), int(pm.group("pid")))
+                run.pids.setdefault(tag, pid)
     return _split_head(runs, pre)
 
 
