@@ -57,7 +57,7 @@ install-tier: setup
 	$(PYTEST) -q tests/install
 
 # Tiers fastest first, so a failure shows early; every tier runs, the exit status is the worst.
-TIERS ?= unit corpus install attack integration
+TIERS ?= unit corpus real_logs install attack integration
 
 test: setup system-packages lint
 	@failed=""; for t in $(TIERS); do \

@@ -26,7 +26,7 @@ from typing import Any, Dict, Iterable, List, Optional, Pattern, Sequence, Tuple
 
 
 from mla_doctor.diagnosis.knowledge import load_data, load_knowledge, parse_version
-from mla_doctor.diagnosis.log_normalise import MAX_LINE, clean_line
+from mla_doctor.diagnosis.log_normalise import MAX_LINE, clean_line, normalise
 
 __all__ = ["Format", "Match", "Fact", "LogReading", "Matcher", "load_formats", "load_meanings", "matcher",
            "read_log", "message_of", "is_source_build", "shipped_releases", "release_of_version",
@@ -54,6 +54,8 @@ _RECORD = re.compile(
     r"|(?P<rlevel>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<rwhere>[\w.]{1,64}\.py:\d{1,7}) -- )?")
 _EXC = re.compile(r"^(?P<exc>(?:[A-Za-z_]\w{0,63}\.){0,8}[A-Z]\w{0,80}?(?:Error|Exception|Exit|Interrupt|Warning))"
                   r" {0,4}: {0,4}(?P<msg>.*)$")
+_VERSION_LINE = re.compile(r"^(?:Initializing an? V[01] LLM engine \(v|vLLM API server version |vLLM server version )"
+                           r"v?([\w.+\-]{1,64})")
 _SOURCE_BUILD = re.compile(r"^0\.0\.0|\.dev\d*|\+g[0-9a-f]{6,}")
 PARTIAL_MIN = 20  # literal characters a truncated line must still carry to match a format's head
 
@@ -658,8 +660,8 @@ def _split_head(runs: List[Tuple[ProcessRun, List[Any]]],
 
 @dataclass
 class Fact:
-    n: int                      # line number in the log
-    text: str                   # the line as logged (colour removed)
+    n: int                      # line number in the log (the first, for a wrapped line)
+    text: str                   # the record as logged (colour and wrappers removed)
     kind: str                   # the format's meaning (attention_backend, engine, fatal, moe, ...)
     value: Optional[str]        # the backend / version / count the line states
     format: str                 # the vLLM format string it matched
@@ -667,11 +669,25 @@ class Fact:
     releases: List[str]         # releases whose sources hold this format
     process: Optional[str] = None
     partial: bool = False       # the line matched only the head of the format (a truncated quote)
+    lines: List[int] = field(default_factory=list)   # every original line it decided from (a traceback: start, end)
+    rule: Optional[str] = None  # the rule that made it a fact (fatal: which traceback form)
+    role: Optional[str] = None  # a backend line's: model, drafter, encoder, indexer
+    engine: Optional[str] = field(default=None, repr=False, compare=False)     # the engine its format states
+    sets: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    groups: List[str] = field(default_factory=list, repr=False, compare=False)
+    files: Tuple[str, ...] = field(default=(), repr=False, compare=False)     # every file its format is in
 
     def to_dict(self) -> dict:
-        return {"line": self.n, "text": self.text, "kind": self.kind, "value": self.value,
-                "format": self.format, "source": self.source, "releases": self.releases,
-                "process": self.process, "partial": self.partial}
+        out = {"line": self.n, "text": self.text, "kind": self.kind, "value": self.value,
+               "format": self.format, "source": self.source, "releases": self.releases,
+               "process": self.process, "partial": self.partial}
+        if self.lines and self.lines != [self.n]:
+            out["lines"] = list(self.lines)
+        if self.rule:
+            out["rule"] = self.rule
+        if self.role:
+            out["role"] = self.role
+        return out
 
 
 @dataclass
@@ -681,34 +697,45 @@ class LogReading:
     source_build: bool = False
     releases: List[str] = field(default_factory=list)   # shipped releases whose formats fit the log best
     tried: List[str] = field(default_factory=list)
-    attention_backend: Optional[Fact] = None
+    attention_backend: Optional[Fact] = None     # the MODEL's (a drafter's, encoder's, indexer's: other_backends)
     prefill_backend: Optional[Fact] = None
     engine: Optional[str] = None
     engine_line: Optional[Fact] = None
-    cudagraph_mode: Optional[str] = None
+    cudagraph_mode: Optional[str] = None          # as it RAN (the last downgrade / capture line), else as requested
+    cudagraph_mode_requested: Optional[str] = None
     eager: Optional[bool] = None
     chunked_prefill: Optional[bool] = None
     max_num_batched_tokens: Optional[int] = None
     sparse: Optional[bool] = None
     facts: List[Fact] = field(default_factory=list)
     fatal: List[Fact] = field(default_factory=list)
+    fatal_error: Optional[Fact] = None            # the cause: the first fatal exception that is not a wrapper
     unmatched: int = 0
     runs: List[ProcessRun] = field(default_factory=list)   # the server processes in the log, oldest first
     earlier_fatal: List[Fact] = field(default_factory=list)  # fatal lines of processes before the newest
+    other_backends: List[Fact] = field(default_factory=list)  # drafter / encoder / indexer backends (role)
+    decided: Dict[str, Any] = field(default_factory=dict)     # field -> log_facts.Decision (rule, lines)
+    unknown: Dict[str, str] = field(default_factory=dict)     # field -> what was looked for and not found
+    normalised: Dict[str, Any] = field(default_factory=dict)  # what the normaliser stripped (log_normalise)
+    stopped: Optional[Dict[str, Any]] = None                  # the read stopped early: where and why
+    cudagraph_events: List[Dict[str, Any]] = field(default_factory=list)
+    sparse_lines: List[int] = field(default_factory=list)
+    drafter_line: Optional[int] = None
 
     def of_kind(self, kind: str) -> List[Fact]:
         return [f for f in self.facts if f.kind == kind]
 
+    def why(self) -> Dict[str, Any]:
+        """The JSON of how each fact was decided (``decided``) and what stayed unknown."""
+        return {"decided": {k: d.to_dict() for k, d in self.decided.items()}, "unknown": dict(self.unknown),
+                "normalised": dict(self.normalised), "stopped": self.stopped,
+                "cudagraph_mode_requested": self.cudagraph_mode_requested,
+                "other_backends": [f.to_dict() for f in self.other_backends],
+                "fatal_error": self.fatal_error.to_dict() if self.fatal_error is not None else None}
 
-_CG_JSON = re.compile(r"""['"]?cudagraph_mode['"]?\s*[:=]\s*"""
-                      r"""(<CUDAGraphMode\.(\w+)[^>]*>|\[[\d,\s]*\]|\d+|'?"?([A-Z_]+))""")
-_EAGER = re.compile(r"enforce_eager=(True|False)")
+
 _CG_VALUES = {"0": "NONE", "1": "PIECEWISE", "2": "FULL", "[2, 0]": "FULL_DECODE_ONLY", "[2, 1]": "FULL_AND_PIECEWISE"}
-_FALLBACK_FATAL = [
-    ("traceback", re.compile(r"Traceback \(most recent call last\)")),
-    ("engine_dead", re.compile(r"EngineDeadError")),
-    ("cuda_oom", re.compile(r"CUDA out of memory|torch\.OutOfMemoryError")),
-]
+MAX_STEPS = 40_000_000   # matcher work per log (characters scanned + formats tried): beyond it, the read stops
 
 
 def backend_name(raw: Optional[str], aliases: Optional[Dict[str, str]] = None) -> Optional[str]:
@@ -748,16 +775,6 @@ def _cg_mode(raw: Optional[str]) -> Optional[str]:
     return val if re.match(r"^[A-Z][A-Z_]*$", val) else None
 
 
-def _cudagraph_mode(text: str) -> Optional[str]:
-    m = _CG_JSON.search(text)
-    if m:
-        if m.group(2) or m.group(3):
-            return m.group(2) or m.group(3)
-        val = re.sub(r"\s+", "", m.group(1)).replace(",", ", ")
-        return _CG_VALUES.get(val, val)
-    return None
-
-
 def _newest(sites: Dict[str, Any]) -> str:
     order = {k: i for i, k in enumerate(shipped_releases())}
     return max(sites, key=lambda k: order.get(k, -1))
@@ -777,7 +794,7 @@ def _fit(matches: List[Tuple[int, Match]], candidates: Sequence[str]) -> List[st
 
 def read_log(lines: Sequence[Any], version: Optional[str] = None, distribution: Optional[str] = None,
              harvested: Optional[List[dict]] = None, aliases: Optional[Dict[str, str]] = None,
-             scope: bool = True) -> LogReading:
+             scope: bool = True, max_steps: int = MAX_STEPS) -> LogReading:
     """Read the lines (strings, or the agent's ``{"n", "text"}``) into facts, each with its source format.
 
     ``harvested``: formats from the installed ``vllm/`` (they are the truth for that install); otherwise
@@ -788,23 +805,35 @@ def read_log(lines: Sequence[Any], version: Optional[str] = None, distribution: 
     if scope:
         runs = split_runs(numbered(lines))
         if len(runs) > 1:
-            out = read_log(runs[-1][1], version, distribution, harvested, aliases, scope=False)
+            out = read_log(runs[-1][1], version, distribution, harvested, aliases, False, max_steps)
             earlier = read_log([it for _run, its in runs[:-1] for it in its], version, distribution, harvested,
-                               aliases, scope=False)
+                               aliases, False, max_steps)
             out.earlier_fatal = earlier.fatal
             out.runs = [run for run, _its in runs]
             return out
-        out = read_log(lines, version, distribution, harvested, aliases, scope=False)
+        out = read_log(lines, version, distribution, harvested, aliases, False, max_steps)
         out.runs = [run for run, _its in runs]
         return out
+    return _read(lines, version, distribution, harvested, aliases, max_steps)
+
+
+def _read(lines: Sequence[Any], version: Optional[str], distribution: Optional[str],
+          harvested: Optional[List[dict]], aliases: Optional[Dict[str, str]], max_steps: int) -> LogReading:
+    from mla_doctor.diagnosis.log_facts import Record, decide
+
     out = LogReading(version=version)
+    norm = normalise(lines)
+    out.normalised = norm.to_dict()
+    recs = []
+    for nl in norm.lines:
+        msg, level, where = split_record(nl.text)
+        recs.append(Record(nl.n, nl.ns, nl.text, msg, level, where, nl.tags, nl.pid))
     # the version the log states, when none was given
     if not version:
-        for n, raw in items:
-            msg, _ = message_of(raw)
-            vm = re.match(r"^(?:Initializing a V[01] LLM engine \(v|vLLM API server version )v?([\w.+\-]+)", msg)
+        for r in recs:
+            vm = _VERSION_LINE.match(r.msg)
             if vm:
-                out.version, out.version_line = vm.group(1).rstrip(")"), n
+                out.version, out.version_line = vm.group(1).rstrip(")"), r.n
                 break
     out.source_build = is_source_build(out.version)
     m_any = None
@@ -826,86 +855,51 @@ def read_log(lines: Sequence[Any], version: Optional[str] = None, distribution: 
         # is still read with every release's formats; the stated release wins ties
         m_any = matcher() if exact else None
     out.tried = list(keys)
-    matched: List[Tuple[int, Match]] = []
-    for n, raw in items:
-        msg, proc = message_of(raw)
-        clean = _ANSI.sub("", raw).rstrip()
-        if not msg:
+    matched: List[Tuple[Any, Match]] = []
+    start = m_all.steps + (m_any.steps if m_any is not None and m_any is not m_all else 0)
+    read = 0
+    for r in recs:
+        spent = m_all.steps + (m_any.steps if m_any is not None and m_any is not m_all else 0) - start
+        if spent > max_steps:
+            out.stopped = {"at_line": r.n, "records_read": read, "records": len(recs),
+                           "why": "the matcher's step budget (%d) was spent; later lines were not read" % max_steps}
+            recs = recs[:read]
+            break
+        read += 1
+        if not r.msg:
             continue
-        m = m_all.match(msg)
+        m = m_all.match(r.msg)
         if m_any is not None:
-            other = m_any.match(msg)
+            other = m_any.match(r.msg)
             if other is not None and (m is None or (other.literal, not other.partial) > (m.literal, not m.partial)):
                 m = other
         if m is None:
-            for fid, rx in _FALLBACK_FATAL:
-                if rx.search(clean):
-                    fact = Fact(n, clean, "fatal", fid, "", "", [], proc)
-                    out.facts.append(fact)
-                    out.fatal.append(fact)
-                    break
-            else:
-                out.unmatched += 1
+            out.unmatched += 1
             continue
-        matched.append((n, m))
-    out.releases = _fit(matched, keys) if harvested is None else ["installed"]
+        matched.append((r, m))
+    out.releases = _fit([(r.n, m) for r, m in matched], keys) if harvested is None else ["installed"]
     pick = [k for k in keys if k in out.releases] or list(keys)
-    for n, m in matched:
-        raw = dict(items)[n]
-        msg, proc = message_of(raw)
-        clean = _ANSI.sub("", raw).rstrip()
+    reject = load_meanings()["_reject"]
+    for r, m in matched:
         fmt, mean = m.format, m.format.meaning
         site_key = next((k for k in reversed(pick) if k in fmt.sites), None) or _newest(fmt.sites)
-        where = _logged_at(raw)
         sites = fmt.sites[site_key]
+        where = (r.where or "").rsplit("/", 1)[-1]
         file, line, _level = next((st for st in sites if where and "%s:%d" % (st[0].rsplit("/", 1)[-1], st[1])
                                    == where), sites[0])
         value = _value(m, aliases)
         kind = mean.kind
-        if kind == "attention_backend" and value and load_meanings()["_reject"].search(value):
+        if kind == "attention_backend" and value and reject.search(value):
             kind = "other"   # a look-alike line whose own format is not in these releases
         if kind == "fatal" and fmt.raised and m.exc:
             value = m.exc
         if kind == "cudagraph":  # the mode stated (text or placeholder), else the one the format implies (sets)
             value = _cg_mode(value) or dict(mean.sets).get("cudagraph_mode")
-        fact = Fact(n, clean, kind, value, fmt.text, "vllm/%s:%d" % (file, line),
-                    [k for k in shipped_releases() + ["installed"] if k in fmt.sites], proc, m.partial)
+        fact = Fact(r.n, r.text, kind, value, fmt.text, "vllm/%s:%d" % (file, line),
+                    [k for k in shipped_releases() + ["installed"] if k in fmt.sites], r.tags[-1] if r.tags else None,
+                    m.partial, list(r.ns), None, None, mean.engine, dict(mean.sets), list(m.groups),
+                    tuple(sorted({st[0] for ss in fmt.sites.values() for st in ss})))
         out.facts.append(fact)
-        sets = dict(mean.sets)
-        if kind == "fatal":
-            out.fatal.append(fact)
-        elif kind == "attention_backend":
-            out.attention_backend = fact
-            if mean.engine and out.engine is None:
-                out.engine = mean.engine
-        elif kind == "prefill_backend":
-            out.prefill_backend = fact
-        elif kind == "engine":
-            out.engine, out.engine_line = mean.engine, fact
-            mode = _cudagraph_mode(msg)
-            if mode:
-                out.cudagraph_mode = mode
-            em = _EAGER.search(msg)
-            if em:
-                out.eager = em.group(1) == "True"
-                if out.eager:
-                    out.cudagraph_mode = "NONE"
-        elif kind == "eager":
-            out.eager, out.cudagraph_mode = True, "NONE"
-        elif kind == "cudagraph" and value:
-            out.cudagraph_mode = value   # the mode the format states (log_meanings.yaml: its text or placeholder)
-        elif kind == "chunked_prefill" and sets.get("chunked_prefill") and m.groups:
-            try:
-                out.max_num_batched_tokens = int(m.groups[0])
-            except ValueError:
-                pass
-        if "chunked_prefill" in sets and kind != "fatal":
-            out.chunked_prefill = bool(sets["chunked_prefill"])
-        if sets.get("sparse"):
-            out.sparse = True
-    if out.eager is None and out.cudagraph_mode and out.cudagraph_mode != "NONE":
-        out.eager = False
-    ab = out.attention_backend
-    if ab is not None and ab.value and "SPARSE" in ab.value.upper():
-        out.sparse = True
+        r.fact = fact
+    decide(out, recs, norm.prompts)
     return out
