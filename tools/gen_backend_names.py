@@ -58,14 +58,34 @@ def harvest(src: Path) -> dict:
     return out
 
 
+_REG = re.compile(r'^ {4}([A-Z][A-Z0-9_]+) = \(?\s*"(vllm\.[\w.]+)\.(\w+)"', re.M)
+
+
+def harvest_registry(src: Path) -> tuple:
+    """(class name -> enum, module basename -> enum) from each release's AttentionBackendEnum registry."""
+    classes: dict = {}
+    modules: dict = {}
+    for rel in sorted(p for p in src.iterdir() if (p / "vllm").is_dir()):
+        for reg in ("vllm/attention/backends/registry.py", "vllm/v1/attention/backends/registry.py"):
+            f = rel / reg
+            if not f.is_file():
+                continue
+            for name, mod, cls in _REG.findall(f.read_text(encoding="utf-8", errors="replace")):
+                classes.setdefault(cls, {}).setdefault(name, rel.name)
+                modules.setdefault(mod.rsplit(".", 1)[-1], {}).setdefault(name, rel.name)
+    one = lambda d: {k: sorted(v)[0] for k, v in sorted(d.items()) if len(v) == 1}  # noqa: E731 - ambiguous dropped
+    return one(classes), one(modules)
+
+
 def main() -> None:
     src = Path(sys.argv[1]) if len(sys.argv) > 1 else Path.home() / ".cache/mla-doctor/vllm-src"
     data = harvest(src)
     doc = {"schema": 1, "generated_by": "tools/gen_backend_names.py",
            "names": {k: {n: {"sites": len(s), "first": s[0], "last": s[-1]} for n, s in sorted(v.items())}
                      for k, v in sorted(data.items())}}
+    doc["classes"], doc["modules"] = harvest_registry(src)
     OUT.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    print("%d display names -> %s" % (len(data), OUT))
+    print("%d display names, %d classes, %d modules -> %s" % (len(data), len(doc["classes"]), len(doc["modules"]), OUT))
 
 
 if __name__ == "__main__":

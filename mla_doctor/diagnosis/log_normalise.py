@@ -32,7 +32,7 @@ _CR = re.compile(r"(?:\^M|\r)+$")
 # the launcher's rank: "[0] ", "[rank0]: ", "[default3]:", "[1,0]<stdout>:"
 _LAUNCHER = re.compile(r"^\[(?:rank|default)?\d{1,5}(?:,\d{1,5})?\](?:<std(?:out|err)>)?:? ?")
 # docker compose / kubectl --prefix: "vllm-1  | ", "[pod/vllm-0/vllm] "
-_SERVICE = re.compile(r"^(?:[\w.-]{1,64} {1,8}\| |\[pod/[\w./-]{1,200}\] )")
+_SERVICE = re.compile(r"^(?:[\w.-]{1,64} {1,8}\|(?: |$)|\[pod/[\w./-]{1,200}\] )")
 # a time in front of the record: ISO 8601 / RFC 3339 (T or space, fraction, Z or offset), bracketed or not,
 # journald/syslog short ("Dec 01 01:16:19 host python[61]: "), a bare clock ("10:00:01.123 ")
 _TS = re.compile(
@@ -43,16 +43,21 @@ _TS = re.compile(
 # the opening "(" may have been cut off by the paste ("EngineCore_0 pid=1248800) ValueError: ...")
 _TAG = re.compile(r"^\(?(?P<proc>[A-Za-z][\w.:=-]{0,63}(?: [\w.:=-]{1,32}){0,3})? ?pid=(?P<pid>\d{1,10})"
                   r"(?:, ip=[\w.:-]{1,64})?\) ?")
+# a tag whose "pid=… LEVEL" a launcher's re-formatting swallowed: "(VllmWorkerProcess 03-31 03:33:02 x.py:1]"
+_TAG_NOPID = re.compile(r"^\((?P<proc>[A-Za-z]\w{0,63}) (?=\d{2}-\d{2} \d{1,2}:\d{2}:\d{2})")
+# a launcher's own log record around vLLM's line: Rust tracing ("INFO dynamo_llm::engines::vllm::worker: VLLM: ")
+_HOST_LOG = re.compile(r"^(?:TRACE|DEBUG|INFO|WARN|ERROR) {1,4}[a-z_][\w]{0,40}(?:::[\w]{1,40}){1,8}: (?:[A-Za-z]{1,16}: )?")
 # Ray's de-duplication note at the end of a line
 _RAY_REPEAT = re.compile(r" ?\[repeated \d+x across cluster\]")
 # a record starting in the middle of a line (an issue body that lost its newlines, Ray's glued lines)
 _GLUED = re.compile(r" (?=\((?:[A-Za-z][\w]{0,63}(?: [\w=]{1,32}){0,3} )?pid=\d{1,10}(?:, ip=[\w.:-]{1,64})?\) )"
-                    r"| (?=(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d{2}-\d{2} \d{1,2}:\d{2}:\d{2}(?:\.\d+)? )"
+                    r"|(?<!\)) (?=(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d{2}-\d{2} \d{1,2}:\d{2}:\d{2}(?:\.\d+)? )"
                     r"| (?=\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2},\d{3} (?:INFO|WARNING|ERROR) )")
 # a shell prompt that ran something: "user@host:~/dir$ vllm serve …", "root@x:/w# docker logs …", "$ python …"
 _PROMPT = re.compile(r"^(?:> ?)?(?:\([\w.-]{1,64}\) ?)?(?:[\w.-]{1,64}@[\w.-]{1,64}:[^\s$#]{0,256} ?[$#]|[$#]) (?=\S)")
 # UTF-8 read as cp1252/latin-1: "â–ˆ" (█), "â–" (▏…▉), "Â " (nbsp)
 _MOJIBAKE = re.compile("(?:\u00e2[\u0080-\u02ff\u2000-\u20ff]{1,2}|\u00c2(?=[\u00a0 ]))+")
+_RECORD_START = re.compile(r"^(?:\[?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d{2}-\d{2} |Traceback \(|File \"|\d{2}-\d{2} \d{2}:)")
 _LEVEL_START = re.compile(r"^(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\b")
 # a line that begins a record of its own (never the tail of a wrapped one)
 _OWN_START = re.compile(r"^(?:\s|Traceback|File \"|[A-Z]|\(|\[|\{|$|#|[-=*]{3}|\d{4}-\d{2}-\d{2}|\d{2}-\d{2} )")
@@ -131,7 +136,7 @@ def clean_line(raw: str, out: Optional[Normalised] = None, n: int = 0) -> Tuple[
     pid: Optional[int] = None
     for _ in range(12):
         s = s.lstrip()
-        for kind, rx in (("launcher", _LAUNCHER), ("service", _SERVICE), ("timestamp", _TS)):
+        for kind, rx in (("launcher", _LAUNCHER), ("service", _SERVICE), ("timestamp", _TS), ("host_log", _HOST_LOG)):
             m = rx.match(s)
             if m and m.end():
                 if out is not None:
@@ -143,6 +148,11 @@ def clean_line(raw: str, out: Optional[Normalised] = None, n: int = 0) -> Tuple[
             if m and (s.startswith("(") or not tags):
                 tags.append(m.group("proc") or "pid")
                 pid = int(m.group("pid"))
+                s = s[m.end():]
+                continue
+            m = _TAG_NOPID.match(s)
+            if m:
+                tags.append(m.group("proc"))
                 s = s[m.end():]
                 continue
             break
@@ -171,7 +181,14 @@ def normalise(lines: Sequence[Any], max_line: int = MAX_LINE) -> Normalised:
     out = Normalised()
     prev: Optional[NormLine] = None
     prev_len = 0
-    for n, raw in _items(lines):
+    items = _items(lines)
+    # a terminal or an issue that hard-wraps wraps every long line at one width: a width shared by 2+ lines
+    widths: Dict[int, int] = {}
+    for _n, raw in items:
+        if len(raw) >= 60:
+            widths[len(raw)] = widths.get(len(raw), 0) + 1
+    wrap_at = {w for w, c in widths.items() if c >= 2}
+    for n, raw in items:
         cut = len(raw) > max_line
         if cut:
             out.note("cut", n, raw[:120])
@@ -190,9 +207,10 @@ def normalise(lines: Sequence[Any], max_line: int = MAX_LINE) -> Normalised:
                 continue
             text, tags, pid = clean_line(piece, out, n)
             length = len(piece)
-            # a wrapped line: a bare fragment after a long line (no record of its own begins here)
-            if (k == 0 and prev is not None and prev_len >= WRAP_WIDTH and not tags and text
-                    and not _OWN_START.match(text) and not _LEVEL_START.match(text)):
+            own = bool(tags) or text != piece.strip() or _LEVEL_START.match(text) or _RECORD_START.match(text)
+            # a wrapped line: a bare fragment after a line cut at the paste's wrap width, or after a long line
+            if k == 0 and prev is not None and text and not own and (
+                    prev_len in wrap_at or (prev_len >= WRAP_WIDTH and not _OWN_START.match(text))):
                 prev.text += text
                 prev.ns += (n,)
                 out.note("wrapped", n, piece)

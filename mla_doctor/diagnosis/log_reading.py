@@ -49,13 +49,13 @@ _OUTER = re.compile(
 # vLLM's record prefix ("INFO 11-29 10:00:00 [core.py:110] ", <= 0.7 "INFO ... core.py:110] ", path-qualified
 # "[v1/engine/core.py:966]"), or Ray's own ("INFO worker.py:1749 -- "); bounded classes only: linear
 _RECORD = re.compile(
-    r"^(?:(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) {1,4}\d{2}-\d{2} {1,4}\d{1,2}:\d{1,2}:\d{1,2}(?:[.,]\d{1,9})?"
+    r"^(?:\[?(?:(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) {1,4})?\d{2}-\d{2} {1,4}\d{1,2}:\d{1,2}:\d{1,2}(?:[.,]\d{1,9})?"
     r" {1,4}\[?(?P<where>[^\]\s]{0,256})\] {0,8}"
     r"|(?P<rlevel>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<rwhere>[\w.]{1,64}\.py:\d{1,7}) -- )?")
 _EXC = re.compile(r"^(?P<exc>(?:[A-Za-z_]\w{0,63}\.){0,8}[A-Z]\w{0,80}?(?:Error|Exception|Exit|Interrupt|Warning))"
                   r" {0,4}: {0,4}(?P<msg>.*)$")
-_VERSION_LINE = re.compile(r"^(?:Initializing an? V[01] LLM engine \(v|vLLM API server version |vLLM server version )"
-                           r"v?([\w.+\-]{1,64})")
+_VERSION_LINE = re.compile(r"^(?:Initializing an? (?:V[01] )?LLM engine \(v|vLLM API server version |vLLM server version "
+                           r"|[\s\u2580-\u259f]{4,80}version )v?([\w.+\-]{1,64})")
 _SOURCE_BUILD = re.compile(r"^0\.0\.0|\.dev\d*|\+g[0-9a-f]{6,}")
 PARTIAL_MIN = 20  # literal characters a truncated line must still carry to match a format's head
 
@@ -709,7 +709,8 @@ class LogReading:
     sparse: Optional[bool] = None
     facts: List[Fact] = field(default_factory=list)
     fatal: List[Fact] = field(default_factory=list)
-    fatal_error: Optional[Fact] = None            # the cause: the first fatal exception that is not a wrapper
+    fatal_error: Optional[Fact] = None            # the last exception (else death message) that ended a process
+    fatal_cause: Optional[Fact] = None            # the first of them that is not a wrapper ("See root cause above")
     unmatched: int = 0
     runs: List[ProcessRun] = field(default_factory=list)   # the server processes in the log, oldest first
     earlier_fatal: List[Fact] = field(default_factory=list)  # fatal lines of processes before the newest
@@ -731,14 +732,51 @@ class LogReading:
                 "normalised": dict(self.normalised), "stopped": self.stopped,
                 "cudagraph_mode_requested": self.cudagraph_mode_requested,
                 "other_backends": [f.to_dict() for f in self.other_backends],
-                "fatal_error": self.fatal_error.to_dict() if self.fatal_error is not None else None}
+                "fatal_error": self.fatal_error.to_dict() if self.fatal_error is not None else None,
+                "fatal_cause": self.fatal_cause.to_dict() if self.fatal_cause is not None else None}
 
 
 _CG_VALUES = {"0": "NONE", "1": "PIECEWISE", "2": "FULL", "[2, 0]": "FULL_DECODE_ONLY", "[2, 1]": "FULL_AND_PIECEWISE"}
 MAX_STEPS = 40_000_000   # matcher work per log (characters scanned + formats tried): beyond it, the read stops
 
 
+@functools.lru_cache(maxsize=1)
+def display_names() -> Dict[str, str]:
+    """Display text -> enum name, as each release's platform code pairs its ``Using <text> backend`` line with
+    the backend it returns (``knowledge/backend_display_names.json``, tools/gen_backend_names.py): the name most
+    sites give, among those sharing a word with the text."""
+    try:
+        with open(_KNOWLEDGE / "backend_display_names.json", encoding="utf-8") as f:
+            doc = json.load(f)["names"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    out = {}
+    for text, names in doc.items():
+        flat = re.sub(r"[^A-Z]", "", text.upper()).replace("ATTENTION", "ATTN")
+
+        def score(item: Tuple[str, dict]) -> Tuple[int, int]:
+            return (sum(1 for part in item[0].split("_") if part and part in flat), item[1]["sites"])
+
+        best = max(names.items(), key=score)
+        if score(best)[0]:
+            out[text] = best[0]
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def backend_code_names() -> Tuple[Dict[str, str], Dict[str, str]]:
+    """(backend class -> enum, backend module -> enum), from the releases' AttentionBackendEnum registries."""
+    try:
+        with open(_KNOWLEDGE / "backend_display_names.json", encoding="utf-8") as f:
+            doc = json.load(f)
+        return dict(doc.get("classes") or {}), dict(doc.get("modules") or {})
+    except (OSError, ValueError):
+        return {}, {}
+
+
 def backend_name(raw: Optional[str], aliases: Optional[Dict[str, str]] = None) -> Optional[str]:
+    """vLLM's enum name for a backend as a line prints it: the enum (``AttentionBackendEnum.X``), its
+    ``get_name()``, or the platform's display text (``Torch SDPA`` -> TORCH_SDPA)."""
     if not raw:
         return None
     name = raw.strip().strip("'\"")
@@ -748,7 +786,18 @@ def backend_name(raw: Optional[str], aliases: Optional[Dict[str, str]] = None) -
     names = load_meanings().get("names") or {}
     if aliases is None:
         aliases = load_knowledge().data.get("backend_aliases") or {}
-    return aliases.get(name) or names.get(name) or name
+    got = aliases.get(name) or names.get(name) or display_names().get(name)
+    if got:
+        return got
+    classes = backend_code_names()[0]
+    if name in classes:
+        return classes[name]
+    stem = re.sub(r"(?:MetadataBuilder|Backend|Impl|Metadata)$", "", name)
+    if stem != name and stem + "Backend" in classes:   # CutlassMLAMetadataBuilder -> CutlassMLABackend
+        return classes[stem + "Backend"]
+    if name.endswith("_VLLM_V1"):   # 0.7-0.9's V1 enum spelling; the knowledge keys the backend without it
+        return aliases.get(name[:-8]) or name[:-8]
+    return name
 
 
 def _value(match: Match, aliases: Optional[Dict[str, str]]) -> Optional[str]:
