@@ -26,7 +26,7 @@ import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Pattern, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from mla_doctor.diagnosis.knowledge import load_data
 
@@ -53,7 +53,8 @@ LOOKED_FOR = {
 
 _ENGINE_LINE = re.compile(r"^Initializing an? (?:(V[01]) )?LLM engine \(v")
 _BACKEND_WORD = re.compile(r"\b(?:AttentionBackendEnum\.|_Backend\.)?([A-Z][A-Z0-9]{1,20}(?:_[A-Z0-9]{1,20}){0,6})\b")
-_DOWNGRADE = re.compile(r"(?i:setting|overriding|fallback to|falling back to) cudagraph[_ ]mode(?: from \w{1,32})? ?(?:to |=)"
+_DOWNGRADE = re.compile(r"(?i:setting|overriding|fallback to|falling back to) cudagraph[_ ]mode"
+                        r"(?: from \w{1,32})? ?(?:to |=)"
                         r"(FULL_AND_PIECEWISE|FULL_DECODE_ONLY|PIECEWISE|FULL|NONE)\b")
 _ARCHS = re.compile(r"""\barchitectures['"]?\s{0,4}[=:]\s{0,4}\[['"](\w{1,80})['"]\]""")
 _REJECTED_MODE = re.compile(r"\bCUDAGraphMode\.([A-Z_]{2,32}) is not supported\b")
@@ -101,7 +102,7 @@ class Record:
     """One normalised record as the reader saw it."""
     n: int
     ns: Tuple[int, ...]
-    text: str               # the record (tags stripped)
+    text: str               # what a fact quotes: the pasted line, or the record when it was split / joined
     msg: str                # its message (level, time, [file:line] split off)
     level: Optional[str]
     where: Optional[str]
@@ -160,15 +161,18 @@ def combine_captures(kinds: Dict[str, str]) -> Optional[str]:
     return None
 
 
-def _only_engine(version: str) -> Optional[str]:
+@functools.lru_cache(maxsize=1)
+def _engine_wording() -> Dict[str, str]:
+    """Selection formats only one engine prints (the knowledge's log entries: "Using Triton MLA backend." is V0's,
+    V1 said "... on V1 engine." in the same releases); a format the entries give two engines is left out."""
     from mla_doctor.diagnosis.knowledge import load_knowledge
 
-    try:
-        facts = load_knowledge().for_version(version)
-    except Exception:   # noqa: BLE001 - an unparseable version tells nothing
-        return None
-    engines = list(getattr(facts, "engines", None) or [])
-    return engines[0] if getattr(facts, "known", False) and len(engines) == 1 else None
+    seen: Dict[str, set] = {}
+    for e in load_knowledge().data.get("logs") or []:
+        if isinstance(e, dict) and e.get("format") and e.get("kind") == "decode_backend" \
+                and not re.search(r"%|\{", e["format"]):
+            seen.setdefault(str(e["format"]).strip(), set()).add(e.get("engine"))
+    return {f: next(iter(engines)) for f, engines in seen.items() if len(engines) == 1 and None not in engines}
 
 
 def _release_without_sparse(version: str) -> bool:
@@ -196,7 +200,8 @@ def _backend_in(msg: str) -> Optional[str]:
     return backend_name(um.group(1)) if um else None
 
 
-_NAMED_BACKEND = re.compile(r"\b(?:with|for)(?: attention)? backend ([A-Za-z][\w]{2,80})\b|\bwith ([A-Za-z][\w]{2,80}) backend\b")
+_NAMED_BACKEND = re.compile(r"\b(?:with|for)(?: attention)? backend ([A-Za-z][\w]{2,80})\b"
+                            r"|\bwith ([A-Za-z][\w]{2,80}) backend\b")
 _FRAME_FILE = re.compile(r"^File \"[^\"]{0,1024}?([\w]{1,80})\.py\"")
 
 
@@ -300,8 +305,9 @@ def decide(out: Any, recs: List[Record], prompts: List[Tuple[int, str]]) -> None
             if em:
                 cut_line = (r, em.group(1) or "V0")   # "Initializing an LLM engine (v0.4.2)": V0, before V1 existed
                 break
-    stated = next((r for r in recs if r.fact is not None and r.fact.kind == "attention_backend" and r.fact.engine),
-                  None)
+    worded = _engine_wording()
+    stated = next((r for r in recs if r.fact is not None and r.fact.kind == "attention_backend"
+                   and (r.fact.engine or worded.get(r.fact.format.strip()))), None)
     statements = [(n, mid, eng, cmd) for n, cmd in prompts for mid, eng, rx in markers["_statements"] if rx.search(cmd)]
     statements += [(r.n, mid, eng, r.text) for r in recs for mid, eng, rx in markers["_statements"]
                    if rx.search(r.msg)]
@@ -315,8 +321,10 @@ def decide(out: Any, recs: List[Record], prompts: List[Tuple[int, str]]) -> None
             "cut by the paste" if "V" in cut_line[0].msg[:16] else "before V1 existed: 'an LLM engine' is V0's"),
             [cut_line[0].n], cut_line[0].text)
     elif stated is not None:
-        out.engine = stated.fact.engine
-        decided["engine"] = Decision(out.engine, "backend line states the engine", [stated.n], stated.text)
+        out.engine = stated.fact.engine or worded[stated.fact.format.strip()]
+        decided["engine"] = Decision(out.engine, "backend line states the engine" if stated.fact.engine else
+                                     "backend line in the engine's own wording (knowledge: %s only)" % out.engine,
+                                     [stated.n], stated.text)
     elif statements:
         n, mid, eng, text = statements[-1]
         out.engine = eng
@@ -340,13 +348,6 @@ def decide(out: Any, recs: List[Record], prompts: List[Tuple[int, str]]) -> None
             else:
                 out.unknown["engine"] = "conflicting engine-only markers: %s" % "; ".join(
                     "%s: %s" % (e, ", ".join(sorted(ids))) for e, ids in ranked)
-    if out.engine is None and "engine" not in out.unknown and out.version and not out.source_build:
-        only = _only_engine(out.version)
-        if only:
-            d = out.version_line
-            out.engine = only
-            decided["engine"] = Decision(only, "the stated release (%s) has only the %s engine" % (out.version, only),
-                                         [d] if d else [], next((r.text for r in recs if r.n == d), ""))
     # ---- backends: the model's, apart from the drafter's, encoder's, indexer's
     drafting = False
     for r in recs:

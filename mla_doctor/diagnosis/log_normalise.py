@@ -46,7 +46,8 @@ _TAG = re.compile(r"^\(?(?P<proc>[A-Za-z][\w.:=-]{0,63}(?: [\w.:=-]{1,32}){0,3})
 # a tag whose "pid=… LEVEL" a launcher's re-formatting swallowed: "(VllmWorkerProcess 03-31 03:33:02 x.py:1]"
 _TAG_NOPID = re.compile(r"^\((?P<proc>[A-Za-z]\w{0,63}) (?=\d{2}-\d{2} \d{1,2}:\d{2}:\d{2})")
 # a launcher's own log record around vLLM's line: Rust tracing ("INFO dynamo_llm::engines::vllm::worker: VLLM: ")
-_HOST_LOG = re.compile(r"^(?:TRACE|DEBUG|INFO|WARN|ERROR) {1,4}[a-z_][\w]{0,40}(?:::[\w]{1,40}){1,8}: (?:[A-Za-z]{1,16}: )?")
+_HOST_LOG = re.compile(r"^(?:TRACE|DEBUG|INFO|WARN|ERROR) {1,4}[a-z_][\w]{0,40}(?:::[\w]{1,40}){1,8}: "
+                       r"(?:[A-Za-z]{1,16}: )?")
 # Ray's de-duplication note at the end of a line
 _RAY_REPEAT = re.compile(r" ?\[repeated \d+x across cluster\]")
 # a record starting in the middle of a line (an issue body that lost its newlines, Ray's glued lines)
@@ -57,7 +58,8 @@ _GLUED = re.compile(r" (?=\((?:[A-Za-z][\w]{0,63}(?: [\w=]{1,32}){0,3} )?pid=\d{
 _PROMPT = re.compile(r"^(?:> ?)?(?:\([\w.-]{1,64}\) ?)?(?:[\w.-]{1,64}@[\w.-]{1,64}:[^\s$#]{0,256} ?[$#]|[$#]) (?=\S)")
 # UTF-8 read as cp1252/latin-1: "â–ˆ" (█), "â–" (▏…▉), "Â " (nbsp)
 _MOJIBAKE = re.compile("(?:\u00e2[\u0080-\u02ff\u2000-\u20ff]{1,2}|\u00c2(?=[\u00a0 ]))+")
-_RECORD_START = re.compile(r"^(?:\[?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d{2}-\d{2} |Traceback \(|File \"|\d{2}-\d{2} \d{2}:)")
+_RECORD_START = re.compile(r"^(?:\[?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d{2}-\d{2} |Traceback \(|File \""
+                           r"|\d{2}-\d{2} \d{2}:)")
 _LEVEL_START = re.compile(r"^(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\b")
 # a line that begins a record of its own (never the tail of a wrapped one)
 _OWN_START = re.compile(r"^(?:\s|Traceback|File \"|[A-Z]|\(|\[|\{|$|#|[-=*]{3}|\d{4}-\d{2}-\d{2}|\d{2}-\d{2} )")
@@ -71,6 +73,7 @@ class NormLine:
     pid: Optional[int] = None                # of the innermost tag
     ns: Tuple[int, ...] = ()                 # every original line it came from (a wrapped line: several)
     cut: bool = False                        # longer than MAX_LINE: the rest was not read
+    original: str = ""                       # the pasted line, colour removed, when the record is all of it
 
     @property
     def process(self) -> Optional[str]:
@@ -195,6 +198,14 @@ def normalise(lines: Sequence[Any], max_line: int = MAX_LINE) -> Normalised:
             raw = raw[:max_line]
         # glued records: split where a new record begins mid-line (a bounded number of pieces)
         pieces = _GLUED.split(raw, maxsplit=256) if len(raw) > 60 else [raw]
+        if len(pieces) > 1:   # a piece that is only a wrapper (a time, a host) belongs to the record after it
+            merged: List[str] = []
+            for piece in pieces:
+                if merged and not clean_line(merged[-1])[0] and not clean_line(merged[-1])[1]:
+                    merged[-1] += " " + piece
+                else:
+                    merged.append(piece)
+            pieces = merged
         if len(pieces) > 1:
             out.note("glued", n, raw)
         for k, piece in enumerate(pieces):
@@ -213,10 +224,11 @@ def normalise(lines: Sequence[Any], max_line: int = MAX_LINE) -> Normalised:
                     prev_len in wrap_at or (prev_len >= WRAP_WIDTH and not _OWN_START.match(text))):
                 prev.text += text
                 prev.ns += (n,)
+                prev.original = ""
                 out.note("wrapped", n, piece)
                 prev_len = length
                 continue
-            line = NormLine(n, text, tags, pid, (n,), cut)
+            line = NormLine(n, text, tags, pid, (n,), cut, _ESC.sub("", raw).rstrip() if len(pieces) == 1 else "")
             out.lines.append(line)
             prev, prev_len = line, length
     return out

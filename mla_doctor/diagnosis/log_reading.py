@@ -49,12 +49,15 @@ _OUTER = re.compile(
 # vLLM's record prefix ("INFO 11-29 10:00:00 [core.py:110] ", <= 0.7 "INFO ... core.py:110] ", path-qualified
 # "[v1/engine/core.py:966]"), or Ray's own ("INFO worker.py:1749 -- "); bounded classes only: linear
 _RECORD = re.compile(
-    r"^(?:\[?(?:(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) {1,4})?\d{2}-\d{2} {1,4}\d{1,2}:\d{1,2}:\d{1,2}(?:[.,]\d{1,9})?"
+    r"^(?:\[?(?:(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) {1,4})?\d{2}-\d{2} {1,4}"
+    r"\d{1,2}:\d{1,2}:\d{1,2}(?:[.,]\d{1,9})?"
     r" {1,4}\[?(?P<where>[^\]\s]{0,256})\] {0,8}"
     r"|(?P<rlevel>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<rwhere>[\w.]{1,64}\.py:\d{1,7}) -- )?")
 _EXC = re.compile(r"^(?P<exc>(?:[A-Za-z_]\w{0,63}\.){0,8}[A-Z]\w{0,80}?(?:Error|Exception|Exit|Interrupt|Warning))"
                   r" {0,4}: {0,4}(?P<msg>.*)$")
-_VERSION_LINE = re.compile(r"^(?:Initializing an? (?:V[01] )?LLM engine \(v|vLLM API server version |vLLM server version "
+_CR_TAIL = re.compile(r"(?:\^M|\r)+$")
+_VERSION_LINE = re.compile(r"^(?:Initializing an? (?:V[01] )?LLM engine \(v|vLLM API server version "
+                           r"|vLLM server version "
                            r"|[\s\u2580-\u259f]{4,80}version )v?([\w.+\-]{1,64})")
 _SOURCE_BUILD = re.compile(r"^0\.0\.0|\.dev\d*|\+g[0-9a-f]{6,}")
 PARTIAL_MIN = 20  # literal characters a truncated line must still carry to match a format's head
@@ -722,6 +725,7 @@ class LogReading:
     cudagraph_events: List[Dict[str, Any]] = field(default_factory=list)
     sparse_lines: List[int] = field(default_factory=list)
     drafter_line: Optional[int] = None
+    texts: Dict[int, str] = field(default_factory=dict, repr=False)   # line -> the record as quoted (evidence)
 
     def of_kind(self, kind: str) -> List[Fact]:
         return [f for f in self.facts if f.kind == kind]
@@ -754,7 +758,7 @@ def display_names() -> Dict[str, str]:
     for text, names in doc.items():
         flat = re.sub(r"[^A-Z]", "", text.upper()).replace("ATTENTION", "ATTN")
 
-        def score(item: Tuple[str, dict]) -> Tuple[int, int]:
+        def score(item: Tuple[str, dict], flat: str = flat) -> Tuple[int, int]:
             return (sum(1 for part in item[0].split("_") if part and part in flat), item[1]["sites"])
 
         best = max(names.items(), key=score)
@@ -850,7 +854,6 @@ def read_log(lines: Sequence[Any], version: Optional[str] = None, distribution: 
     the shipped release of ``version`` when there is one, else every shipped release. With ``scope``, a log
     of several server processes (``split_runs``) gives the facts of the newest only; the fatal lines of the
     earlier ones are ``earlier_fatal``, never ``fatal``."""
-    items = _items(lines)
     if scope:
         runs = split_runs(numbered(lines))
         if len(runs) > 1:
@@ -876,7 +879,8 @@ def _read(lines: Sequence[Any], version: Optional[str], distribution: Optional[s
     recs = []
     for nl in norm.lines:
         msg, level, where = split_record(nl.text)
-        recs.append(Record(nl.n, nl.ns, nl.text, msg, level, where, nl.tags, nl.pid))
+        recs.append(Record(nl.n, nl.ns, _CR_TAIL.sub("", nl.original) or nl.text, msg, level, where, nl.tags, nl.pid))
+        out.texts.setdefault(nl.n, recs[-1].text)
     # the version the log states, when none was given
     if not version:
         for r in recs:

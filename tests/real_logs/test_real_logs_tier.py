@@ -22,57 +22,65 @@ FIELDS = ("engine", "decode_backend", "prefill_backend", "cudagraph_mode", "cuda
           "fatal", "other_backends")
 
 # (log file prefix, field) -> why the reader's answer differs from the label. Kinds of limits, not tuning.
+
+
+def _by_name(model: str) -> str:
+    return ("the model is known only by its name (%s): the reader does not classify a model by its name, it "
+            "needs a line (an architecture, a backend, the release); `explain --model config.json` classifies it"
+            % model)
+
+
 KNOWN_LIMITS: Dict[Tuple[str, str], str] = {
     ('002-', 'engine'):
-        "V0 only by era: the un-bracketed 'worker_base.py:145]' prefix and a RayWorkerWrapper tag are printed by both engines of 0.4-0.7; the label reads the release default, which the reader never passes off as read",
-    ('002-', 'sparse'):
-        "the model is named only by its name/title; the reader does not classify a model by its name (an expert's knowledge of DeepSeek-V2; `explain --model config.json` classifies it)",
+        "V0 only by era: the un-bracketed 'worker_base.py:145]' prefix and a RayWorkerWrapper tag are printed"
+        ' by both engines of 0.4-0.7; the label reads the release default, which the reader never passes off '
+        'as read',
+    ('002-', 'sparse'): _by_name('DeepSeek-V2'),
     ('003-', 'engine'):
-        "V1 inferred from compilation_config level 3 + splitting_ops being 0.8's V1 defaults: a default, not a line that only V1 prints",
+        "V1 inferred from compilation_config level 3 + splitting_ops being 0.8's V1 defaults: a default, not "
+        'a line that only V1 prints',
     ('003-', 'cudagraph_mode'):
-        "PIECEWISE inferred from 0.8 V1's defaults (use_cudagraph true, no mode name in 0.8); no line states the mode",
-    ('003-', 'sparse'):
-        "the model is named only by its name/title; the reader does not classify a model by its name (an expert's knowledge of DeepSeek-R1; `explain --model config.json` classifies it)",
+        "PIECEWISE inferred from 0.8 V1's defaults (use_cudagraph true, no mode name in 0.8); no line states "
+        'the mode',
+    ('003-', 'sparse'): _by_name('DeepSeek-R1'),
     ('006-', 'sparse'):
-        "the reader reads a dense model backend selection (TRITON_MLA) as not sparse; the label leaves it null because this PR build may run GLM-5.1's DSA layers on TRITON_MLA (a fork-specific doubt the log does not state)",
+        'the reader reads a dense model backend selection (TRITON_MLA) as not sparse; the label leaves it '
+        "null because this PR build may run GLM-5.1's DSA layers on TRITON_MLA (a fork-specific doubt the log"
+        ' does not state)',
     ('013-', 'sparse'):
-        "the reader says False from 'V0 engine: no sparse path exists' (vLLM added DSA in 0.11, V1 only); the label leaves sparse null with no deciding line",
-    ('016-', 'sparse'):
-        "the model is named only by its name/title; the reader does not classify a model by its name (an expert's knowledge of DeepSeek-R1-Distill-Llama (a Llama); `explain --model config.json` classifies it)",
+        "the reader says False from 'V0 engine: no sparse path exists' (vLLM added DSA in 0.11, V1 only); the"
+        ' label leaves sparse null with no deciding line',
+    ('016-', 'sparse'): _by_name('DeepSeek-R1-Distill-Llama (a Llama)'),
     ('017-', 'sparse'):
         'the reader says False from the V0 engine (no DSA in V0); the label leaves sparse null',
-    ('020-', 'sparse'):
-        "the model is named only by its name/title; the reader does not classify a model by its name (an expert's knowledge of Kimi-VL; `explain --model config.json` classifies it)",
-    ('024-', 'sparse'):
-        "the model is named only by its name/title; the reader does not classify a model by its name (an expert's knowledge of Qwen3.5; `explain --model config.json` classifies it)",
+    ('020-', 'sparse'): _by_name('Kimi-VL'),
+    ('024-', 'sparse'): _by_name('Qwen3.5'),
     ('031-', 'sparse'):
-        'the decode backend (FlashInferBackend) is named only in the CUDA-graph check, not a selection line: the dense-backend rule needs a selection line; the label reads the model family',
-    ('039-', 'sparse'):
-        "the model is named only by its name/title; the reader does not classify a model by its name (an expert's knowledge of DeepSeek-R1 (from the issue); `explain --model config.json` classifies it)",
-    ('040-', 'sparse'):
-        "the model is named only by its name/title; the reader does not classify a model by its name (an expert's knowledge of DeepSeek-R1 (from the issue); `explain --model config.json` classifies it)",
-    ('042-', 'sparse'):
-        "the model is named only by its name/title; the reader does not classify a model by its name (an expert's knowledge of Qwen2.5; `explain --model config.json` classifies it)",
-    ('047-', 'sparse'):
-        "the model is named only by its name/title; the reader does not classify a model by its name (an expert's knowledge of DeepSeek-R1 (from the title); `explain --model config.json` classifies it)",
-    ('050-', 'sparse'):
-        "the model is named only by its name/title; the reader does not classify a model by its name (an expert's knowledge of DeepSeek-R1 (0.9.0.1 is named only in the issue, not the paste); `explain --model config.json` classifies it)",
-    ('052-', 'sparse'):
-        "the model is named only by its name/title; the reader does not classify a model by its name (an expert's knowledge of DeepSeek-R1-0528 (the version only in the title); `explain --model config.json` classifies it)",
+        'the decode backend (FlashInferBackend) is named only in the CUDA-graph check, not a selection line: '
+        'the dense-backend rule needs a selection line; the label reads the model family',
+    ('039-', 'sparse'): _by_name('DeepSeek-R1 (from the issue)'),
+    ('040-', 'sparse'): _by_name('DeepSeek-R1 (from the issue)'),
+    ('042-', 'sparse'): _by_name('Qwen2.5'),
+    ('047-', 'sparse'): _by_name('DeepSeek-R1 (from the title)'),
+    ('050-', 'sparse'): _by_name('DeepSeek-R1 (0.9.0.1 is named only in the issue, not the paste)'),
+    ('052-', 'sparse'): _by_name('DeepSeek-R1-0528 (the version only in the title)'),
     ('053-', 'decode_backend'):
-        "the project's canonical enum names drop 0.7-0.9's _VLLM_V1 suffix (knowledge backend_aliases: TRITON_MLA_VLLM_V1 -> TRITON_MLA), so the backend's knowledge entry is found; the label keeps the release's own spelling TRITON_ATTN_VLLM_V1",
-    ('057-', 'sparse'):
-        "the model is named only by its name/title; the reader does not classify a model by its name (an expert's knowledge of openPangu-Ultra-MoE (from the PR); `explain --model config.json` classifies it)",
-    ('059-', 'sparse'):
-        "the model is named only by its name/title; the reader does not classify a model by its name (an expert's knowledge of DeepSeek-R1 (from the title); `explain --model config.json` classifies it)",
-    ('061-', 'sparse'):
-        "the model is named only by its name/title; the reader does not classify a model by its name (an expert's knowledge of DeepSeek-R1 (from the title); `explain --model config.json` classifies it)",
-    ('062-', 'sparse'):
-        "the model is named only by its name/title; the reader does not classify a model by its name (an expert's knowledge of DeepSeek-R1-0528 (from the title); `explain --model config.json` classifies it)",
+        "the project's canonical enum names drop 0.7-0.9's _VLLM_V1 suffix (knowledge backend_aliases: "
+        "TRITON_MLA_VLLM_V1 -> TRITON_MLA), so the backend's knowledge entry is found; the label keeps the "
+        "release's own spelling TRITON_ATTN_VLLM_V1",
+    ('057-', 'sparse'): _by_name('openPangu-Ultra-MoE (from the PR)'),
+    ('059-', 'sparse'): _by_name('DeepSeek-R1 (from the title)'),
+    ('061-', 'sparse'): _by_name('DeepSeek-R1 (from the title)'),
+    ('062-', 'sparse'): _by_name('DeepSeek-R1-0528 (from the title)'),
+    ('058-', 'engine'):
+        'V1 only because release 0.25 has no V0: the reader takes the engine from lines only, never from the '
+        "release (the verdict and `explain` apply the release's default and say so)",
     ('064-', 'engine'):
-        "pytest -v output of several parametrized unit tests, read as one server's log: the reader has no notion of 'no server here', so the V1 selection lines decide (the label: no engine runs)",
+        "pytest -v output of several parametrized unit tests, read as one server's log: the reader has no "
+        "notion of 'no server here', so the V1 selection lines decide (the label: no engine runs)",
     ('064-', 'decode_backend'):
-        "the same pytest output: two tests' selection lines, the last one taken as the model's (the label: no single server, null)",
+        "the same pytest output: two tests' selection lines, the last one taken as the model's (the label: no"
+        ' single server, null)',
 }
 
 
