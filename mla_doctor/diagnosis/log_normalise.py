@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Deque, Dict, Iterable, List, Optional, Sequence, Tuple
 
 __all__ = ["MAX_LINE", "MAX_LOG_BYTES", "NormLine", "Normalised", "normalise", "clean_line", "bounded_lines",
-           "Bounded", "WRAP_WIDTH"]
+           "Bounded", "WRAP_WIDTH", "split_record"]
 
 MAX_LINE = 16384          # characters of one line read; the rest is cut (a 1 MB line is a paste accident)
 MAX_LOG_BYTES = 32 << 20  # bytes of a log kept (the newest); a 100 MB log is read for its last 32 MB
@@ -51,6 +51,13 @@ _HOST_LOG = re.compile(r"^(?:TRACE|DEBUG|INFO|WARN|ERROR) {1,4}[a-z_][\w]{0,40}(
 # Ray's de-duplication note at the end of a line
 _RAY_REPEAT = re.compile(r" ?\[repeated \d+x across cluster\]")
 # a record starting in the middle of a line (an issue body that lost its newlines, Ray's glued lines)
+# vLLM's record prefix ("INFO 11-29 10:00:00 [core.py:110] ", <= 0.7 "INFO ... core.py:110] ", path-qualified
+# "[v1/engine/core.py:966]"), or Ray's own ("INFO worker.py:1749 -- "); bounded classes only: linear
+_RECORD = re.compile(
+    r"^(?:\[?(?:(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) {1,4})?\d{2}-\d{2} {1,4}"
+    r"\d{1,2}:\d{1,2}:\d{1,2}(?:[.,]\d{1,9})?"
+    r" {1,4}\[?(?P<where>[^\]\s]{0,256})\] {0,8}"
+    r"|(?P<rlevel>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<rwhere>[\w.]{1,64}\.py:\d{1,7}) -- )?")
 _GLUED = re.compile(r" (?=\((?:[A-Za-z][\w]{0,63}(?: [\w=]{1,32}){0,3} )?pid=\d{1,10}(?:, ip=[\w.:-]{1,64})?\) )"
                     r"|(?<!\)) (?=(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d{2}-\d{2} \d{1,2}:\d{2}:\d{2}(?:\.\d+)? )"
                     r"| (?=\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2},\d{3} (?:INFO|WARNING|ERROR) )")
@@ -109,6 +116,15 @@ def _fix_mojibake(m: "re.Match[str]") -> str:
         except (UnicodeEncodeError, UnicodeDecodeError):
             continue
     return "#" * max(1, len(s) // 3)
+
+
+def split_record(text: str) -> Tuple[str, Optional[str], Optional[str]]:
+    """(message, level, ``file.py:N`` or path-qualified ``v1/engine/core.py:N``) of a record whose outer
+    wrappers are already stripped (``log_normalise.clean_line``)."""
+    m = _RECORD.match(text)
+    if not m or not m.end():
+        return text.strip(), None, None
+    return text[m.end():].strip(), m.group("level") or m.group("rlevel"), m.group("where") or m.group("rwhere")
 
 
 def clean_line(raw: str, out: Optional[Normalised] = None, n: int = 0) -> Tuple[str, Tuple[str, ...], Optional[int]]:

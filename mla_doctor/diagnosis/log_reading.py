@@ -26,7 +26,9 @@ from typing import Any, Dict, Iterable, List, Optional, Pattern, Sequence, Tuple
 
 
 from mla_doctor.diagnosis.knowledge import load_data, load_knowledge, parse_version
-from mla_doctor.diagnosis.log_normalise import MAX_LINE, clean_line, normalise
+from mla_doctor.diagnosis.log_normalise import clean_line, normalise, split_record
+from mla_doctor.diagnosis.log_runs import (ProcessRun, load_run_starts, numbered, run_start_patterns,  # noqa: F401
+                                          split_runs)
 
 __all__ = ["Format", "Match", "Fact", "LogReading", "Matcher", "load_formats", "load_meanings", "matcher",
            "read_log", "message_of", "is_source_build", "shipped_releases", "release_of_version",
@@ -36,7 +38,7 @@ __all__ = ["Format", "Match", "Fact", "LogReading", "Matcher", "load_formats", "
 _KNOWLEDGE = Path(__file__).with_name("knowledge")
 FORMATS_FILE = _KNOWLEDGE / "log_formats.json"
 MEANINGS_FILE = _KNOWLEDGE / "log_meanings.yaml"
-RUNS_FILE = _KNOWLEDGE / "log_runs.yaml"
+from mla_doctor.diagnosis.log_runs import RUNS_FILE  # noqa: E402,F401  (still importable here)
 
 _TOKEN = re.compile(r"%%|%[-+ #0]*\d*(?:\.\d+)?[sdifrx]|\{[^{}]*\}")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -46,13 +48,6 @@ _OUTER = re.compile(
     r"^(?:(?:\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?"
     r"|[A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2}(?:\.\d+)?) \S+ [^\s\[\]:]+(?:\[(?P<jpid>\d+)\])?: ?"
     r"|\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?Z )")
-# vLLM's record prefix ("INFO 11-29 10:00:00 [core.py:110] ", <= 0.7 "INFO ... core.py:110] ", path-qualified
-# "[v1/engine/core.py:966]"), or Ray's own ("INFO worker.py:1749 -- "); bounded classes only: linear
-_RECORD = re.compile(
-    r"^(?:\[?(?:(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) {1,4})?\d{2}-\d{2} {1,4}"
-    r"\d{1,2}:\d{1,2}:\d{1,2}(?:[.,]\d{1,9})?"
-    r" {1,4}\[?(?P<where>[^\]\s]{0,256})\] {0,8}"
-    r"|(?P<rlevel>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<rwhere>[\w.]{1,64}\.py:\d{1,7}) -- )?")
 _EXC = re.compile(r"^(?P<exc>(?:[A-Za-z_]\w{0,63}\.){0,8}[A-Z]\w{0,80}?(?:Error|Exception|Exit|Interrupt|Warning))"
                   r" {0,4}: {0,4}(?P<msg>.*)$")
 _CR_TAIL = re.compile(r"(?:\^M|\r)+$")
@@ -72,15 +67,6 @@ def strip_outer(line: str) -> str:
     clean = _ANSI.sub("", line).rstrip()
     m = _OUTER.match(clean)
     return clean[m.end():] if m else clean
-
-
-def split_record(text: str) -> Tuple[str, Optional[str], Optional[str]]:
-    """(message, level, ``file.py:N`` or path-qualified ``v1/engine/core.py:N``) of a record whose outer
-    wrappers are already stripped (``log_normalise.clean_line``)."""
-    m = _RECORD.match(text)
-    if not m or not m.end():
-        return text.strip(), None, None
-    return text[m.end():].strip(), m.group("level") or m.group("rlevel"), m.group("where") or m.group("rwhere")
 
 
 def message_of(line: str) -> Tuple[str, Optional[str]]:
@@ -531,132 +517,6 @@ def matcher(releases: Optional[Sequence[str]] = None, harvested: Optional[List[d
             cached = _HARVESTED_MATCHERS[key] = (harvested, Matcher(_build({label: harvested}, _known_texts())))
         return cached[1]
     return _shipped_matcher(tuple(releases) if releases else tuple(shipped_releases()))
-
-
-# --------------------------------------------------------------------------- server processes in one log
-
-@functools.lru_cache(maxsize=1)
-def load_run_starts() -> List[Tuple[str, str, Pattern[str]]]:
-    """(id, kind, regex over the message) of the lines a server process logs once, as it starts."""
-    data = load_data(RUNS_FILE)
-    return [(s["id"], s["kind"], re.compile(s["text"])) for s in data["starts"]]
-
-
-def run_start_patterns() -> Dict[str, str]:
-    """The start lines as the agent's unanchored log patterns (ids ``run_start_<id>``): the agent sends them
-    with the evidence lines, and keeps the newest process's lines first when it must cut."""
-    return {"run_start_" + sid: rx.pattern.lstrip("^") for sid, _kind, rx in load_run_starts()}
-
-
-@dataclass
-class ProcessRun:
-    """One server process's lines in a log: from its start line to the next process's."""
-    index: int                             # 0 = the oldest in the log
-    first_line: int                        # log line number (the agent's ``n``) of its first line
-    last_line: int
-    lines: int                             # how many of the given lines are its
-    started: bool                          # its start line is in the log (False: started before the log begins)
-    start_line: Optional[int] = None
-    start: Optional[str] = None            # the start's id (knowledge/log_runs.yaml)
-    pids: Dict[str, int] = field(default_factory=dict)   # process tag -> pid: {"APIServer": 61, "EngineCore": 82}
-    version: Optional[str] = None          # as its engine line states it
-
-    def to_dict(self) -> dict:
-        return {"index": self.index, "first_line": self.first_line, "last_line": self.last_line,
-                "lines": self.lines, "started": self.started, "start_line": self.start_line, "start": self.start,
-                "pids": dict(self.pids), "version": self.version}
-
-
-def _items(lines: Sequence[Any]) -> List[Tuple[int, str]]:
-    out = []
-    for i, item in enumerate(lines or [], 1):
-        if isinstance(item, dict):
-            out.append((int(item.get("n") or i), str(item.get("text") or "")))
-        else:
-            out.append((i, str(item)))
-    return out
-
-
-def numbered(lines: Sequence[Any]) -> List[dict]:
-    """The lines as the agent sends them, ``{"n", "text"}``: a slice of them keeps the log's line numbers."""
-    return [{"n": n, "text": t} for n, t in _items(lines)]
-
-
-def split_runs(lines: Sequence[Any]) -> List[Tuple[ProcessRun, List[Any]]]:
-    """The log cut into server processes, oldest first, each with its own items (as given).
-
-    A process starts at its API server's start line (``vLLM API server version``, the logo's version line,
-    ``non-default args``) or, where the log has none, its engine's (``Initializing a V1 LLM engine``); one
-    process logs each of these once (per process tag: data-parallel engines each log theirs), so a start line
-    already seen in the current process, or a server start after the engine's, begins the next. PIDs alone
-    cannot tell: a container's server is PID 1 after every restart. Lines before the first start belong to a
-    process that started before the log begins."""
-    starts = load_run_starts()
-    runs: List[Tuple[ProcessRun, List[Any]]] = []
-    seen: set = set()
-    has_engine = False
-    pre: List[Tuple[Optional[str], Optional[str]]] = []   # (tag, pid) of the lines before the first start
-    for (n, raw), item in zip(_items(lines), lines or []):
-        text, tags, pid = clean_line(raw[:MAX_LINE])
-        msg = split_record(text)[0]
-        hit = next(((sid, kind) for sid, kind, rx in starts if rx.match(msg)), None)
-        tag = tags[-1] if tags else None
-        if hit is not None and runs:
-            # data-parallel engines (EngineCore_DP0, _DP1) each log their start: the same start counts again
-            # only from the same process tag
-            new = (hit[0], tag) in seen or (hit[1] == "server" and has_engine)
-        else:
-            new = not runs
-        if new:
-            run = ProcessRun(len(runs), n, n, 0, hit is not None)
-            runs.append((run, []))
-            seen, has_engine = set(), False
-        run, items = runs[-1]
-        items.append(item)
-        run.lines += 1
-        run.last_line = n
-        if hit is not None:
-            sid, kind = hit
-            seen.add((sid, tag))
-            if run.start_line is None:
-                run.started, run.start_line, run.start = True, n, sid
-            if kind == "engine":
-                has_engine = True
-                vm = re.match(r"^Initializing an? (?:V[01] )?LLM engine \(v([^)\s]+)\)", msg)
-                if vm and run.version is None:
-                    run.version = vm.group(1)
-        if tag and tag != "pid" and pid is not None:
-            if run.index == 0 and run.start_line is None:
-                pre.append((tag, str(pid)))
-            else:
-                run.pids.setdefault(tag, pid)
-    return _split_head(runs, pre)
-
-
-def _split_head(runs: List[Tuple[ProcessRun, List[Any]]],
-                pre: List[Tuple[Optional[str], Optional[str]]]) -> List[Tuple[ProcessRun, List[Any]]]:
-    """The lines before the log's first start line are the first process's own preamble (Python warnings, the
-    logo's first lines, the platform detection) unless one of them names a process tag with another PID than
-    that process has: then they are the end of a process that started before the log begins."""
-    if not runs:
-        return runs
-    first, items = runs[0]
-    if first.start_line is None or not any(tag in first.pids and int(str(pid)) != first.pids[tag]
-                                           for tag, pid in pre):
-        for tag, pid in pre:
-            first.pids.setdefault(str(tag), int(str(pid)))
-        return runs
-    head_n = sum(1 for it_n, _t in _items(items) if it_n < (first.start_line or 0))
-    head = ProcessRun(0, first.first_line, 0, head_n, False)
-    head_items = items[:head_n]
-    head.last_line = _items(head_items)[-1][0] if head_items else first.first_line
-    for tag, pid in pre:
-        head.pids.setdefault(str(tag), int(str(pid)))
-    first.first_line, first.lines = first.start_line or first.first_line, first.lines - head_n
-    out = [(head, head_items), (first, items[head_n:])] + runs[1:]
-    for i, (run, _its) in enumerate(out):
-        run.index = i
-    return out
 
 
 # --------------------------------------------------------------------------- reading a log
