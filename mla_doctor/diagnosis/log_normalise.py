@@ -43,6 +43,10 @@ _TS = re.compile(
 # the opening "(" may have been cut off by the paste ("EngineCore_0 pid=1248800) ValueError: ...")
 _TAG = re.compile(r"^\(?(?P<proc>[A-Za-z][\w.:=-]{0,63}(?: [\w.:=-]{1,32}){0,3})? ?pid=(?P<pid>\d{1,10})"
                   r"(?:, ip=[\w.:-]{1,64})?\) ?")
+# a Markdown quote ("> INFO ..."): an issue comment quoting another's log
+_QUOTE = re.compile(r"^>(?: |$)")
+# a terminal UI's pane border (k9s / kubectl in a TUI): "│ INFO ... │"
+_PANE = re.compile(r"^[\u2502\u2503|] ")
 # a tag whose "pid=… LEVEL" a launcher's re-formatting swallowed: "(VllmWorkerProcess 03-31 03:33:02 x.py:1]"
 _TAG_NOPID = re.compile(r"^\((?P<proc>[A-Za-z]\w{0,63}) (?=\d{2}-\d{2} \d{1,2}:\d{2}:\d{2})")
 # a launcher's own log record around vLLM's line: Rust tracing ("INFO dynamo_llm::engines::vllm::worker: VLLM: ")
@@ -58,7 +62,7 @@ _RECORD = re.compile(
     r"\d{1,2}:\d{1,2}:\d{1,2}(?:[.,]\d{1,9})?"
     r" {1,4}\[?(?P<where>[^\]\s]{0,256})\] {0,8}"
     r"|(?P<rlevel>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<rwhere>[\w.]{1,64}\.py:\d{1,7}) -- )?")
-_GLUED = re.compile(r" (?=\((?:[A-Za-z][\w]{0,63}(?: [\w=]{1,32}){0,3} )?pid=\d{1,10}(?:, ip=[\w.:-]{1,64})?\) )"
+_GLUED = re.compile(r"(?<!\)) (?=\((?:[A-Za-z][\w]{0,63}(?: [\w=]{1,32}){0,3} )?pid=\d{1,10}(?:, ip=[\w.:-]{1,64})?\) )"
                     r"|(?<!\)) (?=(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d{2}-\d{2} \d{1,2}:\d{2}:\d{2}(?:\.\d+)? )"
                     r"| (?=\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2},\d{3} (?:INFO|WARNING|ERROR) )")
 # a shell prompt that ran something: "user@host:~/dir$ vllm serve …", "root@x:/w# docker logs …", "$ python …"
@@ -67,6 +71,7 @@ _PROMPT = re.compile(r"^(?:> ?)?(?:\([\w.-]{1,64}\) ?)?(?:[\w.-]{1,64}@[\w.-]{1,
 _MOJIBAKE = re.compile("(?:\u00e2[\u0080-\u02ff\u2000-\u20ff]{1,2}|\u00c2(?=[\u00a0 ]))+")
 _RECORD_START = re.compile(r"^(?:\[?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d{2}-\d{2} |Traceback \(|File \""
                            r"|\d{2}-\d{2} \d{2}:)")
+_WORD = re.compile(r"\w")
 _LEVEL_START = re.compile(r"^(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\b")
 # a line that begins a record of its own (never the tail of a wrapped one)
 _OWN_START = re.compile(r"^(?:\s|Traceback|File \"|[A-Z]|\(|\[|\{|$|#|[-=*]{3}|\d{4}-\d{2}-\d{2}|\d{2}-\d{2} )")
@@ -146,6 +151,11 @@ def clean_line(raw: str, out: Optional[Normalised] = None, n: int = 0) -> Tuple[
         if t != s and out is not None:
             out.note("mojibake", n, raw)
         s = t
+    if s[:1] in "\u2502\u2503" and _PANE.match(s):
+        s = s[2:].rstrip()
+        s = s[:-1].rstrip() if s.endswith(("\u2502", "\u2503")) else s
+        if out is not None:
+            out.note("pane_border", n, raw)
     if "repeated" in s:
         t = _RAY_REPEAT.sub("", s)
         if t != s and out is not None:
@@ -155,7 +165,8 @@ def clean_line(raw: str, out: Optional[Normalised] = None, n: int = 0) -> Tuple[
     pid: Optional[int] = None
     for _ in range(12):
         s = s.lstrip()
-        for kind, rx in (("launcher", _LAUNCHER), ("service", _SERVICE), ("timestamp", _TS), ("host_log", _HOST_LOG)):
+        for kind, rx in (("quote", _QUOTE), ("launcher", _LAUNCHER), ("service", _SERVICE), ("timestamp", _TS),
+                         ("host_log", _HOST_LOG)):
             m = rx.match(s)
             if m and m.end():
                 if out is not None:
@@ -213,11 +224,14 @@ def normalise(lines: Sequence[Any], max_line: int = MAX_LINE) -> Normalised:
             out.note("cut", n, raw[:120])
             raw = raw[:max_line]
         # glued records: split where a new record begins mid-line (a bounded number of pieces)
-        pieces = _GLUED.split(raw, maxsplit=256) if len(raw) > 60 else [raw]
+        bare_raw = _ESC.sub("", raw) if ("\x1b" in raw or "[" in raw) else raw
+        if bare_raw != raw:
+            out.note("escape", n, raw)
+        pieces = _GLUED.split(bare_raw, maxsplit=256) if len(raw) > 60 else [raw]
         if len(pieces) > 1:   # a piece that is only a wrapper (a time, a host) belongs to the record after it
             merged: List[str] = []
             for piece in pieces:
-                if merged and not clean_line(merged[-1])[0] and not clean_line(merged[-1])[1]:
+                if merged and not _WORD.search(clean_line(merged[-1])[0]):
                     merged[-1] += " " + piece
                 else:
                     merged.append(piece)
