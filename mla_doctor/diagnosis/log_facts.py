@@ -318,7 +318,8 @@ def decide(out: Any, recs: List[Record], prompts: List[Tuple[int, str]]) -> None
     elif cut_line is not None:
         out.engine = cut_line[1]
         decided["engine"] = Decision(out.engine, "engine line (%s)" % (
-            "cut by the paste" if "V" in cut_line[0].msg[:16] else "before V1 existed: 'an LLM engine' is V0's"),
+            "read by its opening words: cut by the paste, or a release outside the formats"
+            if "V" in cut_line[0].msg[:16] else "before V1 existed: 'an LLM engine' is V0's"),
             [cut_line[0].n], cut_line[0].text)
     elif stated is not None:
         out.engine = stated.fact.engine or worded[stated.fact.format.strip()]
