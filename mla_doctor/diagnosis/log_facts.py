@@ -116,11 +116,21 @@ def load_markers() -> dict:
     data = load_data(MARKERS_FILE)
     data["_engine"] = [(m["id"], m["engine"], m["at"], re.compile(m["text"])) for m in data["engine_markers"]]
     data["_sparse"] = [(m["id"], bool(m["value"]), re.compile(m["text"])) for m in data["sparse_markers"]]
+    # one search a record before the per-marker ones (a 100,000-line log is mostly lines no marker names)
+    data["_engine_any"] = _any(m["text"] for m in data["engine_markers"] if m["at"] in ("text", "message"))
+    data["_sparse_any"] = _any(m["text"] for m in data["sparse_markers"])
     data["_statements"] = [(m["id"], m["engine"], re.compile(m["text"])) for m in data["engine_statements"]]
     for key in ("sparse_in_exception", "drafter_start", "drafter_where", "fatal_wrappers", "v1_files", "v0_files",
                 "death_wording", "dsa_architectures", "architecture_line"):
         data["_" + key] = re.compile(data[key])
     return data
+
+
+def _any(patterns: Any) -> "re.Pattern[str]":
+    def one(p: str) -> str:
+        return "(?i:%s)" % p[4:].lstrip("^") if p.startswith("(?i)") else "(?:%s)" % p.lstrip("^")
+
+    return re.compile("|".join(one(p) for p in patterns))
 
 
 def _cg_value(raw: Optional[str]) -> Optional[str]:
@@ -261,7 +271,10 @@ def _backend_elsewhere(out: Any, recs: List[Record], markers: dict) -> None:
 
 def _engine_markers(rec: Record, markers: dict) -> List[Tuple[str, str]]:
     out = []
+    texty = bool(markers["_engine_any"].search(rec.text))
     for mid, engine, on, rx in markers["_engine"]:
+        if on in ("text", "message") and not texty:
+            continue
         if on == "tag":
             hit = any(rx.search(t) for t in rec.tags)
         elif on == "where":
@@ -519,7 +532,7 @@ def _sparse(out: Any, recs: List[Record], markers: dict) -> None:
         if f is not None and f.sets.get("sparse") and f.kind != "fatal":
             yes = Decision(True, "sparse format line (%s)" % f.kind, [r.n], r.text)
             break
-        for mid, value, rx in markers["_sparse"]:
+        for mid, value, rx in markers["_sparse"] if markers["_sparse_any"].search(r.msg) else ():
             if rx.search(r.msg):
                 if value and yes is None:
                     yes = Decision(True, mid, [r.n], r.text)

@@ -23,7 +23,7 @@ __all__ = ["MAX_LINE", "MAX_LOG_BYTES", "NormLine", "Normalised", "normalise", "
            "Bounded", "WRAP_WIDTH", "split_record"]
 
 MAX_LINE = 16384          # characters of one line read; the rest is cut (a 1 MB line is a paste accident)
-MAX_LOG_BYTES = 32 << 20  # bytes of a log kept (the newest); a 100 MB log is read for its last 32 MB
+MAX_LOG_BYTES = 8 << 20   # bytes of a log kept (the newest); a 100 MB log is read for its last 8 MiB
 WRAP_WIDTH = 160          # a line at least this long, followed by a bare fragment, was wrapped by the paste
 
 # real escapes, caret notation (^[[0;36m), and bare remnants whose ESC was lost ([0;36m, [0m, [1m)

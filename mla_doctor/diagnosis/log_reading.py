@@ -601,7 +601,7 @@ class LogReading:
 
 
 _CG_VALUES = {"0": "NONE", "1": "PIECEWISE", "2": "FULL", "[2, 0]": "FULL_DECODE_ONLY", "[2, 1]": "FULL_AND_PIECEWISE"}
-MAX_STEPS = 40_000_000   # matcher work per log (characters scanned + formats tried): beyond it, the read stops
+MAX_STEPS = 16_000_000   # matcher work per log (characters scanned + formats tried): beyond it, the read stops
 
 
 @functools.lru_cache(maxsize=1)
