@@ -23,11 +23,15 @@ SELECT = "INFO 12-01 10:00:00 [cuda.py:1] Using {} attention backend out of pote
 # ---------------------------------------------------------------- engine: line > stated > statement > markers
 
 def test_an_engine_line_is_never_overridden_by_a_backend_lines_implied_engine():
-    for lines in ([V0_ENGINE, V1_WORDING], [V1_WORDING, V0_ENGINE]):
-        r = read_log(lines)
-        assert r.engine == "V0", lines
-        assert r.decided["engine"].rule.startswith("engine line") and r.decided["engine"].lines == [
-            lines.index(V0_ENGINE) + 1]
+    # the engine line matched by its format (V1, 0.11) and read by its opening words (V0, a release whose
+    # format is not shipped): either way the backend line's wording never overrides it
+    for engine, line, other in (("V1", V1_ENGINE, V0_WORDING), ("V0", V0_ENGINE, V1_WORDING)):
+        for lines in ([line, other], [other, line]):
+            r = read_log(lines)
+            assert r.engine == engine, lines
+            assert r.decided["engine"].rule.startswith("engine line") and r.decided["engine"].lines == [
+                lines.index(line) + 1]
+    assert read_log([V1_ENGINE]).engine_line.n == 1
 
 
 def test_an_engine_line_beats_engine_only_markers():
