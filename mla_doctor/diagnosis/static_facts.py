@@ -484,12 +484,14 @@ _OTHER_KINDS = ("moe", "kv_cache", "vision", "version", "scheduler", "chunked_pr
 def evidence_of(facts: ReleaseFacts, reading: Any, source: str = "shipped") -> LogEvidence:
     """``LogEvidence`` of a ``LogReading`` (its facts as ``LogLine``; ids are the knowledge's log ids where the
     format is one the knowledge names, e.g. ``breakable_cg``)."""
-    ids = {lf.format.strip(): lf.id for lf in facts.logs}
+    ids: Dict[str, str] = {}
+    for lf in facts.logs:   # the first entry for a format, as the knowledge lists them (its most specific use)
+        ids.setdefault(lf.format.strip(), lf.id)
 
     def line(f: Any, kind: Optional[str] = None) -> LogLine:
         lid = ids.get((f.format or "").strip()) or ("format" if f.format else _rule_id(f))
-        return LogLine(f.n, f.text, lid, kind or f.kind, [f.value] if f.value else [], f.format or None,
-                       f.source or None)
+        groups = [f.value] if f.value and (f.kind == "fatal" or not f.groups) else list(f.groups)
+        return LogLine(f.n, f.text, lid, kind or f.kind, groups, f.format or None, f.source or None)
 
     ev = LogEvidence()
     ev.formats = {"from": source, "releases": reading.releases, "version": reading.version,
