@@ -61,6 +61,9 @@ def render_text(ex: Explanation, log: str) -> str:
     out[-1] += why("attention_backend")
     fact("prefill backend", r.prefill_backend)
     out[-1] += why("prefill_backend")
+    if r.crashed_backend is not None:
+        out.append(f"backend that crashed (no selection line): {r.crashed_backend.value}  "
+                   f"[{r.crashed_backend.rule}; line {r.crashed_backend.n}]")
     for f in r.other_backends:
         out.append(f"{f.role} backend (not the model's): {f.value or '?'}  (line {f.n})")
     out.append(f"engine: {r.engine or 'not in the log'}" + why("engine"))

@@ -265,8 +265,13 @@ def _backend_elsewhere(out: Any, recs: List[Record], markers: dict) -> None:
         r, name, rule = found
         fact = Fact(r.n, r.text, "attention_backend", name, "", "", [], r.tags[-1] if r.tags else None)
         fact.rule, fact.role = rule, "model"
-        out.attention_backend = fact
-        out.decided["attention_backend"] = Decision(name, rule, [r.n], r.text)
+        if rule.startswith("the backend a CUDA-graph"):   # a check of the backend in use: it was selected
+            out.attention_backend = fact
+            out.decided["attention_backend"] = Decision(name, rule, [r.n], r.text)
+        else:   # only a crash names it: shown as the backend that crashed, never passed off as the selection
+            fact.kind = "crashed_backend"
+            out.crashed_backend = fact
+            out.decided["crashed_backend"] = Decision(name, rule, [r.n], r.text)
 
 
 def _engine_markers(rec: Record, markers: dict) -> List[Tuple[str, str]]:

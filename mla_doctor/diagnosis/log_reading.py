@@ -574,6 +574,7 @@ class LogReading:
     fatal: List[Fact] = field(default_factory=list)
     fatal_error: Optional[Fact] = None            # the last exception (else death message) that ended a process
     fatal_cause: Optional[Fact] = None            # the first of them that is not a wrapper ("See root cause above")
+    crashed_backend: Optional[Fact] = None        # no selection line: the backend whose own code raised
     unmatched: int = 0
     runs: List[ProcessRun] = field(default_factory=list)   # the server processes in the log, oldest first
     earlier_fatal: List[Fact] = field(default_factory=list)  # fatal lines of processes before the newest
@@ -597,7 +598,8 @@ class LogReading:
                 "cudagraph_mode_requested": self.cudagraph_mode_requested,
                 "other_backends": [f.to_dict() for f in self.other_backends],
                 "fatal_error": self.fatal_error.to_dict() if self.fatal_error is not None else None,
-                "fatal_cause": self.fatal_cause.to_dict() if self.fatal_cause is not None else None}
+                "fatal_cause": self.fatal_cause.to_dict() if self.fatal_cause is not None else None,
+                "crashed_backend": self.crashed_backend.to_dict() if self.crashed_backend is not None else None}
 
 
 _CG_VALUES = {"0": "NONE", "1": "PIECEWISE", "2": "FULL", "[2, 0]": "FULL_DECODE_ONLY", "[2, 1]": "FULL_AND_PIECEWISE"}

@@ -72,6 +72,15 @@ KNOWN_LIMITS: Dict[Tuple[str, str], str] = {
     ('059-', 'sparse'): _by_name('DeepSeek-R1 (from the title)'),
     ('061-', 'sparse'): _by_name('DeepSeek-R1 (from the title)'),
     ('062-', 'sparse'): _by_name('DeepSeek-R1-0528 (from the title)'),
+    ('007-', 'decode_backend'):
+        'FLASHINFER_MLA_SPARSE_DSV4 is named only by the exception its own constructor raised: the reader reports '
+        'it as crashed_backend, never as the selected backend (no selection line is in the paste)',
+    ('039-', 'decode_backend'):
+        "ROCM_AITER_MLA is known only from the crashing traceback's frames (rocm_aiter_mla.py): reported as "
+        'crashed_backend, not as a selection',
+    ('040-', 'decode_backend'):
+        "'Aiter MLA only supports 16 or 128 number of heads' names the backend only in its crash: reported as "
+        'crashed_backend, not as a selection',
     ('058-', 'engine'):
         'V1 only because release 0.25 has no V0: the reader takes the engine from lines only, never from the '
         "release (the verdict and `explain` apply the release's default and say so)",

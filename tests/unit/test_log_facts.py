@@ -98,6 +98,13 @@ def test_a_requested_mode_an_exception_rejects_never_ran():
     assert r.attention_backend.value == "CUTLASS_MLA" and r.fatal_error.value == "ValueError"
 
 
+def test_a_backend_named_only_by_its_crash_is_never_the_selected_one():
+    r = read_log(['[rank0]:   File "/app/vllm/vllm/attention/ops/rocm_aiter_mla.py", line 67, in mla_decode_fwd_impl',
+                  "[rank0]: AssertionError: nhead=32 not supported"])
+    assert r.attention_backend is None and r.crashed_backend.value == "ROCM_AITER_MLA"
+    assert r.decided["crashed_backend"].lines == [1] and "module" in r.decided["crashed_backend"].rule
+
+
 def test_advice_text_is_not_a_request():
     r = read_log(["INFO 07-18 12:26:31 model_runner.py:1402] Capturing the model for CUDA graphs. This may lead to "
                   "unexpected consequences if the model is not static. To run the model in eager mode, set "
