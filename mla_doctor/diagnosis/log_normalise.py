@@ -250,7 +250,7 @@ def normalise(lines: Sequence[Any], max_line: int = MAX_LINE) -> Normalised:
             length = len(piece)
             own = bool(tags) or text != piece.strip() or _LEVEL_START.match(text) or _RECORD_START.match(text)
             # a wrapped line: a bare fragment after a line cut at the paste's wrap width, or after a long line
-            if k == 0 and prev is not None and text and not own and (
+            if k == 0 and prev is not None and text and not own and n == prev.ns[-1] + 1 and (
                     prev_len in wrap_at or (prev_len >= WRAP_WIDTH and not _OWN_START.match(text))):
                 prev.text += text
                 prev.ns += (n,)

@@ -110,3 +110,12 @@ def test_mojibake_progress_bars_are_repaired_and_read():
 def test_a_line_over_the_cap_is_cut_and_said():
     norm = normalise(["INFO 12-01 10:00:00 [x.py:1] " + "a" * (MAX_LINE * 3)])
     assert norm.lines[0].cut and len(norm.lines[0].text) <= MAX_LINE and norm.stripped["cut"]["count"] == 1
+
+
+def test_lines_that_are_not_adjacent_are_never_joined():
+    # the agent sends the evidence lines of a server log with their numbers, not the whole log
+    long = "INFO 12-01 10:00:00 [core.py:77] " + "x" * 200
+    norm = normalise([{"n": 5, "text": long}, {"n": 90, "text": "fragment that looks wrapped"}])
+    assert [nl.n for nl in norm.lines] == [5, 90] and "wrapped" not in norm.stripped
+    norm = normalise([{"n": 5, "text": long}, {"n": 6, "text": "fragment that looks wrapped"}])
+    assert [nl.ns for nl in norm.lines] == [(5, 6)]
