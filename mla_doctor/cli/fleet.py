@@ -11,7 +11,7 @@ import time
 
 import click
 
-from mla_doctor import __version__, reports
+from mla_doctor import __version__, reports, terminal
 from mla_doctor.cli.common import (
     PORT,
     SECONDS,
@@ -241,7 +241,7 @@ def _print_plan(plans, pb, meta, fmt, output, kw) -> None:
                 opts = json.dumps(s["options"], sort_keys=True) if s["options"] else ""
                 lines.append(f"  {k}. {s['name']} [{s['kind']}{', restarts' if s['restarts'] else ''}] {opts}".rstrip())
         lines.append("dry run: nothing was connected to or changed")
-        text = "\n".join(lines) + "\n"
+        text = terminal.text("\n".join(lines)) + "\n"  # inventory/runbook values: no control reaches the terminal
     if output:
         reports.write(output, text)
     else:

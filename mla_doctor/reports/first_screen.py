@@ -15,6 +15,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
+from mla_doctor import terminal
 from mla_doctor.results import HostReport, host_to_dict
 
 LABEL = 11  # the left column: "  " + label padded + " "
@@ -354,6 +355,7 @@ Segment = tuple[str, "str | None"]
 def _row(label: str, text: str, width: int, style: str | None = None, max_lines: int = 2) -> list[list[Segment]]:
     """`  label     text`, the text wrapped under itself, at most max_lines lines (the last cut with …)."""
     avail = max(width - LABEL, 10)
+    label, text = terminal.line(label), terminal.line(text)  # host-provided: no control reaches the terminal
     lines = textwrap.wrap(text, avail, break_long_words=True, break_on_hyphens=False) or [""]
     if len(lines) > max_lines:
         lines = lines[:max_lines]
@@ -366,7 +368,7 @@ def _row(label: str, text: str, width: int, style: str | None = None, max_lines:
 def screen(host: HostReport | dict, width: int, verbose: int = 0) -> list[list[Segment]]:
     """The first screen of one host, as lines of (text, style) segments, none wider than `width`."""
     a = answer(host)
-    head = f"== {a.host}: {a.verdict.upper()}"
+    head = terminal.line(f"== {a.host}: {a.verdict.upper()}")
     head_line: list[Segment] = [(head[:width], STYLE.get(a.verdict, "head"))]
     lines: list[list[Segment]] = []
     if a.error is not None:
@@ -437,7 +439,8 @@ def coloured(lines: list[list[Segment]]) -> str:
 
 
 def fit(line: str, width: int) -> list[str]:
-    """One detail line wrapped to the width, continuation lines indented under it."""
+    """One detail line wrapped to the width, continuation lines indented under it (controls shown escaped)."""
+    line = terminal.line(line)
     if len(line) <= width:
         return [line]
     indent = " " * min(len(line) - len(line.lstrip(" ")) + 4, width // 2)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 
+from mla_doctor import terminal
 from mla_doctor.reports import first_screen
 from mla_doctor.results import HostReport, HostStatus, RunReport
 
@@ -245,7 +246,8 @@ def render(report: RunReport, verbose: int = 0, width: int | None = None, color:
             if h.patch and not h.live:
                 patch = render_patch(h)
                 # a diff and the undo command stay whole: they are applied and copied, never read wrapped
-                text += "\n".join(ln if ln.startswith(VERBATIM) else "\n".join(first_screen.fit(ln, width))
+                text += "\n".join(terminal.line(ln) if ln.startswith(VERBATIM)
+                                   else "\n".join(first_screen.fit(ln, width))
                                    for ln in patch) + "\n"
         text += "\n"
     counts: dict[str, int] = {}
