@@ -7,13 +7,14 @@ an error naming the file and line. What we need of a host is returned as a `Host
 from __future__ import annotations
 
 import glob
+import ipaddress
 import os
 import re
 import shlex
 import threading
 from dataclasses import dataclass, field
 
-from mla_doctor.errors import ConfigFileError
+from mla_doctor.errors import ConfigFileError, UsageError
 
 MAX_INCLUDE_DEPTH = 16
 # paramiko's parse of an expanded config text, shared by a fleet's connections (each parsed the whole
@@ -23,6 +24,49 @@ _PARSED: dict = {}
 _PARSED_LOCK = threading.Lock()
 _INCLUDE_RE = re.compile(r"^\s*include(\s+|\s*=\s*)(?P<rest>.+?)\s*$", re.IGNORECASE)
 _LINE_RE = re.compile(r"^\s*(?P<key>\w+)(?:\s*=\s*|\s+)(?P<value>.+?)\s*$")
+# What may reach ssh_config's %h/%r (a ProxyCommand, `Match exec`, which paramiko expands textually and then
+# splits or hands to a shell): DNS labels (`_` too, as internal names use it) or an IP literal, and a user
+# name as useradd allows it. Nothing that a shell or a re-split could read as more than one word.
+_HOST_LABELS = re.compile(r"^(?=.{1,253}\.?$)[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,62})"
+                          r"(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,62}))*\.?$")
+_USER_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\$?$")
+
+
+def host_problem(value: object) -> str | None:
+    """Why `value` is not a host name or an IP literal (IPv6 bare or in brackets), or None when it is one."""
+    if not isinstance(value, str) or not value:
+        return "a host name or an IP address is a non-empty string"
+    text = value[1:-1] if value.startswith("[") and value.endswith("]") else value
+    try:
+        ipaddress.ip_address(text)
+        return None
+    except ValueError:
+        pass
+    if text is value and _HOST_LABELS.match(value) and not value.replace(".", "").isdigit():
+        return None
+    return ("not a host name (letters, digits, '-', '_' and dots) nor an IP address; nothing else may reach "
+            "ssh_config's %h (a ProxyCommand, Match exec)")
+
+
+def user_problem(value: object) -> str | None:
+    """Why `value` is not a user name, or None when it is one."""
+    if isinstance(value, str) and _USER_NAME.match(value):
+        return None
+    return "not a user name (letters, digits, '.', '-', '_'; not starting with '-' or '.')"
+
+
+def check_host(value: str, what: str = "host") -> str:
+    why = host_problem(value)
+    if why:
+        raise UsageError(f"{what} {value!r}: {why}")
+    return value
+
+
+def check_user(value: str, what: str = "user") -> str:
+    why = user_problem(value)
+    if why:
+        raise UsageError(f"{what} {value!r}: {why}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -105,7 +149,14 @@ class SSHConfigFile:
             raise ConfigFileError(path, None, "ssh config file does not exist")
 
     def lookup(self, alias: str) -> HostParams:
+        # checked before paramiko sees it (its `Match exec` runs a shell with %h), and what the config made of
+        # it after (HostName, User: they reach a ProxyCommand's %h/%r, which paramiko pastes and re-splits)
+        check_host(alias)
         c = self._config.lookup(alias)
+        where = f" (from {self.path})" if self.path else ""
+        check_host(c.get("hostname", alias), f"HostName{where} for {alias}")
+        if c.get("user") is not None:
+            check_user(c.get("user"), f"User{where} for {alias}")
         idents = tuple(os.path.expanduser(p) for p in c.get("identityfile", []))
         known = tuple(os.path.expanduser(p) for p in (c.get("userknownhostsfile") or "").split() if p)
         timeout = c.get("connecttimeout")
@@ -124,6 +175,21 @@ class SSHConfigFile:
             connect_timeout=float(timeout) if timeout else None,
             sources=(self.path,) if self.path else (),
         )
+
+
+def proxy_command_line(command: str, hostname: str, port: int) -> str:
+    """The ProxyCommand as the command line paramiko will split (it runs it without a shell): the config's words,
+    with %h/%p substituted *inside* each word, re-joined so paramiko's split gives back exactly those words.
+    (paramiko's lookup already pasted %h/%r into the text: what it pasted was checked by `lookup` to be a host
+    name / IP and a user name, which no split can turn into more words or an option.)"""
+    check_host(hostname, "ProxyCommand %h")
+    try:
+        words = shlex.split(command)
+    except ValueError as e:
+        raise UsageError(f"ProxyCommand {command!r}: cannot split it into words: {e}") from e
+    if not words:
+        raise UsageError("ProxyCommand is empty")
+    return shlex.join(w.replace("%h", hostname).replace("%p", str(int(port))) for w in words)
 
 
 def default_config_path() -> str:
