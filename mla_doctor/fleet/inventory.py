@@ -21,7 +21,7 @@ from mla_doctor import yamlfile
 from mla_doctor.errors import ConfigFileError, UsageError
 from mla_doctor.host.expect import EXPECT_KEYS, EXPECT_VALUES
 from mla_doctor.host.target import HOST_KEY_POLICIES
-from mla_doctor.ssh.sshconfig import host_problem, user_problem
+from mla_doctor.safety import host_problem, user_problem
 
 RUNTIME_KINDS = ("process", "systemd", "docker", "commands")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -7,7 +7,6 @@ an error naming the file and line. What we need of a host is returned as a `Host
 from __future__ import annotations
 
 import glob
-import ipaddress
 import os
 import re
 import shlex
@@ -15,6 +14,7 @@ import threading
 from dataclasses import dataclass, field
 
 from mla_doctor.errors import ConfigFileError, UsageError
+from mla_doctor.safety import host_problem, user_problem  # noqa: F401 - re-exported
 
 MAX_INCLUDE_DEPTH = 16
 # paramiko's parse of an expanded config text, shared by a fleet's connections (each parsed the whole
@@ -24,37 +24,6 @@ _PARSED: dict = {}
 _PARSED_LOCK = threading.Lock()
 _INCLUDE_RE = re.compile(r"^\s*include(\s+|\s*=\s*)(?P<rest>.+?)\s*$", re.IGNORECASE)
 _LINE_RE = re.compile(r"^\s*(?P<key>\w+)(?:\s*=\s*|\s+)(?P<value>.+?)\s*$")
-# What may reach ssh_config's %h/%r (a ProxyCommand, `Match exec`, which paramiko expands textually and then
-# splits or hands to a shell): DNS labels (`_` too, as internal names use it) or an IP literal, and a user
-# name as useradd allows it. Nothing that a shell or a re-split could read as more than one word.
-_HOST_LABELS = re.compile(r"^(?=.{1,253}\.?$)[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,62})"
-                          r"(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,62}))*\.?$")
-_USER_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\$?$")
-
-
-def host_problem(value: object) -> str | None:
-    """Why `value` is not a host name or an IP literal (IPv6 bare or in brackets), or None when it is one."""
-    if not isinstance(value, str) or not value:
-        return "a host name or an IP address is a non-empty string"
-    text = value[1:-1] if value.startswith("[") and value.endswith("]") else value
-    try:
-        ipaddress.ip_address(text)
-        return None
-    except ValueError:
-        pass
-    if text is value and _HOST_LABELS.match(value) and not value.replace(".", "").isdigit():
-        return None
-    return ("not a host name (letters, digits, '-', '_' and dots) nor an IP address; nothing else may reach "
-            "ssh_config's %h (a ProxyCommand, Match exec)")
-
-
-def user_problem(value: object) -> str | None:
-    """Why `value` is not a user name, or None when it is one."""
-    if isinstance(value, str) and _USER_NAME.match(value):
-        return None
-    return "not a user name (letters, digits, '.', '-', '_'; not starting with '-' or '.')"
-
-
 def check_host(value: str, what: str = "host") -> str:
     why = host_problem(value)
     if why:
