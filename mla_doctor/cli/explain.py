@@ -6,6 +6,7 @@ import os
 
 import click
 
+from mla_doctor import terminal
 from mla_doctor.cli.common import cli, handle_errors
 from mla_doctor.diagnosis.explain import Explanation, explain
 from mla_doctor.diagnosis.log_normalise import bounded_lines
@@ -125,5 +126,6 @@ def explain_cmd(log, model, version, fmt):
         doc = dict(ex.to_dict(), command="explain", log=log)
         click.echo(json.dumps(doc, indent=2))
     else:
-        click.echo(render_text(ex, log), nl=False)
+        # the paste is another machine's text: its escapes (OSC 52, ESC[2J) must not reach the terminal
+        click.echo(terminal.text(render_text(ex, log)), nl=False)
     raise SystemExit(int(ExitStatus.FAULT if ex.reading.fatal else ExitStatus.OK))
