@@ -1,7 +1,7 @@
 """The package layout is an architecture: which layer may import which, no cycles, small modules.
 
-Layers, top to bottom (README, Layout): cli -> fleet -> host -> diagnosis / remote / ssh, and reports,
-over the base (errors, exit codes, results, yamlfile, paths, cancel). cli reaches diagnosis only in
+Layers, top to bottom (README, Layout): cli -> fleet -> host -> diagnosis / remote / ssh, and reports (over the base
+only: it renders the report's stored answer), over the base (errors, exit codes, results, yamlfile, paths, cancel). cli reaches diagnosis only in
 `explain` (offline); a fleet reaches a host only through `host.execute`. The host agent (`agent/`) is stdlib-only and
 imports nothing of the controller; only `remote/` (which ships it) reads it.
 """
@@ -21,7 +21,8 @@ ALLOWED = {
     "ssh": {"base"},
     "diagnosis": {"base"},
     "remote": {"base", "ssh", "agent"},
-    "reports": {"base", "diagnosis"},
+    # a writer renders what the report holds (its answer included): it diagnoses nothing, reads no knowledge
+    "reports": {"base"},
     # one host's work: connect (ssh), the agent (remote), what it means (diagnosis)
     "host": {"base", "ssh", "remote", "diagnosis"},
     # a fleet runs each host through host.execute: it never opens a connection or reads the knowledge itself
