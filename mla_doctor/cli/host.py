@@ -19,6 +19,7 @@ from mla_doctor.cli.common import (
 )
 from mla_doctor import terminal
 from mla_doctor.host.fields import cli_fields
+from mla_doctor.host.runtimes import TABLE
 from mla_doctor.host.steps import Audit, Live, Patch, Revert, RunOptions, parse_expect, second_pass
 from mla_doctor.host.target import target_from_options
 from mla_doctor.paths import DEFAULT_RUN_ROOT
@@ -181,7 +182,7 @@ def run_cmd(fmt, output, runtime, unit, container, start_command, stop_command, 
                 raise UsageError("not confirmed")
         else:
             raise UsageError("`run` restarts the server: pass --yes (no terminal to confirm on)")
-    if runtime == "command" and not (start_command and stop_command):
+    if TABLE[runtime].commands and not (start_command and stop_command):
         raise UsageError("--runtime command needs --start-command and --stop-command")
     debug_env = {"VLLM_LOGGING_LEVEL": "DEBUG"}
     for item in extra_env:

@@ -20,10 +20,11 @@ import yaml
 from mla_doctor import yamlfile
 from mla_doctor.errors import ConfigFileError, UsageError
 from mla_doctor.host.expect import EXPECT_KEYS, EXPECT_VALUES
+from mla_doctor.host.runtimes import INVENTORY_KINDS, from_inventory
 from mla_doctor.host.target import HOST_KEY_POLICIES
 from mla_doctor.safety import host_problem, user_problem
 
-RUNTIME_KINDS = ("process", "systemd", "docker", "commands")
+RUNTIME_KINDS = INVENTORY_KINDS  # host/runtimes.py
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _HOST_NAME = re.compile(r"^[A-Za-z0-9_.:\[\]@-]+$")
 _TOP_KEYS = {"hosts", "groups", "vars"}
@@ -452,7 +453,8 @@ def _check_var(path: str, line: int | None, what: str, key: str, value: Any, str
             if k in value and not (isinstance(value[k], str) and value[k]):
                 raise ConfigFileError(path, line, f"{what}: runtime {k} must be a name (a non-empty string)")
         cmds = value.get("commands")
-        if kind_ == "commands" and not isinstance(cmds, dict):
+        row = from_inventory(kind_)
+        if row is not None and row.commands and not isinstance(cmds, dict):
             raise ConfigFileError(path, line, f"{what}: runtime commands needs 'commands: {{stop: ..., start: ...}}'")
         if cmds is not None:
             if not isinstance(cmds, dict) or any(k not in ("stop", "start", "status") for k in cmds) or not all(
