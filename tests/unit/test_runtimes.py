@@ -14,7 +14,7 @@ from mla_doctor.errors import RemoteError, UsageError
 from mla_doctor.host.live.options import RunOptions
 from mla_doctor.host.live.prepare import find_container
 from mla_doctor.host.live.refusals import HostRefusal, check_runtime
-from mla_doctor.host.live.steps import restart_request
+from mla_doctor.host.live.steps import restart, restart_request
 from mla_doctor.host.runtimes import INVENTORY_KINDS, KINDS, TABLE, from_inventory, runtime
 from mla_doctor.remote.protocol import (CommandRestartRequest, DockerRestartRequest, ServerRestartRequest,
                                         SystemdRestartRequest)
@@ -84,6 +84,19 @@ def test_only_systemd_needs_a_unit_and_only_process_is_refused_under_a_superviso
     assert refused == {("systemd", "no unit", "NoUnit"), ("systemd", "supervised", "NoUnit"),
                        ("process", "supervised", "WrongRuntime")}
     check_runtime("systemd", "named.service", bare)  # a named unit is enough
+
+
+@pytest.mark.parametrize("kind", sorted(OP))
+def test_after_the_debug_restart_the_lease_is_held_where_the_runtime_says(kind):
+    """docker: the files are inside the container, the lease the run renews is the host's watchdog's."""
+    sent = []
+    run = _run(kind)
+    run.conn = SimpleNamespace(command_timeout=5)
+    run.call = lambda req, timeout, host: sent.append((req.op, host)) or SimpleNamespace(
+        is_refused=False, refused=[], log_offset=7)
+    restart(run, "debug")
+    assert sent == [(OP[kind].op, True)] and run.restarted and run.log_offset == 7
+    assert run.host_lease is (kind == "docker")
 
 
 def test_docker_s_restart_keeps_the_environment_and_the_host_holds_the_lease():
