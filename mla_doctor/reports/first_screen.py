@@ -103,8 +103,8 @@ class Answer:
     run: str | None = None
 
 
-_STORED = ("backend", "backend_name", "backend_source", "dispatch", "family_layer", "one_token", "long_prompt", "threshold",
-           "entry_short", "entry_long", "model_sparse", "info_count")
+_STORED = ("backend", "backend_name", "backend_source", "dispatch", "family_layer", "one_token", "long_prompt",
+           "threshold", "entry_short", "entry_long", "model_sparse", "info_count")
 
 
 def _as_dict(h: HostReport | dict) -> dict:
