@@ -72,7 +72,7 @@ install-tier: setup
 	$(PYTEST) -q tests/install
 
 # Tiers fastest first, so a failure shows early; every tier runs, the exit status is the worst.
-TIERS ?= unit corpus install attack integration faults soak
+TIERS ?= unit corpus real_logs install attack integration faults soak
 
 test: setup system-packages lint unit-data
 	@failed=""; for t in $(TIERS); do \

@@ -8,8 +8,13 @@ The agent redacts argv and environment on the host already; this covers what the
   with `token`, `secret`, `password`, `passwd` or `credential` in its name (`--hf-token`, `--auth-token`) —
   except `tokens`/`tokenizer` (`--max-num-batched-tokens 8192` and `--tokenizer PATH` are evidence);
 - URL userinfo: `https://user:pass@host/` -> `https://<redacted>@host/`;
-- environment values whose names look secret (KEY, TOKEN, SECRET, PASSWORD, PASSWD, CREDENTIAL, AUTH):
-  in environment maps (`env`, `settings`, `debug`, ... or any UPPER_CASE name) and `NAME=value` words.
+- environment values whose names look secret (KEY, TOKEN, SECRET, PASSWORD, PASSWD, CREDENTIAL, AUTH, and a
+  `_PASS` / `_PWD` suffix — not `PWD`, the working directory): in environment maps (`env`, `settings`, `debug`,
+  ... or any UPPER_CASE name) and `NAME=value` words; a NUL-separated environment (`/proc/PID/environ` read
+  as text) entry by entry, whatever the case of the names;
+- tokens and keys in free text by their shape, wherever they appear: `sk-...` (OpenAI-style), `hf_...`,
+  GitHub (`ghp_`, `gho_`, `ghs_`, `ghu_`, `ghr_`, `github_pat_`), Slack (`xox?-`), JWTs (`eyJ....eyJ....sig`),
+  AWS access key ids (`AKIA`/`ASIA` + 16), and what follows `Bearer` (16+ characters) or an `Authorization:` header.
 """
 from __future__ import annotations
 
@@ -22,11 +27,21 @@ REDACTED = "<redacted>"
 # a flag that names an environment variable (`--api-key-env NAME`) holds a name, not a secret
 _SECRET_FLAG = re.compile(r"(?i)^(?!.*[-_]env:?$)--?(?:.*(?:api[-_]?key|secret|password|passwd|credential).*"
                           r"|(?:.*[-_])?key|.*token(?!s|iz).*)$")
-SECRET_ENV = re.compile(r"(?i)(key|token|secret|password|passwd|credential|auth)")
+SECRET_ENV = re.compile(r"(?i)(key|token|secret|password|passwd|passphrase|credential|auth|_pass$|^pass$|_pwd$)")
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 _URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@?#]+@")
 # NAME=value in free text, NAME upper case (an environment variable), value up to whitespace or a quote
-_ENV_WORD = re.compile(r"\b([A-Z_][A-Z0-9_]*)=(\"[^\"]*\"|'[^']*'|[^\s'\"]*)")
+_ENV_WORD = re.compile(r"\b([A-Z_][A-Z0-9_]*)=(\"[^\"\0]*\"|'[^'\0]*'|[^\s'\"\0]*)")
+# secrets recognised by their shape alone (token formats whose prefix says what they are)
+_SHAPES = re.compile(
+    r"(?<![A-Za-z0-9_-])(?:sk-[A-Za-z0-9_-]{20,}"   # OpenAI-style (sk-..., sk-proj-...)
+    r"|hf_[A-Za-z0-9]{20,}"                                          # Hugging Face
+    r"|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,}"     # GitHub
+    r"|xox[abprs]-[A-Za-z0-9-]{10,}"                                 # Slack
+    r"|eyJ[A-Za-z0-9_-]{5,}\.eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}"  # a JWT (header.payload.signature)
+    r"|(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Z]))")                       # an AWS access key id
+_AUTH_SCHEME = re.compile(r"(?i)(\bauthorization[\"']?\s*[:=]\s*[\"']?(?:(?:bearer|basic|token)\s+)?)[^\s\"',;]{6,}"
+                          r"|(\bbearer\s+)[A-Za-z0-9._~+/=-]{16,}")
 # dict keys whose values are environment maps (any key inside is a variable name)
 ENV_MAPS = {"env", "environment", "settings", "settings_not_applied", "debug", "debug_env", "extra_env"}
 
@@ -78,6 +93,10 @@ def redact_text(text: str) -> str:
     """Free text (a message, a progress line, a command line): URL userinfo, NAME=value, secret flags."""
     if not isinstance(text, str) or not text:
         return text
+    if "\0" in text:  # an environment block (/proc/PID/environ): each entry NAME=value, any case of NAME
+        return "\0".join(_environ_entry(e) for e in text.split("\0"))
+    text = _SHAPES.sub(REDACTED, text)
+    text = _AUTH_SCHEME.sub(lambda m: (m.group(1) or m.group(2)) + REDACTED, text)
     text = _URL_USERINFO.sub(lambda m: m.group(1) + REDACTED + "@", text)
     text = _ENV_WORD.sub(_env_word, text)
     if "-" not in text:
@@ -100,6 +119,13 @@ def redact_text(text: str) -> str:
         elif bare.startswith("-") and is_secret_flag(bare):
             hiding = True
     return "".join(parts)
+
+
+def _environ_entry(entry: str) -> str:
+    name, eq, value = entry.partition("=")
+    if eq and value and re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name) and is_secret_env(name):
+        return f"{name}={REDACTED}"
+    return redact_text(entry) if entry else entry
 
 
 def redact_env(env: dict) -> dict:

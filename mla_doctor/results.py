@@ -59,6 +59,8 @@ class HostReport:
     restored: bool | None = None  # None: nothing needed restoring
     transport: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    # the answer the first screen shows (diagnosis/answer.py's HostAnswer as data), set where the report is built
+    answer: dict[str, Any] | None = None
     exit_override: ExitStatus | None = None
 
     @classmethod

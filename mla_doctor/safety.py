@@ -2,9 +2,13 @@
 
 A `\\r` or `\\n` in an `--env` value splits a drop-in line (`ExecStartPre=+...` would run as root); a NUL
 truncates an argv word or an environment entry. One check, used by the CLI, runbooks and inventories.
+And what may reach ssh_config's %h/%r (`host_problem`, `user_problem`), shared by inventories, the config file
+and the SSH side.
 """
 from __future__ import annotations
 
+import ipaddress
+import re
 from typing import Any
 
 from mla_doctor.errors import ConfigFileError, UsageError
@@ -35,3 +39,34 @@ def check_no_control(value: Any, what: str, path: str | None = None, line: int |
         for v in value:
             check_no_control(v, what, path, line)
     return value
+
+
+# What may reach ssh_config's %h/%r (a ProxyCommand, `Match exec`, which paramiko expands textually and then
+# splits or hands to a shell): DNS labels (`_` too, as internal names use it) or an IP literal, and a user
+# name as useradd allows it. Nothing that a shell or a re-split could read as more than one word.
+_HOST_LABELS = re.compile(r"^(?=.{1,253}\.?$)[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,62})"
+                          r"(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,62}))*\.?$")
+_USER_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\$?$")
+
+
+def host_problem(value: object) -> str | None:
+    """Why `value` is not a host name or an IP literal (IPv6 bare or in brackets), or None when it is one."""
+    if not isinstance(value, str) or not value:
+        return "a host name or an IP address is a non-empty string"
+    text = value[1:-1] if value.startswith("[") and value.endswith("]") else value
+    try:
+        ipaddress.ip_address(text)
+        return None
+    except ValueError:
+        pass
+    if text is value and _HOST_LABELS.match(value) and not value.replace(".", "").isdigit():
+        return None
+    return ("not a host name (letters, digits, '-', '_' and dots) nor an IP address; nothing else may reach "
+            "ssh_config's %h (a ProxyCommand, Match exec)")
+
+
+def user_problem(value: object) -> str | None:
+    """Why `value` is not a user name, or None when it is one."""
+    if isinstance(value, str) and _USER_NAME.match(value):
+        return None
+    return "not a user name (letters, digits, '.', '-', '_'; not starting with '-' or '.')"

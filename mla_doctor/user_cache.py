@@ -1,9 +1,11 @@
 """The controller's own cache directories, one rule for all of them.
 
 What comes back out of a cache is believed (parse results, harvested log formats) or run (pickled knowledge,
-marshalled agent code), so a cache directory is used only while it and the cache root above it belong to this
-user and no one else may write to them: created 0700, checked at every use. A directory that fails the check is
-treated as if caching were off (the audit is the same, only slower) — never read, never written.
+marshalled agent code), so a cache directory is used only while it belongs to this user (the effective uid) and
+no one else may write to it, nor to any directory above it (a sticky one like /tmp only if root's or ours):
+created 0700, checked at every use, walked and opened by descriptor (O_NOFOLLOW per component), entries read
+and written relative to that descriptor. A directory that fails the check is treated as if caching were off
+(the audit is the same, only slower) — never read, never written.
 
 Root: $MLA_DOCTOR_CACHE, else ~/.cache/mla-doctor. Each cache has its own variable naming another directory,
 or "off".
@@ -20,25 +22,91 @@ def root() -> Path:
     return Path(os.environ.get("MLA_DOCTOR_CACHE") or Path.home() / ".cache" / "mla-doctor")
 
 
-def _owned(path: Path) -> bool:
-    try:
-        st = path.stat()
-    except OSError:
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+MAX_ENTRY = 256 * 1024 * 1024  # a cache entry read back is at most this (a planted huge file is not read)
+
+
+def _safe_above(st: os.stat_result) -> bool:
+    """A directory above a cache: this user's or root's, and writable by no one else — or sticky (like /tmp)
+    and this user's or root's (the owner of a sticky directory may still rename what is in it: another user's
+    sticky directory is as good as writable by them)."""
+    if st.st_uid not in (os.geteuid(), 0):
         return False
-    return st.st_uid == os.getuid() and not st.st_mode & 0o022
+    return not st.st_mode & 0o022 or bool(st.st_mode & stat.S_ISVTX)
+
+
+def _safe_cache(st: os.stat_result) -> bool:
+    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+def open_dir(path: Path) -> int | None:
+    """A descriptor of the cache directory `path`, or None: walked from `/` one component at a time with
+    O_NOFOLLOW|O_DIRECTORY (no symlink, no re-resolved path), every directory above checked by `_safe_above`
+    and `path` itself by `_safe_cache`, each on the descriptor it was opened as. (The directories above are
+    taken as their real path first: a root-owned /home -> /data/home link is fine, and what it leads to is
+    checked like the rest.)"""
+    try:
+        parent = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+        name = os.path.basename(os.path.abspath(path))
+        parts = [p for p in parent.split(os.sep) if p] + [name]
+        fd = os.open("/", _DIR_FLAGS)
+    except OSError:
+        return None
+    try:
+        for part in parts:
+            if not _safe_above(os.fstat(fd)):
+                return None
+            nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+        if not _safe_cache(os.fstat(fd)):
+            return None
+        out, fd = fd, -1
+        return out
+    except OSError:
+        return None
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def private(path: Path) -> bool:
-    """`path` is this user's and writable by no one else; its parent is this user's or root's and writable by
-    no one else, or sticky like /tmp (a parent others may write to would let them swap the directory itself;
-    a sticky bit forbids that)."""
-    if not _owned(path):
+    """`path` is this user's directory, writable by no one else, and so is every directory above it (or root's
+    and sticky, like /tmp): nobody else can plant an entry or swap the directory (`open_dir`)."""
+    fd = open_dir(path)
+    if fd is None:
         return False
+    os.close(fd)
+    return True
+
+
+def read_bytes(path: Path, limit: int = MAX_ENTRY) -> bytes | None:
+    """The entry `path` of a private cache directory, or None: opened relative to the directory's descriptor
+    with O_NOFOLLOW (no symlink, no FIFO waited on), a regular file of this user's that no one else may write,
+    at most `limit` bytes."""
+    dfd = open_dir(path.parent)
+    if dfd is None:
+        return None
     try:
-        st = path.parent.stat()
+        fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0),
+                     dir_fd=dfd)
     except OSError:
-        return False
-    return (st.st_uid in (os.getuid(), 0) and not st.st_mode & 0o022) or bool(st.st_mode & stat.S_ISVTX)
+        return None
+    finally:
+        os.close(dfd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or not _safe_cache(st) or st.st_size > limit:
+            return None
+        with os.fdopen(fd, "rb") as f:
+            fd = -1
+            data = f.read(limit + 1)
+        return data if len(data) <= limit else None
+    except OSError:
+        return None
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def directory(name: str, env: str) -> Path | None:
@@ -70,11 +138,11 @@ def pickled(name: str, env: str, key: str, build: Callable[[], Any]) -> Any:
 
     root = directory(name, env)
     entry = root / f"{key}.pickle" if root is not None else None
-    if entry is not None:
+    blob = read_bytes(entry) if entry is not None else None
+    if blob is not None:
         try:
-            with open(entry, "rb") as f:
-                return pickle.load(f)  # noqa: S301 - this user's own private directory, written below
-        except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError):
+            return pickle.loads(blob)  # noqa: S301 - this user's own file in a private directory, read by descriptor
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError):
             pass
     data = build()
     if entry is not None and ensure(root):
@@ -86,18 +154,26 @@ def pickled(name: str, env: str, key: str, build: Callable[[], Any]) -> Any:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write `path` whole or not at all (a concurrent reader sees the old entry or the new one); the caller
-    decided the directory is private (`ensure`). OSError goes to the caller."""
-    import tempfile  # here: a cache hit writes nothing, and tempfile's imports (shutil, random) cost ~4 ms
+    """Write `path` whole or not at all (a concurrent reader sees the old entry or the new one), through the
+    private directory's descriptor (`open_dir`): a directory that is not private is an OSError for the caller."""
+    import secrets  # here: a cache hit writes nothing
 
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    dfd = open_dir(path.parent)
+    if dfd is None:
+        raise OSError(f"cache directory {path.parent} is not private")
+    tmp = f".tmp-{secrets.token_hex(8)}"
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600,
+                     dir_fd=dfd)
         try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except OSError:
+                pass
+            raise
+    finally:
+        os.close(dfd)

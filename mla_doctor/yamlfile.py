@@ -65,6 +65,24 @@ def load(path: str, text: str | None = None) -> Any:
         raise ConfigFileError(path, None, f"YAML error: {e}") from e
 
 
+def key_lines(text: str) -> dict[tuple[str, ...], int]:
+    """The line of each key of the top two mapping levels, `(key,)` and `(key, subkey)` (for messages about a
+    value that is not a mapping itself). Call after `load` accepted the text (size, depth, anchors)."""
+    out: dict[tuple[str, ...], int] = {}
+    try:
+        root = yaml.compose(text, Loader=_LineLoader)  # noqa: S506 - SafeLoader subclass
+    except yaml.YAMLError:
+        return out
+    if isinstance(root, yaml.MappingNode):
+        for k, v in root.value:
+            key = (str(k.value),)
+            out[key] = k.start_mark.line + 1
+            if isinstance(v, yaml.MappingNode):
+                for k2, _ in v.value:
+                    out[key + (str(k2.value),)] = k2.start_mark.line + 1
+    return out
+
+
 def read_text(path: str, limit: int = MAX_BYTES) -> str:
     """A config file's text, refused (file:line error) above `limit` bytes without reading more."""
     try:

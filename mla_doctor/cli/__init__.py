@@ -15,6 +15,7 @@ import click
 from mla_doctor import interrupts
 from mla_doctor.cli.common import LAZY_COMMANDS, STATE, cli, command_name, error_doc, json_asked
 from mla_doctor.cli.config import show_envvars
+from mla_doctor import terminal
 from mla_doctor.errors import MlaDoctorError
 from mla_doctor.exit_codes import ExitStatus
 
@@ -70,7 +71,7 @@ def _main(argv: list[str] | None) -> None:
         sys.exit(int(ExitStatus.INTERRUPTED))
     except MlaDoctorError as e:  # raised before a command runs (e.g. a bad config file)
         _fail(argv, str(e), e.exit_status)
-        click.echo(f"mla-doctor: error: {e}", err=True)
+        click.echo(f"mla-doctor: error: {terminal.text(e)}", err=True)
         sys.exit(int(e.exit_status))
     except click.ClickException as e:
         # Usage errors: one clear message, exit 2, and JSON that parses when JSON was asked for (either spelling).
@@ -84,7 +85,7 @@ def _main(argv: list[str] | None) -> None:
             traceback.print_exc()
         msg = f"internal error: {type(e).__name__}: {e}"
         _fail(argv, msg, ExitStatus.INTERNAL)
-        click.echo(f"mla-doctor: {msg} (rerun with --debug for the traceback)", err=True)
+        click.echo(f"mla-doctor: {terminal.text(msg)} (rerun with --debug for the traceback)", err=True)
         sys.exit(int(ExitStatus.INTERNAL))
     sys.exit(0)
 

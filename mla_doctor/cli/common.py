@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import click
 
-from mla_doctor import __version__
+from mla_doctor import __version__, terminal
 from mla_doctor.errors import MlaDoctorError
 from mla_doctor.exit_codes import ExitStatus
 from mla_doctor.redact import redact_text
@@ -164,7 +164,7 @@ def handle_errors(command: str):
                 message = redact_text(str(e))  # a message may echo an option's value: never a secret
                 if kw.get("fmt") == "json" or (kw.get("fmt") is None and json_asked(sys.argv[1:])):
                     click.echo(json.dumps(error_doc(command, message, e.exit_status), indent=2))
-                click.echo(f"mla-doctor: error: {message}", err=True)
+                click.echo(f"mla-doctor: error: {terminal.text(message)}", err=True)  # host text: inert
                 sys.exit(int(e.exit_status))
 
         return wrapper

@@ -18,7 +18,12 @@ from pathlib import Path
 
 import click
 
+from mla_doctor import yamlfile
 from mla_doctor.errors import ConfigFileError
+from mla_doctor.safety import host_problem, user_problem
+
+# options whose values reach ssh_config's %h/%r: checked by kind, like an inventory's
+_KINDS = {"host": host_problem, "user": user_problem}
 
 
 def default_path() -> Path:
@@ -48,49 +53,66 @@ def default_map(group: click.Group, path: str | None, explicit: bool) -> dict:
         if explicit:
             raise ConfigFileError(path, None, "cannot read config file: No such file or directory")
         return {}
-    import yaml
-
+    # yamlfile: capped in size and nesting (a deep file is a usage error, never a RecursionError), anchors refused,
+    # errors name the file and line
+    text = yamlfile.read_text(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            doc = yaml.safe_load(f) or {}
-    except OSError as e:
-        raise ConfigFileError(path, None, f"cannot read config file: {e.strerror or e}") from e
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        raise ConfigFileError(path, mark.line + 1 if mark else None, f"not YAML: {getattr(e, 'problem', e)}") from e
+        doc = yamlfile.strip_lines(yamlfile.load(path, text)) or {}
+    except ConfigFileError as e:
+        if "YAML error: " not in str(e):
+            raise
+        raise ConfigFileError(path, e.line, "not YAML: " + str(e).split("YAML error: ", 1)[1]) from None
+    lines = yamlfile.key_lines(text)
     if not isinstance(doc, dict):
-        raise ConfigFileError(path, None, "a config file is a mapping of option names (or command names) to values")
+        raise ConfigFileError(path, 1, "a config file is a mapping of option names (or command names) to values")
     if hasattr(group, "load_all"):  # a lazy group: the file's keys are checked against every command's options
         group.load_all()
     commands = dict(_commands(group))
     known_global = {k for _, cmd in commands.items() for p in cmd.params for k in _keys(p)}
     out: dict = {}
 
-    def put(cmdname: str, cmd: click.Command, key: str, value, strict: bool) -> bool:
+    def put(cmdname: str, cmd: click.Command, key: str, value, strict: bool, where: tuple) -> bool:
         k = str(key).replace("-", "_")
         for p in cmd.params:
             if k in _keys(p):
+                value = os.path.expanduser(value) if isinstance(value, str) and value.startswith("~") else value
+                _check(p, key, value, lines.get(where))
                 node = out
                 for part in cmdname.split(" "):
                     node = node.setdefault(part, {})
-                node[p.name] = os.path.expanduser(value) if isinstance(value, str) and value.startswith("~") \
-                    else value
+                node[p.name] = value
                 return True
         if strict:
-            raise ConfigFileError(path, None, f"{cmdname}: unknown option {key!r}")
+            raise ConfigFileError(path, lines.get(where), f"{cmdname}: unknown option {key!r}")
         return False
+
+    def _check(p: click.Parameter, key: str, value, line: int | None) -> None:
+        """The value converted as click will (an int is an int, a choice one of its choices), now, so the error
+        names this file and line; host/user checked like an inventory's."""
+        values = value if isinstance(value, (list, tuple)) and (p.multiple or p.nargs != 1) else [value]
+        for v in values:
+            why = _KINDS[p.name](v) if p.name in _KINDS and v is not None else None
+            if why:
+                raise ConfigFileError(path, line, f"{key}: {v!r}: {why}")
+            if isinstance(p.type, click.File) or v is None:
+                continue
+            try:
+                p.type.convert(v, p, None)
+            except click.ClickException as e:
+                raise ConfigFileError(path, line, f"{key}: {e.format_message()}") from None
 
     for key, value in doc.items():
         if key in commands:
             if not isinstance(value, dict):
-                raise ConfigFileError(path, None, f"{key}: expected a mapping of option names to values")
+                raise ConfigFileError(path, lines.get((str(key),)), f"{key}: expected a mapping of option names to "
+                                                                     "values")
             for k, v in value.items():
-                put(key, commands[key], k, v, strict=True)
+                put(key, commands[key], k, v, strict=True, where=(str(key), str(k)))
         elif str(key).replace("-", "_") in known_global:
             for cmdname, cmd in commands.items():
-                put(cmdname, cmd, key, value, strict=False)
+                put(cmdname, cmd, key, value, strict=False, where=(str(key),))
         else:
-            raise ConfigFileError(path, None, f"unknown option or command {key!r}")
+            raise ConfigFileError(path, lines.get((str(key),)), f"unknown option or command {key!r}")
     return out
 
 

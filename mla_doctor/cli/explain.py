@@ -6,8 +6,10 @@ import os
 
 import click
 
+from mla_doctor import terminal
 from mla_doctor.cli.common import cli, handle_errors
 from mla_doctor.diagnosis.explain import Explanation, explain
+from mla_doctor.diagnosis.log_normalise import bounded_lines
 from mla_doctor.errors import UsageError
 from mla_doctor.exit_codes import ExitStatus
 
@@ -41,14 +43,40 @@ def render_text(ex: Explanation, log: str) -> str:
         else:
             out.append(f"{label}: {value or f.value}  (line {f.n}, format {f.source})")
 
+    def why(key):
+        d = r.decided.get(key)
+        return f"  [{d.rule}; line {', '.join(map(str, d.lines)) or '-'}]" if d is not None else ""
+
+    inp = ex.input or {}
+    if inp.get("dropped_lines") or inp.get("cut_lines"):
+        out.append(f"read: lines {inp['kept_from_line']}-{inp['total_lines']} of {inp['total_lines']} "
+                   f"(the newest {inp['cap_bytes'] >> 20} MiB); {inp['cut_lines']} line(s) cut at "
+                   f"{inp['cap_line']} characters")
+    if r.stopped:
+        out.append(f"read stopped at line {r.stopped['at_line']}: {r.stopped['why']}")
+    stripped = (r.normalised or {}).get("stripped") or {}
+    if stripped:
+        out.append("wrappers stripped: " + ", ".join(f"{k} x{v['count']} (from line {v['first_line']})"
+                                                    for k, v in stripped.items()))
     fact("attention backend", r.attention_backend)
+    out[-1] += why("attention_backend")
     fact("prefill backend", r.prefill_backend)
-    fact("engine", r.engine_line, r.engine)
-    out.append(f"CUDA graphs: {r.cudagraph_mode or 'not in the log'}" + (" (eager)" if r.eager else ""))
+    out[-1] += why("prefill_backend")
+    if r.crashed_backend is not None:
+        out.append(f"backend that crashed (no selection line): {r.crashed_backend.value}  "
+                   f"[{r.crashed_backend.rule}; line {r.crashed_backend.n}]")
+    for f in r.other_backends:
+        out.append(f"{f.role} backend (not the model's): {f.value or '?'}  (line {f.n})")
+    out.append(f"engine: {r.engine or 'not in the log'}" + why("engine"))
+    cg = f"CUDA graphs: {r.cudagraph_mode or 'not in the log'}" + (" (eager)" if r.eager else "")
+    if r.cudagraph_mode_requested and r.cudagraph_mode_requested != r.cudagraph_mode:
+        cg += f"; requested {r.cudagraph_mode_requested}"
+    out.append(cg + why("cudagraph_mode"))
     if r.chunked_prefill is not None:
         out.append("chunked prefill: " + ("on" if r.chunked_prefill else "off")
                    + (f", max_num_batched_tokens={r.max_num_batched_tokens}" if r.max_num_batched_tokens else ""))
-    out.append(f"sparse (DSA): {'yes' if r.sparse else 'no sign in the log' if r.sparse is None else 'no'}")
+    out.append(f"sparse (DSA): {'yes' if r.sparse else 'no sign in the log' if r.sparse is None else 'no'}"
+               + why("sparse"))
     if ex.model:
         out.append(f"model: {ex.model['model_type']} ({ex.model['architecture']}): {ex.model['reason']}")
     if ex.threshold is not None:
@@ -67,6 +95,10 @@ def render_text(ex: Explanation, log: str) -> str:
     if r.earlier_fatal:
         out.append("fatal lines of earlier server processes (not the newest's):")
         out += [f"  {f.n}: {f.text}" for f in r.earlier_fatal[:10]]
+    if r.fatal_error is not None:
+        out.append(f"ended by: {r.fatal_error.text[:300]}  (line {r.fatal_error.n})")
+    for key, looked in r.unknown.items():
+        out.append(f"could not tell the {key.replace('_', ' ')}: looked for {looked}")
     for u in ex.unresolved:
         out.append(f"not resolved: {u}")
     out.append(f"overall: {ex.status}")
@@ -83,15 +115,17 @@ def explain_cmd(log, model, version, fmt):
     """Read a pasted vLLM log offline: release, backends, engine, CUDA graphs, sparse, fatal lines, and
     what a 1-token and a long prompt would do. Exit 1 when a fatal line is found."""
     try:
-        with open(log, encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()
+        with open(log, "rb") as f:   # streamed: the newest MAX_LOG_BYTES, each line cut at MAX_LINE
+            kept = bounded_lines(f)
     except OSError as e:
         raise UsageError(f"{log}: cannot read: {e.strerror or e}") from e
     config = _read_config(model) if model else None
-    ex = explain(lines, config=config, version=version)
+    ex = explain(kept.numbered(), config=config, version=version)
+    ex.input = kept.to_dict()
     if fmt == "json":
         doc = dict(ex.to_dict(), command="explain", log=log)
         click.echo(json.dumps(doc, indent=2))
     else:
-        click.echo(render_text(ex, log), nl=False)
+        # the paste is another machine's text: its escapes (OSC 52, ESC[2J) must not reach the terminal
+        click.echo(terminal.text(render_text(ex, log)), nl=False)
     raise SystemExit(int(ExitStatus.FAULT if ex.reading.fatal else ExitStatus.OK))

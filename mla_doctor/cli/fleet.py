@@ -11,7 +11,7 @@ import time
 
 import click
 
-from mla_doctor import __version__, reports
+from mla_doctor import __version__, reports, terminal
 from mla_doctor.cli.common import (
     PORT,
     SECONDS,
@@ -241,7 +241,7 @@ def _print_plan(plans, pb, meta, fmt, output, kw) -> None:
                 opts = json.dumps(s["options"], sort_keys=True) if s["options"] else ""
                 lines.append(f"  {k}. {s['name']} [{s['kind']}{', restarts' if s['restarts'] else ''}] {opts}".rstrip())
         lines.append("dry run: nothing was connected to or changed")
-        text = "\n".join(lines) + "\n"
+        text = terminal.text("\n".join(lines)) + "\n"  # inventory/runbook values: no control reaches the terminal
     if output:
         reports.write(output, text)
     else:
@@ -284,6 +284,13 @@ def playbooks_cmd(fmt):
 
 # -------------------------------------------------------------------------------------- report
 
+def _loaded(path: str) -> dict:
+    """A saved report, each host with its answer (one saved before the answer was stored gets it here)."""
+    from mla_doctor.host.answer import fill
+
+    return fill(reports.load_report(path))
+
+
 @cli.group("report")
 def report_group():
     """Work with saved JSON reports: merge shards, render other formats."""
@@ -305,7 +312,7 @@ def report_merge(files, fmt, output, junit_out, md_out, html_out, retry_file):
     \b
     mla-doctor report merge shard*.json --html fleet.html --junit fleet.xml -o fleet.json
     """
-    doc = reports.merge([(f, reports.load_report(f)) for f in files])
+    doc = reports.merge([(f, _loaded(f)) for f in files])
     if retry_file:
         reports.write(retry_file, "".join(f"{h}\n" for h in doc["fleet"]["retry"]))
     _write_extra(doc, {"junit": junit_out, "markdown": md_out, "html": html_out})
@@ -328,7 +335,7 @@ def report_render(file, fmt, output):
     \b
     mla-doctor report render fleet.json --format html -o fleet.html
     """
-    doc = reports.load_report(file)
+    doc = _loaded(file)
     if "fleet" not in doc:
         doc = reports.finish(doc)
     text = reports.render(doc, fmt)

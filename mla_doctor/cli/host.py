@@ -17,7 +17,9 @@ from mla_doctor.cli.common import (
     one_host_command,
     output_options,
 )
+from mla_doctor import terminal
 from mla_doctor.host.fields import cli_fields
+from mla_doctor.host.runtimes import TABLE
 from mla_doctor.host.steps import Audit, Live, Patch, Revert, RunOptions, parse_expect, second_pass
 from mla_doctor.host.target import target_from_options
 from mla_doctor.paths import DEFAULT_RUN_ROOT
@@ -180,7 +182,7 @@ def run_cmd(fmt, output, runtime, unit, container, start_command, stop_command, 
                 raise UsageError("not confirmed")
         else:
             raise UsageError("`run` restarts the server: pass --yes (no terminal to confirm on)")
-    if runtime == "command" and not (start_command and stop_command):
+    if TABLE[runtime].commands and not (start_command and stop_command):
         raise UsageError("--runtime command needs --start-command and --stop-command")
     debug_env = {"VLLM_LOGGING_LEVEL": "DEBUG"}
     for item in extra_env:
@@ -197,6 +199,7 @@ def run_cmd(fmt, output, runtime, unit, container, start_command, stop_command, 
 
     def progress(msg):
         if not quiet:
-            click.echo(f"[{time.strftime('%H:%M:%S')}] {target.name}: {redact_text(msg)}", err=True)
+            msg = terminal.line(f"{target.name}: {redact_text(msg)}")  # host-provided: no control reaches the terminal
+            click.echo(f"[{time.strftime('%H:%M:%S')}] {msg}", err=True)
 
     one_host_command("run", target, step, fmt, output, progress=progress)

@@ -5,6 +5,7 @@ import sys
 import threading
 import time
 
+from mla_doctor import terminal
 from mla_doctor.exit_codes import ExitStatus
 
 
@@ -38,14 +39,14 @@ class Progress:
         t.add_column("host")
         t.add_column("current step")
         for h, step in sorted(self.running.items())[:20]:
-            t.add_row(h, step)
+            t.add_row(Text(terminal.line(h)), Text(terminal.line(step)))  # Text: no rich markup ([link=...])
         if len(self.running) > 20:
             t.add_row(f"... {len(self.running) - 20} more", "")
         return Group(head, t) if self.running else head
 
     def _line(self, text: str) -> None:
         if self.mode == "plain":
-            self.stream.write(f"[{time.strftime('%H:%M:%S')}] {text}\n")
+            self.stream.write(f"[{time.strftime('%H:%M:%S')}] {terminal.line(text)}\n")  # host-provided text
             self.stream.flush()
         elif self.live is not None:
             self.live.update(self._render())

@@ -1,14 +1,12 @@
 """Build the live verdict's input (`LiveEvidence`) from what a run collected. Pure: no I/O.
 
 The server log decides what the server really did (engine, backends, CUDA-graph mode, sparse):
-`verify.parse_log` reads it with the release's knowledge. `config.json` says what the model
+`static_facts.parse_log` reads it with the one log reader (`log_reading`). `config.json` says what the model
 *should* be (`verify.classify_model`); when the two disagree the verdict says so and believes the log.
 Probe records are folded per prompt with `evidence.observe`.
 """
 from __future__ import annotations
 
-import dataclasses
-import re
 from typing import Any
 
 from mla_doctor.diagnosis.evidence import ROLE_KEYS, LiveEvidence, PromptObservation, RoleCount, observe
@@ -21,14 +19,6 @@ __all__ = ["build_live_evidence", "resolve_threshold", "text_config"]
 
 FULL_MODES = ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "FULL", "V0_FULL_DECODE")
 
-# vLLM <= 0.7 logged "INFO 02-01 10:00:00 cuda.py:160] msg" (no "[" before the file): verify's prefix
-# stripper expects "[file:line]", so such lines are bracketed for parsing and quoted as they were.
-_LEGACY_PREFIX = re.compile(
-    r"^(\s*(?:\([^()]*?\s+pid=\d+\)\s*)?(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+\d{2}-\d{2}\s+"
-    r"\d{2}:\d{2}:\d{2}(?:[.,]\d+)?\s+)([\w.\-]+\.py:\d+\]\s)")
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-
-
 def text_config(config: dict | None) -> dict:
     """The language model's config (``text_config`` of a multimodal wrapper, else the config)."""
     if not isinstance(config, dict):
@@ -39,33 +29,9 @@ def text_config(config: dict | None) -> dict:
 
 def _parse(facts: ReleaseFacts, lines: list[Any], harvested: list[dict] | None = None,
            version: str | None = None) -> LogEvidence:
-    items, originals = [], {}
-    for i, item in enumerate(lines or [], 1):
-        if isinstance(item, dict):
-            n, raw = int(item.get("n") or i), str(item.get("text") or "")
-        else:
-            n, raw = i, str(item)
-        originals[n] = _ANSI.sub("", raw).rstrip()
-        items.append({"n": n, "text": _LEGACY_PREFIX.sub(lambda m: m.group(1) + "[" + m.group(2), raw, count=1)})
-    log = parse_log(_log_facts(facts), items, harvested=harvested, version=version)
-    for group in (log.backend_lines, log.cudagraph_lines, log.mla_lines, log.sparse_lines, log.fatal_lines,
-                  log.other_lines, [log.decode_backend_line, log.prefill_backend_line, log.engine_line]):
-        for ll in group:
-            if ll is not None and ll.n in originals:
-                ll.text = originals[ll.n]
-    return log
-
-
-def _log_facts(facts: ReleaseFacts) -> ReleaseFacts:
-    """The release's log formats with the MLA *prefill* formats first.
-
-    In the knowledge, the generic decode selection ``Using %s backend.`` (0.11.2+) comes before
-    ``Using %s MLA prefill backend.`` (0.22+), so the first-match-wins parser would read
-    "Using FLASH_ATTN MLA prefill backend." as the decode backend "FLASH_ATTN MLA prefill". The prefill
-    formats are the more specific ones: trying them first changes nothing else (stable order)."""
-    pre = tuple(lf for lf in facts.logs if lf.kind == "prefill_backend")
-    rest = tuple(lf for lf in facts.logs if lf.kind != "prefill_backend")
-    return dataclasses.replace(facts, logs=pre + rest)
+    # the one log reader (log_reading via parse_log): its normaliser keeps each line's number, so the
+    # evidence quotes the record at the line the log has it
+    return parse_log(facts, lines, harvested=harvested, version=version)
 
 
 def _major(cc: Any) -> int | None:

@@ -32,6 +32,7 @@ class Explanation:
     prompts: List[Dict[str, str]] = field(default_factory=list)
     unresolved: List[str] = field(default_factory=list)
     routes: List[Route] = field(default_factory=list)     # the 1-token and the long prompt, as conditions
+    input: Optional[Dict[str, Any]] = None               # how much of the file was read (the caller's cap)
 
     @property
     def status(self) -> str:
@@ -60,6 +61,9 @@ class Explanation:
             "processes": [p.to_dict() for p in r.runs], "earlier_fatal": [f.to_dict() for f in r.earlier_fatal],
             "facts": [f.to_dict() for f in r.facts if f.kind != "other"],
             "lines_unmatched": r.unmatched,
+            # added with the one reader (issue 20): how each fact was decided, what no line said (and what to
+            # paste to tell it), what was stripped, the requested CUDA-graph mode, drafter/encoder backends
+            **r.why(), "input": self.input,
         }
 
 
@@ -115,7 +119,8 @@ def explain(lines: Sequence[Any], config: Optional[dict] = None, version: Option
                                  "the platform: %s" % (backend.name, ex.threshold))
     engine = reading.engine or facts.default_engine
     if reading.engine is None:
-        ex.unresolved.append("the engine: no engine line; assumed the release default (%s)" % facts.default_engine)
+        ex.unresolved.append("the engine: no engine line or engine-only marker; assumed the release default (%s)"
+                             % facts.default_engine)
     known = known_from_log(reading, facts, config, engine, model_cls, sparse,
                            backend.name if backend is not None else None)
     one, long = routes(facts, known, LONG_PROMPT)

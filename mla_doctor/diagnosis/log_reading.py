@@ -26,6 +26,9 @@ from typing import Any, Dict, Iterable, List, Optional, Pattern, Sequence, Tuple
 
 
 from mla_doctor.diagnosis.knowledge import load_data, load_knowledge, parse_version
+from mla_doctor.diagnosis.log_normalise import clean_line, normalise, split_record
+from mla_doctor.diagnosis.log_runs import (ProcessRun, load_run_starts, numbered, run_start_patterns,  # noqa: F401
+                                          split_runs)
 
 __all__ = ["Format", "Match", "Fact", "LogReading", "Matcher", "load_formats", "load_meanings", "matcher",
            "read_log", "message_of", "is_source_build", "shipped_releases", "release_of_version",
@@ -35,7 +38,7 @@ __all__ = ["Format", "Match", "Fact", "LogReading", "Matcher", "load_formats", "
 _KNOWLEDGE = Path(__file__).with_name("knowledge")
 FORMATS_FILE = _KNOWLEDGE / "log_formats.json"
 MEANINGS_FILE = _KNOWLEDGE / "log_meanings.yaml"
-RUNS_FILE = _KNOWLEDGE / "log_runs.yaml"
+from mla_doctor.diagnosis.log_runs import RUNS_FILE  # noqa: E402,F401  (still importable here)
 
 _TOKEN = re.compile(r"%%|%[-+ #0]*\d*(?:\.\d+)?[sdifrx]|\{[^{}]*\}")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -45,13 +48,12 @@ _OUTER = re.compile(
     r"^(?:(?:\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:[.,]\d+)?(?:Z|[+-]\d{2}:?\d{2})?"
     r"|[A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2}(?:\.\d+)?) \S+ [^\s\[\]:]+(?:\[(?P<jpid>\d+)\])?: ?"
     r"|\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?Z )")
-# "(EngineCore_DP0 pid=4242) INFO 11-29 10:00:00 [core.py:110] " or, vLLM <= 0.7, "INFO ... core.py:110] "
-_PREFIX = re.compile(
-    r"^\s*(?:\((?P<proc>[^()]*?)\s+pid=(?P<pid>\d+)\)\s*)?"
-    r"(?:(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+\d{2}-\d{2}\s+\d{1,2}:\d{1,2}:\d{1,2}(?:[.,]\d+)?\s+"
-    r"\[?(?P<where>[^\]\s]*)\]\s+)?")
-_EXC = re.compile(r"^(?P<exc>(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Warning))"
-                  r"\s*:\s*(?P<msg>.*)$")
+_EXC = re.compile(r"^(?P<exc>(?:[A-Za-z_]\w{0,63}\.){0,8}[A-Z]\w{0,80}?(?:Error|Exception|Exit|Interrupt|Warning))"
+                  r" {0,4}: {0,4}(?P<msg>.*)$")
+_CR_TAIL = re.compile(r"(?:\^M|\r)+$")
+_VERSION_LINE = re.compile(r"^(?:Initializing an? (?:V[01] )?LLM engine \(v|vLLM API server version "
+                           r"|vLLM server version "
+                           r"|[\s\u2580-\u259f]{4,80}version )v?([\w.+\-]{1,64})")
 _SOURCE_BUILD = re.compile(r"^0\.0\.0|\.dev\d*|\+g[0-9a-f]{6,}")
 PARTIAL_MIN = 20  # literal characters a truncated line must still carry to match a format's head
 
@@ -61,24 +63,22 @@ def literal_len(fmt: str) -> int:
 
 
 def strip_outer(line: str) -> str:
-    """The line as vLLM wrote it: without a journald or docker prefix, and without colour."""
+    """The line as vLLM's process wrote it, tags kept: without colour, a journald/docker/launcher prefix."""
     clean = _ANSI.sub("", line).rstrip()
     m = _OUTER.match(clean)
     return clean[m.end():] if m else clean
 
 
 def message_of(line: str) -> Tuple[str, Optional[str]]:
-    """(the logged message without colour, journald/docker prefix, process tag, level, time and [file:line];
-    the process tag)."""
-    clean = strip_outer(line)
-    m = _PREFIX.match(clean)
-    return clean[m.end():].strip(), (m.group("proc") if m else None)
+    """(the logged message without colour, launcher/journald/docker prefix, process tags, level, time and
+    [file:line]; the innermost process tag)."""
+    text, tags, _pid = clean_line(line)
+    return split_record(text)[0], (tags[-1] if tags else None)
 
 
 def _logged_at(line: str) -> Optional[str]:
     """The ``file.py:N`` vLLM's log prefix names (the call site), or None."""
-    m = _PREFIX.match(strip_outer(line))
-    return m.group("where") if m and m.group("where") else None
+    return split_record(clean_line(line)[0])[2]
 
 
 def is_source_build(version: Optional[str]) -> bool:
@@ -108,6 +108,8 @@ class Format:
     _rx: Optional[List[Tuple[Pattern[str], int, bool]]] = field(default=None, repr=False, compare=False)
     _anchor: Optional[str] = field(default=None, repr=False, compare=False)
     _head: Optional[str] = field(default=None, repr=False, compare=False)
+    _plan: Optional[Tuple[List[str], str, List[Tuple[int, int]], bool]] = field(default=None, repr=False,
+                                                                                compare=False)
 
     @property
     def sites(self) -> Dict[str, List[Tuple[str, int, str]]]:
@@ -161,6 +163,32 @@ class Format:
                 rx += [(re.compile("^" + h + "$", re.S), n, True) for h, n in heads]
             self._rx = rx
         return self._rx
+
+    def plan(self) -> Tuple[List[str], str, List[Tuple[int, int]], bool]:
+        """What ``regexes`` compiles, for the linear matcher: (literal chunks, placeholder kinds ``d``/``s``,
+        heads as (placeholders kept before the rest of the line, literal chars), heads tried)."""
+        if self._plan is None:
+            chunks, kinds, heads, cur, lit = [], [], [], [], 0
+            text = self.body
+            pos = 0
+            for m in _TOKEN.finditer(text):
+                cur.append(text[pos:m.start()])
+                lit += m.start() - pos
+                tok = m.group()
+                if tok == "%%":
+                    cur.append("%")
+                    lit += 1
+                else:
+                    if lit >= PARTIAL_MIN:
+                        heads.append((len(kinds), lit))
+                    chunks.append("".join(cur))
+                    cur = []
+                    kinds.append("d" if tok[-1] in "di" else "s")
+                pos = m.end()
+            cur.append(text[pos:])
+            chunks.append("".join(cur))
+            self._plan = (chunks, "".join(kinds), heads, self.raised or self.meaning.kind == "fatal")
+        return self._plan
 
     @property
     def head(self) -> str:
@@ -239,31 +267,103 @@ def release_of_version(version: Optional[str], distribution: Optional[str] = Non
     return hits[0] if hits else None
 
 
+_INT = re.compile(r"-?\d+")
+GRAM = 4   # a line's formats are looked up by the 4-grams of their heads: O(line) per line, not O(formats)
+
+
+def _linear(text: str, chunks: List[str], kinds: str, upto: Optional[int] = None) -> Optional[List[str]]:
+    """The placeholders' values when ``text`` is the format (``upto``: its head, the first ``upto``
+    placeholders then any rest). One left-to-right pass of ``str.find``: linear in the text, never the
+    nested-lazy-group backtracking of a regex (minutes on a long line)."""
+    first = chunks[0]
+    if len(chunks) == 1:
+        return [] if text == first else None
+    if not text.startswith(first):
+        return None
+    pos = len(first)
+    if upto is None:
+        last = chunks[-1]
+        end = len(text) - len(last)
+        if end < pos or not text.endswith(last):
+            return None
+        mids = chunks[1:-1]
+    else:
+        end = len(text)
+        mids = chunks[1:upto + 1]
+    groups = []
+    for chunk in mids:
+        j = text.find(chunk, pos, end) if chunk else pos
+        if j < 0:
+            return None
+        groups.append(text[pos:j])
+        pos = j + len(chunk)
+    groups.append(text[pos:end])
+    if upto is None:
+        for g, kind in zip(groups, kinds):
+            if kind == "d" and not _INT.fullmatch(g):
+                return None
+    else:
+        for g, kind in zip(groups, kinds[:upto]):
+            if kind == "d" and not _INT.fullmatch(g):
+                return None
+    return groups
+
+
 class Matcher:
-    """Compiled formats of one or more releases; ``match`` returns the most specific."""
+    """Compiled formats of one or more releases; ``match`` returns the most specific. ``steps`` counts the
+    work done (candidate formats tried, characters scanned) so a caller can bound it per log."""
 
     def __init__(self, formats: Iterable[Format]):
         self.formats = list(formats)
         self._heads: Optional[List[Tuple[str, Format]]] = None
+        self._grams: Optional[Dict[str, List[int]]] = None
+        self._short: List[int] = []
+        self.steps = 0
+
+    def _index(self) -> None:
+        self._heads = [(fmt.head, fmt) for fmt in self.formats]
+        grams: Dict[str, List[int]] = {}
+        short = []
+        for i, (head, _f) in enumerate(self._heads):
+            if len(head) >= GRAM:
+                grams.setdefault(head[:GRAM], []).append(i)
+            else:
+                short.append(i)
+        self._grams, self._short = grams, short
+
+    def candidates(self, message: str) -> List[int]:
+        """The formats whose head can be in the message (by their first 4-gram), in the matcher's order."""
+        if self._grams is None:
+            self._index()
+        grams = self._grams or {}
+        self.steps += len(message)
+        found = set(self._short)
+        for g in {message[i:i + GRAM] for i in range(len(message) - GRAM + 1)}:
+            got = grams.get(g)
+            if got:
+                found.update(got)
+        return sorted(found)
 
     def match(self, message: str) -> Optional["Match"]:
         m = _EXC.match(message)
         exc, body = (m.group("exc"), m.group("msg")) if m else (None, None)
-        if self._heads is None:
-            self._heads = [(fmt.head, fmt) for fmt in self.formats]
+        heads = self._heads
         best: Optional[Match] = None
-        for head, fmt in self._heads:
+        for i in self.candidates(message):
+            head, fmt = (heads or self._heads or [])[i]
             if head not in message:   # a raised format's text (the body) is inside the message too
                 continue
             text = body if fmt.raised else message
             if text is None or fmt.anchor not in text:
                 continue
-            for rx, lit, partial in fmt.regexes():
+            self.steps += 1 + len(text) // 64
+            chunks, kinds, fheads, partials = fmt.plan()
+            tries = [(None, fmt.literal, False)] + ([(k, lit, True) for k, lit in fheads] if partials else [])
+            for upto, lit, partial in tries:
                 if best is not None and (lit, not partial) <= (best.literal, not best.partial):
                     continue
-                mm = rx.match(text)
-                if mm:
-                    groups = [g for g in mm.groups() if g is not None]
+                groups = _linear(text, chunks, kinds, upto)
+                if groups is not None:
                     best = Match(fmt, groups, lit, partial, exc if fmt.raised else None)
                     break
         return best
@@ -419,139 +519,12 @@ def matcher(releases: Optional[Sequence[str]] = None, harvested: Optional[List[d
     return _shipped_matcher(tuple(releases) if releases else tuple(shipped_releases()))
 
 
-# --------------------------------------------------------------------------- server processes in one log
-
-@functools.lru_cache(maxsize=1)
-def load_run_starts() -> List[Tuple[str, str, Pattern[str]]]:
-    """(id, kind, regex over the message) of the lines a server process logs once, as it starts."""
-    data = load_data(RUNS_FILE)
-    return [(s["id"], s["kind"], re.compile(s["text"])) for s in data["starts"]]
-
-
-def run_start_patterns() -> Dict[str, str]:
-    """The start lines as the agent's unanchored log patterns (ids ``run_start_<id>``): the agent sends them
-    with the evidence lines, and keeps the newest process's lines first when it must cut."""
-    return {"run_start_" + sid: rx.pattern.lstrip("^") for sid, _kind, rx in load_run_starts()}
-
-
-@dataclass
-class ProcessRun:
-    """One server process's lines in a log: from its start line to the next process's."""
-    index: int                             # 0 = the oldest in the log
-    first_line: int                        # log line number (the agent's ``n``) of its first line
-    last_line: int
-    lines: int                             # how many of the given lines are its
-    started: bool                          # its start line is in the log (False: started before the log begins)
-    start_line: Optional[int] = None
-    start: Optional[str] = None            # the start's id (knowledge/log_runs.yaml)
-    pids: Dict[str, int] = field(default_factory=dict)   # process tag -> pid: {"APIServer": 61, "EngineCore": 82}
-    version: Optional[str] = None          # as its engine line states it
-
-    def to_dict(self) -> dict:
-        return {"index": self.index, "first_line": self.first_line, "last_line": self.last_line,
-                "lines": self.lines, "started": self.started, "start_line": self.start_line, "start": self.start,
-                "pids": dict(self.pids), "version": self.version}
-
-
-def _items(lines: Sequence[Any]) -> List[Tuple[int, str]]:
-    out = []
-    for i, item in enumerate(lines or [], 1):
-        if isinstance(item, dict):
-            out.append((int(item.get("n") or i), str(item.get("text") or "")))
-        else:
-            out.append((i, str(item)))
-    return out
-
-
-def numbered(lines: Sequence[Any]) -> List[dict]:
-    """The lines as the agent sends them, ``{"n", "text"}``: a slice of them keeps the log's line numbers."""
-    return [{"n": n, "text": t} for n, t in _items(lines)]
-
-
-def split_runs(lines: Sequence[Any]) -> List[Tuple[ProcessRun, List[Any]]]:
-    """The log cut into server processes, oldest first, each with its own items (as given).
-
-    A process starts at its API server's start line (``vLLM API server version``, the logo's version line,
-    ``non-default args``) or, where the log has none, its engine's (``Initializing a V1 LLM engine``); one
-    process logs each of these once (per process tag: data-parallel engines each log theirs), so a start line
-    already seen in the current process, or a server start after the engine's, begins the next. PIDs alone
-    cannot tell: a container's server is PID 1 after every restart. Lines before the first start belong to a
-    process that started before the log begins."""
-    starts = load_run_starts()
-    runs: List[Tuple[ProcessRun, List[Any]]] = []
-    seen: set = set()
-    has_engine = False
-    pre: List[Tuple[Optional[str], Optional[str]]] = []   # (tag, pid) of the lines before the first start
-    for (n, raw), item in zip(_items(lines), lines or []):
-        clean = strip_outer(raw)
-        pm = _PREFIX.match(clean)
-        msg = clean[pm.end():].strip() if pm else clean.strip()
-        hit = next(((sid, kind) for sid, kind, rx in starts if rx.match(msg)), None)
-        tag = pm.group("proc") if pm else None
-        if hit is not None and runs:
-            # data-parallel engines (EngineCore_DP0, _DP1) each log their start: the same start counts again
-            # only from the same process tag
-            new = (hit[0], tag) in seen or (hit[1] == "server" and has_engine)
-        else:
-            new = not runs
-        if new:
-            run = ProcessRun(len(runs), n, n, 0, hit is not None)
-            runs.append((run, []))
-            seen, has_engine = set(), False
-        run, items = runs[-1]
-        items.append(item)
-        run.lines += 1
-        run.last_line = n
-        if hit is not None:
-            sid, kind = hit
-            seen.add((sid, tag))
-            if run.start_line is None:
-                run.started, run.start_line, run.start = True, n, sid
-            if kind == "engine":
-                has_engine = True
-                vm = re.match(r"^Initializing an? (?:V[01] )?LLM engine \(v([^)\s]+)\)", msg)
-                if vm and run.version is None:
-                    run.version = vm.group(1)
-        if pm and pm.group("proc") and pm.group("pid"):
-            if run.index == 0 and run.start_line is None:
-                pre.append((pm.group("proc"), pm.group("pid")))
-            else:
-                run.pids.setdefault(pm.group("proc"), int(pm.group("pid")))
-    return _split_head(runs, pre)
-
-
-def _split_head(runs: List[Tuple[ProcessRun, List[Any]]],
-                pre: List[Tuple[Optional[str], Optional[str]]]) -> List[Tuple[ProcessRun, List[Any]]]:
-    """The lines before the log's first start line are the first process's own preamble (Python warnings, the
-    logo's first lines, the platform detection) unless one of them names a process tag with another PID than
-    that process has: then they are the end of a process that started before the log begins."""
-    if not runs:
-        return runs
-    first, items = runs[0]
-    if first.start_line is None or not any(tag in first.pids and int(str(pid)) != first.pids[tag]
-                                           for tag, pid in pre):
-        for tag, pid in pre:
-            first.pids.setdefault(str(tag), int(str(pid)))
-        return runs
-    head_n = sum(1 for it_n, _t in _items(items) if it_n < (first.start_line or 0))
-    head = ProcessRun(0, first.first_line, 0, head_n, False)
-    head_items = items[:head_n]
-    head.last_line = _items(head_items)[-1][0] if head_items else first.first_line
-    for tag, pid in pre:
-        head.pids.setdefault(str(tag), int(str(pid)))
-    first.first_line, first.lines = first.start_line or first.first_line, first.lines - head_n
-    out = [(head, head_items), (first, items[head_n:])] + runs[1:]
-    for i, (run, _its) in enumerate(out):
-        run.index = i
-    return out
-
-
 # --------------------------------------------------------------------------- reading a log
 
 @dataclass
 class Fact:
-    n: int                      # line number in the log
-    text: str                   # the line as logged (colour removed)
+    n: int                      # line number in the log (the first, for a wrapped line)
+    text: str                   # the record as logged (colour and wrappers removed)
     kind: str                   # the format's meaning (attention_backend, engine, fatal, moe, ...)
     value: Optional[str]        # the backend / version / count the line states
     format: str                 # the vLLM format string it matched
@@ -559,11 +532,25 @@ class Fact:
     releases: List[str]         # releases whose sources hold this format
     process: Optional[str] = None
     partial: bool = False       # the line matched only the head of the format (a truncated quote)
+    lines: List[int] = field(default_factory=list)   # every original line it decided from (a traceback: start, end)
+    rule: Optional[str] = None  # the rule that made it a fact (fatal: which traceback form)
+    role: Optional[str] = None  # a backend line's: model, drafter, encoder, indexer
+    engine: Optional[str] = field(default=None, repr=False, compare=False)     # the engine its format states
+    sets: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    groups: List[str] = field(default_factory=list, repr=False, compare=False)
+    files: Tuple[str, ...] = field(default=(), repr=False, compare=False)     # every file its format is in
 
     def to_dict(self) -> dict:
-        return {"line": self.n, "text": self.text, "kind": self.kind, "value": self.value,
-                "format": self.format, "source": self.source, "releases": self.releases,
-                "process": self.process, "partial": self.partial}
+        out = {"line": self.n, "text": self.text, "kind": self.kind, "value": self.value,
+               "format": self.format, "source": self.source, "releases": self.releases,
+               "process": self.process, "partial": self.partial}
+        if self.lines and self.lines != [self.n]:
+            out["lines"] = list(self.lines)
+        if self.rule:
+            out["rule"] = self.rule
+        if self.role:
+            out["role"] = self.role
+        return out
 
 
 @dataclass
@@ -573,37 +560,89 @@ class LogReading:
     source_build: bool = False
     releases: List[str] = field(default_factory=list)   # shipped releases whose formats fit the log best
     tried: List[str] = field(default_factory=list)
-    attention_backend: Optional[Fact] = None
+    attention_backend: Optional[Fact] = None     # the MODEL's (a drafter's, encoder's, indexer's: other_backends)
     prefill_backend: Optional[Fact] = None
     engine: Optional[str] = None
     engine_line: Optional[Fact] = None
-    cudagraph_mode: Optional[str] = None
+    cudagraph_mode: Optional[str] = None          # as it RAN (the last downgrade / capture line), else as requested
+    cudagraph_mode_requested: Optional[str] = None
     eager: Optional[bool] = None
     chunked_prefill: Optional[bool] = None
     max_num_batched_tokens: Optional[int] = None
     sparse: Optional[bool] = None
     facts: List[Fact] = field(default_factory=list)
     fatal: List[Fact] = field(default_factory=list)
+    fatal_error: Optional[Fact] = None            # the last exception (else death message) that ended a process
+    fatal_cause: Optional[Fact] = None            # the first of them that is not a wrapper ("See root cause above")
+    crashed_backend: Optional[Fact] = None        # no selection line: the backend whose own code raised
     unmatched: int = 0
     runs: List[ProcessRun] = field(default_factory=list)   # the server processes in the log, oldest first
     earlier_fatal: List[Fact] = field(default_factory=list)  # fatal lines of processes before the newest
+    other_backends: List[Fact] = field(default_factory=list)  # drafter / encoder / indexer backends (role)
+    decided: Dict[str, Any] = field(default_factory=dict)     # field -> log_facts.Decision (rule, lines)
+    unknown: Dict[str, str] = field(default_factory=dict)     # field -> what was looked for and not found
+    normalised: Dict[str, Any] = field(default_factory=dict)  # what the normaliser stripped (log_normalise)
+    stopped: Optional[Dict[str, Any]] = None                  # the read stopped early: where and why
+    cudagraph_events: List[Dict[str, Any]] = field(default_factory=list)
+    sparse_lines: List[int] = field(default_factory=list)
+    drafter_line: Optional[int] = None
+    texts: Dict[int, str] = field(default_factory=dict, repr=False)   # line -> the record as quoted (evidence)
 
     def of_kind(self, kind: str) -> List[Fact]:
         return [f for f in self.facts if f.kind == kind]
 
+    def why(self) -> Dict[str, Any]:
+        """The JSON of how each fact was decided (``decided``) and what stayed unknown."""
+        return {"decided": {k: d.to_dict() for k, d in self.decided.items()}, "unknown": dict(self.unknown),
+                "normalised": dict(self.normalised), "stopped": self.stopped,
+                "cudagraph_mode_requested": self.cudagraph_mode_requested,
+                "other_backends": [f.to_dict() for f in self.other_backends],
+                "fatal_error": self.fatal_error.to_dict() if self.fatal_error is not None else None,
+                "fatal_cause": self.fatal_cause.to_dict() if self.fatal_cause is not None else None,
+                "crashed_backend": self.crashed_backend.to_dict() if self.crashed_backend is not None else None}
 
-_CG_JSON = re.compile(r"""['"]?cudagraph_mode['"]?\s*[:=]\s*"""
-                      r"""(<CUDAGraphMode\.(\w+)[^>]*>|\[[\d,\s]*\]|\d+|'?"?([A-Z_]+))""")
-_EAGER = re.compile(r"enforce_eager=(True|False)")
+
 _CG_VALUES = {"0": "NONE", "1": "PIECEWISE", "2": "FULL", "[2, 0]": "FULL_DECODE_ONLY", "[2, 1]": "FULL_AND_PIECEWISE"}
-_FALLBACK_FATAL = [
-    ("traceback", re.compile(r"Traceback \(most recent call last\)")),
-    ("engine_dead", re.compile(r"EngineDeadError")),
-    ("cuda_oom", re.compile(r"CUDA out of memory|torch\.OutOfMemoryError")),
-]
+MAX_STEPS = 16_000_000   # matcher work per log (characters scanned + formats tried): beyond it, the read stops
+
+
+@functools.lru_cache(maxsize=1)
+def display_names() -> Dict[str, str]:
+    """Display text -> enum name, as each release's platform code pairs its ``Using <text> backend`` line with
+    the backend it returns (``knowledge/backend_display_names.json``, tools/gen_backend_names.py): the name most
+    sites give, among those sharing a word with the text."""
+    try:
+        with open(_KNOWLEDGE / "backend_display_names.json", encoding="utf-8") as f:
+            doc = json.load(f)["names"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    out = {}
+    for text, names in doc.items():
+        flat = re.sub(r"[^A-Z]", "", text.upper()).replace("ATTENTION", "ATTN")
+
+        def score(item: Tuple[str, dict], flat: str = flat) -> Tuple[int, int]:
+            return (sum(1 for part in item[0].split("_") if part and part in flat), item[1]["sites"])
+
+        best = max(names.items(), key=score)
+        if score(best)[0]:
+            out[text] = best[0]
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def backend_code_names() -> Tuple[Dict[str, str], Dict[str, str]]:
+    """(backend class -> enum, backend module -> enum), from the releases' AttentionBackendEnum registries."""
+    try:
+        with open(_KNOWLEDGE / "backend_display_names.json", encoding="utf-8") as f:
+            doc = json.load(f)
+        return dict(doc.get("classes") or {}), dict(doc.get("modules") or {})
+    except (OSError, ValueError):
+        return {}, {}
 
 
 def backend_name(raw: Optional[str], aliases: Optional[Dict[str, str]] = None) -> Optional[str]:
+    """vLLM's enum name for a backend as a line prints it: the enum (``AttentionBackendEnum.X``), its
+    ``get_name()``, or the platform's display text (``Torch SDPA`` -> TORCH_SDPA)."""
     if not raw:
         return None
     name = raw.strip().strip("'\"")
@@ -613,7 +652,18 @@ def backend_name(raw: Optional[str], aliases: Optional[Dict[str, str]] = None) -
     names = load_meanings().get("names") or {}
     if aliases is None:
         aliases = load_knowledge().data.get("backend_aliases") or {}
-    return aliases.get(name) or names.get(name) or name
+    got = aliases.get(name) or names.get(name) or display_names().get(name)
+    if got:
+        return got
+    classes = backend_code_names()[0]
+    if name in classes:
+        return classes[name]
+    stem = re.sub(r"(?:MetadataBuilder|Backend|Impl|Metadata)$", "", name)
+    if stem != name and stem + "Backend" in classes:   # CutlassMLAMetadataBuilder -> CutlassMLABackend
+        return classes[stem + "Backend"]
+    if name.endswith("_VLLM_V1"):   # 0.7-0.9's V1 enum spelling; the knowledge keys the backend without it
+        return aliases.get(name[:-8]) or name[:-8]
+    return name
 
 
 def _value(match: Match, aliases: Optional[Dict[str, str]]) -> Optional[str]:
@@ -640,16 +690,6 @@ def _cg_mode(raw: Optional[str]) -> Optional[str]:
     return val if re.match(r"^[A-Z][A-Z_]*$", val) else None
 
 
-def _cudagraph_mode(text: str) -> Optional[str]:
-    m = _CG_JSON.search(text)
-    if m:
-        if m.group(2) or m.group(3):
-            return m.group(2) or m.group(3)
-        val = re.sub(r"\s+", "", m.group(1)).replace(",", ", ")
-        return _CG_VALUES.get(val, val)
-    return None
-
-
 def _newest(sites: Dict[str, Any]) -> str:
     order = {k: i for i, k in enumerate(shipped_releases())}
     return max(sites, key=lambda k: order.get(k, -1))
@@ -669,34 +709,46 @@ def _fit(matches: List[Tuple[int, Match]], candidates: Sequence[str]) -> List[st
 
 def read_log(lines: Sequence[Any], version: Optional[str] = None, distribution: Optional[str] = None,
              harvested: Optional[List[dict]] = None, aliases: Optional[Dict[str, str]] = None,
-             scope: bool = True) -> LogReading:
+             scope: bool = True, max_steps: int = MAX_STEPS) -> LogReading:
     """Read the lines (strings, or the agent's ``{"n", "text"}``) into facts, each with its source format.
 
     ``harvested``: formats from the installed ``vllm/`` (they are the truth for that install); otherwise
     the shipped release of ``version`` when there is one, else every shipped release. With ``scope``, a log
     of several server processes (``split_runs``) gives the facts of the newest only; the fatal lines of the
     earlier ones are ``earlier_fatal``, never ``fatal``."""
-    items = _items(lines)
     if scope:
         runs = split_runs(numbered(lines))
         if len(runs) > 1:
-            out = read_log(runs[-1][1], version, distribution, harvested, aliases, scope=False)
+            out = read_log(runs[-1][1], version, distribution, harvested, aliases, False, max_steps)
             earlier = read_log([it for _run, its in runs[:-1] for it in its], version, distribution, harvested,
-                               aliases, scope=False)
+                               aliases, False, max_steps)
             out.earlier_fatal = earlier.fatal
             out.runs = [run for run, _its in runs]
             return out
-        out = read_log(lines, version, distribution, harvested, aliases, scope=False)
+        out = read_log(lines, version, distribution, harvested, aliases, False, max_steps)
         out.runs = [run for run, _its in runs]
         return out
+    return _read(lines, version, distribution, harvested, aliases, max_steps)
+
+
+def _read(lines: Sequence[Any], version: Optional[str], distribution: Optional[str],
+          harvested: Optional[List[dict]], aliases: Optional[Dict[str, str]], max_steps: int) -> LogReading:
+    from mla_doctor.diagnosis.log_facts import Record, decide
+
     out = LogReading(version=version)
+    norm = normalise(lines)
+    out.normalised = norm.to_dict()
+    recs = []
+    for nl in norm.lines:
+        msg, level, where = split_record(nl.text)
+        recs.append(Record(nl.n, nl.ns, _CR_TAIL.sub("", nl.original) or nl.text, msg, level, where, nl.tags, nl.pid))
+        out.texts.setdefault(nl.n, recs[-1].text)
     # the version the log states, when none was given
     if not version:
-        for n, raw in items:
-            msg, _ = message_of(raw)
-            vm = re.match(r"^(?:Initializing a V[01] LLM engine \(v|vLLM API server version )v?([\w.+\-]+)", msg)
+        for r in recs:
+            vm = _VERSION_LINE.match(r.msg)
             if vm:
-                out.version, out.version_line = vm.group(1).rstrip(")"), n
+                out.version, out.version_line = vm.group(1).rstrip(")"), r.n
                 break
     out.source_build = is_source_build(out.version)
     m_any = None
@@ -718,86 +770,51 @@ def read_log(lines: Sequence[Any], version: Optional[str] = None, distribution: 
         # is still read with every release's formats; the stated release wins ties
         m_any = matcher() if exact else None
     out.tried = list(keys)
-    matched: List[Tuple[int, Match]] = []
-    for n, raw in items:
-        msg, proc = message_of(raw)
-        clean = _ANSI.sub("", raw).rstrip()
-        if not msg:
+    matched: List[Tuple[Any, Match]] = []
+    start = m_all.steps + (m_any.steps if m_any is not None and m_any is not m_all else 0)
+    read = 0
+    for r in recs:
+        spent = m_all.steps + (m_any.steps if m_any is not None and m_any is not m_all else 0) - start
+        if spent > max_steps:
+            out.stopped = {"at_line": r.n, "records_read": read, "records": len(recs),
+                           "why": "the matcher's step budget (%d) was spent; later lines were not read" % max_steps}
+            recs = recs[:read]
+            break
+        read += 1
+        if not r.msg:
             continue
-        m = m_all.match(msg)
+        m = m_all.match(r.msg)
         if m_any is not None:
-            other = m_any.match(msg)
+            other = m_any.match(r.msg)
             if other is not None and (m is None or (other.literal, not other.partial) > (m.literal, not m.partial)):
                 m = other
         if m is None:
-            for fid, rx in _FALLBACK_FATAL:
-                if rx.search(clean):
-                    fact = Fact(n, clean, "fatal", fid, "", "", [], proc)
-                    out.facts.append(fact)
-                    out.fatal.append(fact)
-                    break
-            else:
-                out.unmatched += 1
+            out.unmatched += 1
             continue
-        matched.append((n, m))
-    out.releases = _fit(matched, keys) if harvested is None else ["installed"]
+        matched.append((r, m))
+    out.releases = _fit([(r.n, m) for r, m in matched], keys) if harvested is None else ["installed"]
     pick = [k for k in keys if k in out.releases] or list(keys)
-    for n, m in matched:
-        raw = dict(items)[n]
-        msg, proc = message_of(raw)
-        clean = _ANSI.sub("", raw).rstrip()
+    reject = load_meanings()["_reject"]
+    for r, m in matched:
         fmt, mean = m.format, m.format.meaning
         site_key = next((k for k in reversed(pick) if k in fmt.sites), None) or _newest(fmt.sites)
-        where = _logged_at(raw)
         sites = fmt.sites[site_key]
+        where = (r.where or "").rsplit("/", 1)[-1]
         file, line, _level = next((st for st in sites if where and "%s:%d" % (st[0].rsplit("/", 1)[-1], st[1])
                                    == where), sites[0])
         value = _value(m, aliases)
         kind = mean.kind
-        if kind == "attention_backend" and value and load_meanings()["_reject"].search(value):
+        if kind == "attention_backend" and value and reject.search(value):
             kind = "other"   # a look-alike line whose own format is not in these releases
         if kind == "fatal" and fmt.raised and m.exc:
             value = m.exc
         if kind == "cudagraph":  # the mode stated (text or placeholder), else the one the format implies (sets)
             value = _cg_mode(value) or dict(mean.sets).get("cudagraph_mode")
-        fact = Fact(n, clean, kind, value, fmt.text, "vllm/%s:%d" % (file, line),
-                    [k for k in shipped_releases() + ["installed"] if k in fmt.sites], proc, m.partial)
+        fact = Fact(r.n, r.text, kind, value, fmt.text, "vllm/%s:%d" % (file, line),
+                    [k for k in shipped_releases() + ["installed"] if k in fmt.sites], r.tags[-1] if r.tags else None,
+                    m.partial, list(r.ns), None, None, mean.engine, dict(mean.sets), list(m.groups),
+                    tuple(sorted({st[0] for ss in fmt.sites.values() for st in ss})))
         out.facts.append(fact)
-        sets = dict(mean.sets)
-        if kind == "fatal":
-            out.fatal.append(fact)
-        elif kind == "attention_backend":
-            out.attention_backend = fact
-            if mean.engine and out.engine is None:
-                out.engine = mean.engine
-        elif kind == "prefill_backend":
-            out.prefill_backend = fact
-        elif kind == "engine":
-            out.engine, out.engine_line = mean.engine, fact
-            mode = _cudagraph_mode(msg)
-            if mode:
-                out.cudagraph_mode = mode
-            em = _EAGER.search(msg)
-            if em:
-                out.eager = em.group(1) == "True"
-                if out.eager:
-                    out.cudagraph_mode = "NONE"
-        elif kind == "eager":
-            out.eager, out.cudagraph_mode = True, "NONE"
-        elif kind == "cudagraph" and value:
-            out.cudagraph_mode = value   # the mode the format states (log_meanings.yaml: its text or placeholder)
-        elif kind == "chunked_prefill" and sets.get("chunked_prefill") and m.groups:
-            try:
-                out.max_num_batched_tokens = int(m.groups[0])
-            except ValueError:
-                pass
-        if "chunked_prefill" in sets and kind != "fatal":
-            out.chunked_prefill = bool(sets["chunked_prefill"])
-        if sets.get("sparse"):
-            out.sparse = True
-    if out.eager is None and out.cudagraph_mode and out.cudagraph_mode != "NONE":
-        out.eager = False
-    ab = out.attention_backend
-    if ab is not None and ab.value and "SPARSE" in ab.value.upper():
-        out.sparse = True
+        r.fact = fact
+    decide(out, recs, norm.prompts)
     return out

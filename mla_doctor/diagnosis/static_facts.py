@@ -4,20 +4,20 @@
   agent's ``scan``/``index`` sections, and say where a symbol moved when it is not where expected.
 - ``classify_model(facts, config)``: is this model MLA / sparse (DSA) in this release, and why.
 - ``parse_log(facts, lines)``: backend, engine, CUDA-graph and crash evidence from server log lines (of the
-  newest server process in the log).
+  newest server process in the log), read by the one log reader (``log_reading.read_log``).
 - ``other_install(loc, ident, server)``: the running server's install when it is not the audited one.
 """
 from __future__ import annotations
 
 import posixpath
-import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Union
 
 from mla_doctor.diagnosis.knowledge import Entry, ReleaseFacts
 
 __all__ = ["SymbolRef", "StaticAudit", "ModelClass", "LogLine", "LogEvidence",
-           "verify_static", "compare_thresholds", "classify_model", "parse_log", "InstallRef", "OtherInstall",
+           "verify_static", "compare_thresholds", "classify_model", "parse_log", "evidence_of", "InstallRef",
+           "OtherInstall",
            "other_install", "describe_install"]
 
 
@@ -434,208 +434,121 @@ class LogEvidence:
     # the server processes in the log (log_reading.split_runs), oldest first: every field above is the newest's
     runs: List[Dict[str, Any]] = field(default_factory=list)
     earlier_fatal_lines: List[LogLine] = field(default_factory=list)  # earlier processes' fatal lines, apart
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_PREFIX = re.compile(
-    r"^\s*(?:\((?P<proc>[^()]*?)\s+pid=\d+\)\s*)?"
-    r"(?:(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+\d{2}-\d{2}\s+\d{2}:\d{2}:\d{2}(?:[.,]\d+)?\s+"
-    r"\[?[^\]\s]*\]\s+)?")  # `[file.py:12]`, or `file.py:12]` as vLLM <= 0.7 prints it
-_CG_JSON = re.compile(r"""['"]?cudagraph_mode['"]?\s*[:=]\s*"""
-                      r"""(<CUDAGraphMode\.(\w+)[^>]*>|\[[\d,\s]*\]|\d+|'?"?([A-Z_]+))""")
-_SETTING = re.compile(r"setting cudagraph_mode=(\w+)")
-_EAGER = re.compile(r"enforce_eager=(True|False)")
-
-
-def _message(line: str) -> str:
-    return _PREFIX.sub("", _ANSI.sub("", line), count=1).rstrip()
-
-
-def _backend_name(facts: ReleaseFacts, raw: Optional[str]) -> Optional[str]:
-    if not raw:
-        return None
-    name = raw.strip().strip("'\"")
-    m = re.match(r"<?(?:AttentionBackendEnum|_Backend)\.(\w+)", name)
-    if m:
-        name = m.group(1)
-    return facts.backend_aliases.get(name, name)
-
-
-def _cudagraph_mode(facts: ReleaseFacts, text: str) -> Optional[str]:
-    m = _CG_JSON.search(text)
-    if not m:
-        return None
-    if m.group(2):
-        return m.group(2)
-    if m.group(3):
-        return m.group(3)
-    val = re.sub(r"\s+", "", m.group(1)).replace(",", ", ")
-    return facts.cudagraph_mode_values.get(val, val)
+    # added with the one reader (issue 20): how each fact was decided, and what no line said
+    cudagraph_mode_requested: Optional[str] = None  # the mode asked for; cudagraph_mode is the one that RAN
+    sparse: Optional[bool] = None                    # None: no line proves it either way
+    other_backends: List[Dict[str, Any]] = field(default_factory=list)   # drafter / encoder / indexer backends
+    fatal_error: Optional[LogLine] = None            # the exception (else death message) that ended a process
+    crashed_backend: Optional[LogLine] = None        # no selection line: the backend whose own code raised
+    decided: Dict[str, Any] = field(default_factory=dict)    # field -> {value, rule, lines, text[, events]}
+    unknown: Dict[str, str] = field(default_factory=dict)    # field -> what was looked for
+    normalised: Dict[str, Any] = field(default_factory=dict)  # wrappers stripped (log_normalise)
+    stopped: Optional[Dict[str, Any]] = None                  # the read stopped early: where and why
 
 
 def parse_log(facts: ReleaseFacts, lines: List[Union[str, dict]], harvested: Optional[List[dict]] = None,
               version: Optional[str] = None, distribution: Optional[str] = None, scope: bool = True) -> LogEvidence:
-    """The knowledge's patterns name each line (ids, categories); then the lines are read with vLLM's own
-    format strings (``log_reading.read_log``: ``harvested`` from the installed ``vllm/``, else the shipped
-    formats of ``version``): the most specific format decides what a line is, so a KV-cache, MoE or vision
-    line is never the attention backend, fatal lines the patterns miss are added, and every line says which
-    format (``vllm/file:line``) it matched.
+    """The server log as the one reader reads it (``log_reading.read_log``: the release's harvested formats,
+    the knowledge's meanings, ``log_facts``' precedence rules), in the shape ``static`` and ``run`` report:
+    every line says which format (``vllm/file:line``) it matched, every fact which line(s) and rule decided
+    it (``decided``), and what no line said stays ``None`` with what was looked for (``unknown``).
 
     With ``scope``, a log holding several server processes (a restart appends) is evidence of the newest only
     (``log_reading.split_runs``); the earlier ones' fatal lines are ``earlier_fatal_lines``, never ``fatal_lines``."""
-    if scope:
-        from mla_doctor.diagnosis.log_reading import numbered, split_runs
-
-        runs = split_runs(numbered(lines))  # numbered: a process's lines keep their line numbers in the log
-        if len(runs) > 1:
-            ev = parse_log(facts, runs[-1][1], harvested, version, distribution, scope=False)
-            earlier = parse_log(facts, [it for _run, its in runs[:-1] for it in its], harvested, version,
-                                distribution, scope=False)
-            ev.earlier_fatal_lines = earlier.fatal_lines
-        else:
-            ev = parse_log(facts, lines, harvested, version, distribution, scope=False)
-        ev.runs = [run.to_dict() for run, _its in runs]
-        return ev
-    ev = _parse_patterns(facts, lines)
-    _read_formats(ev, facts, lines, harvested, version or facts.version or None, distribution)
-    return ev
-
-
-_BACKEND_KINDS = ("attention_backend",)
-
-
-def _read_formats(ev: LogEvidence, facts: ReleaseFacts, lines: List[Union[str, dict]],
-                  harvested: Optional[List[dict]], version: Optional[str], distribution: Optional[str]) -> None:
     from mla_doctor.diagnosis.log_reading import read_log  # log_reading imports the knowledge package
 
+    source = "installed" if harvested is not None else "shipped"
     if not lines:
-        ev.formats = {"from": "installed" if harvested is not None else "shipped", "releases": [], "lines": 0}
-        return
-    reading = read_log(lines, version=version, distribution=distribution, harvested=harvested,
-                       aliases=facts.backend_aliases, scope=False)  # parse_log scoped the lines already
-    ev.formats = {"from": "installed" if harvested is not None else "shipped", "releases": reading.releases,
-                  "version": reading.version, "source_build": reading.source_build,
-                  "lines": sum(1 for f in reading.facts if f.source)}
-    by_n = {f.n: f for f in reading.facts if f.source}
-    groups = (ev.backend_lines, ev.cudagraph_lines, ev.mla_lines, ev.sparse_lines, ev.fatal_lines, ev.other_lines)
-    for group in groups:
-        for ll in group:
-            f = by_n.get(ll.n)
-            if f is not None:
-                ll.format, ll.source = f.format, f.source
-    for ll in (ev.decode_backend_line, ev.prefill_backend_line, ev.engine_line):
-        f = by_n.get(ll.n) if ll is not None else None
-        if f is not None:
-            ll.format, ll.source = f.format, f.source
-
-    # a pattern's "backend" line that a more specific format reads as something else (KV cache, MoE, vision)
-    wrong = [ll for ll in ev.backend_lines if ll.n in by_n and by_n[ll.n].kind not in _BACKEND_KINDS]
-    for ll in wrong:
-        ev.backend_lines.remove(ll)
-        ll.kind = by_n[ll.n].kind
-        ev.other_lines.append(ll)
-    if ev.decode_backend_line is not None and ev.decode_backend_line in wrong:
-        ev.decode_backend = ev.decode_backend_line = ev.decode_backend_is_mla = None
-    ab = reading.attention_backend
-    if ab is not None and ab.source and ab.value:
-        line = next((ll for ll in ev.backend_lines if ll.n == ab.n), None)
-        if line is None:
-            line = LogLine(ab.n, ab.text, "format", "decode_backend", [ab.value], ab.format, ab.source)
-            ev.backend_lines.append(line)
-            ev.backend_lines.sort(key=lambda x: x.n)
-        if ev.decode_backend_line is None or ev.decode_backend_line.n <= ab.n:
-            ev.decode_backend, ev.decode_backend_line = ab.value, line
-            ev.decode_backend_is_mla = "MLA" in ab.value.upper()
-    elif ev.decode_backend_line is None and ev.backend_lines:
-        last = ev.backend_lines[-1]
-        ev.decode_backend_line = last
-        ev.decode_backend = _backend_name(facts, last.groups[0] if last.groups else None)
-        ev.decode_backend_is_mla = bool(ev.decode_backend) and "MLA" in ev.decode_backend.upper()
-    pline = ev.prefill_backend_line
-    if pline is not None and pline.n in by_n and by_n[pline.n].kind != "prefill_backend":
-        ev.prefill_backend = ev.prefill_backend_line = None
-        ev.other_lines.append(pline)
-    pb = reading.prefill_backend
-    if ev.prefill_backend is None and pb is not None and pb.source and pb.value:
-        ev.prefill_backend = pb.value
-        ev.prefill_backend_line = LogLine(pb.n, pb.text, "format", "prefill_backend", [pb.value], pb.format,
-                                          pb.source)
-    if ev.engine is None and reading.engine:
-        ev.engine = reading.engine
-        el = reading.engine_line
-        if el is not None and ev.engine_line is None:
-            ev.engine_line = LogLine(el.n, el.text, "format", "engine", [], el.format, el.source)
-    if ev.cudagraph_mode is None and reading.cudagraph_mode:
-        ev.cudagraph_mode = reading.cudagraph_mode
-    if ev.eager is None and reading.eager is not None:
-        ev.eager = reading.eager
-    # fatal lines the patterns miss ("No valid attention backend found ...", "... is already dead")
-    have = {ll.n for ll in ev.fatal_lines}
-    for f in reading.fatal:
-        if f.source and f.n not in have:
-            ev.fatal_lines.append(LogLine(f.n, f.text, "format", "fatal", [f.value] if f.value else [], f.format,
-                                          f.source))
-    ev.fatal_lines.sort(key=lambda x: x.n)
+        ev = LogEvidence(formats={"from": source, "releases": [], "lines": 0})
+        ev.unknown = {"log": "no log lines were given"}
+        return ev
+    reading = read_log(lines, version=version or facts.version or None, distribution=distribution,
+                       harvested=harvested, aliases=facts.backend_aliases, scope=scope)
+    return evidence_of(facts, reading, source)
 
 
-def _parse_patterns(facts: ReleaseFacts, lines: List[Union[str, dict]]) -> LogEvidence:
+_RULE_IDS = (("traceback", "traceback"), ("pytest", "pytest"), ("raised", "raised"), ("exception logged", "exception"),
+             ("uncaught", "exception"), ("V0 worker", "v0_worker_exception"), ("death", "death"))
+
+
+def _rule_id(f: Any) -> str:
+    """A short, stable id for a fact no knowledge format names (a traceback, a crashing backend, a marker)."""
+    rule = f.rule or ""
+    if rule == "fatal wording":
+        return str(f.value)
+    return next((rid for head, rid in _RULE_IDS if rule.startswith(head)), f.kind)
+
+
+_OTHER_KINDS = ("moe", "kv_cache", "vision", "version", "scheduler", "chunked_prefill", "traceback")
+
+
+def evidence_of(facts: ReleaseFacts, reading: Any, source: str = "shipped") -> LogEvidence:
+    """``LogEvidence`` of a ``LogReading`` (its facts as ``LogLine``; ids are the knowledge's log ids where the
+    format is one the knowledge names, e.g. ``breakable_cg``)."""
+    ids: Dict[str, str] = {}
+    for lf in facts.logs:   # the first entry for a format, as the knowledge lists them (its most specific use)
+        ids.setdefault(lf.format.strip(), lf.id)
+
+    def line(f: Any, kind: Optional[str] = None) -> LogLine:
+        lid = ids.get((f.format or "").strip()) or ("format" if f.format else _rule_id(f))
+        groups = [f.value] if f.value and (f.kind == "fatal" or not f.groups) else list(f.groups)
+        return LogLine(f.n, f.text, lid, kind or f.kind, groups, f.format or None, f.source or None)
+
     ev = LogEvidence()
-    fatal = [(k, re.compile(rx)) for k, rx in facts.fatal_patterns]
-    # the specific prefill line ("Using %s MLA prefill backend.") before the generic "Using %s backend."
-    ordered = sorted(facts.logs, key=lambda lf: lf.kind != "prefill_backend")
-    for i, item in enumerate(lines or [], 1):
-        if isinstance(item, dict):
-            n, raw = int(item.get("n") or i), str(item.get("text") or "")
-        else:
-            n, raw = i, str(item)
-        clean = _ANSI.sub("", raw).rstrip()
-        msg = _message(raw)
-        for fid, rx in fatal:
-            if rx.search(clean) or rx.search(msg):  # `(APIServer pid=1) AssertionError` too
-                ev.fatal_lines.append(LogLine(n, clean, fid, "fatal"))
-                break
-        for lf in ordered:
-            m = lf.regex.match(msg)
-            if not m:
-                continue
-            ll = LogLine(n, clean, lf.id, lf.kind, [g for g in m.groups() if g is not None])
-            if lf.engine and ev.engine is None:
-                ev.engine = lf.engine
-            if lf.kind == "decode_backend":
-                name = _backend_name(facts, lf.backend or (ll.groups[0] if ll.groups else None))
-                ev.decode_backend, ev.decode_backend_line = name, ll
-                ev.decode_backend_is_mla = bool(name) and "MLA" in name.upper()
-                ev.backend_lines.append(ll)
-            elif lf.kind == "prefill_backend":
-                ev.prefill_backend = lf.backend or (ll.groups[0] if ll.groups else None)
-                ev.prefill_backend_line = ll
-            elif lf.kind == "engine":
-                ev.engine, ev.engine_line = lf.engine, ll
-                mode = _cudagraph_mode(facts, msg)
-                if mode:
-                    ev.cudagraph_mode = mode
-                em = _EAGER.search(msg)
-                if em:
-                    ev.eager = em.group(1) == "True"
-                    if ev.eager:
-                        ev.cudagraph_mode = "NONE"
-            elif lf.kind == "eager":
-                ev.eager, ev.cudagraph_mode = True, "NONE"
-                ev.cudagraph_lines.append(ll)
-            elif lf.kind == "cudagraph":
-                sm = _SETTING.search(msg)
-                if sm:
-                    ev.cudagraph_mode = sm.group(1)
-                ev.cudagraph_lines.append(ll)
-            elif lf.kind == "mla":
-                ev.mla_lines.append(ll)
-            elif lf.kind == "sparse":
-                ev.sparse_lines.append(ll)
-            elif lf.kind == "fatal":
-                ev.fatal_lines.append(ll)
-            else:
-                ev.other_lines.append(ll)
-            break
-    if ev.eager is None and ev.cudagraph_mode and ev.cudagraph_mode != "NONE":
-        ev.eager = False
+    ev.formats = {"from": source, "releases": reading.releases, "version": reading.version,
+                  "source_build": reading.source_build, "lines": sum(1 for f in reading.facts if f.source)}
+    ab, pb = reading.attention_backend, reading.prefill_backend
+    if ab is not None and ab.value:
+        ev.decode_backend, ev.decode_backend_line = ab.value, line(ab, "decode_backend")
+        ev.decode_backend_is_mla = "MLA" in ab.value.upper()
+    if pb is not None and pb.value:
+        ev.prefill_backend, ev.prefill_backend_line = pb.value, line(pb, "prefill_backend")
+    ev.engine = reading.engine
+    d = reading.decided.get("engine")
+    if reading.engine_line is not None:
+        ev.engine_line = line(reading.engine_line, "engine")
+    elif d is not None and d.lines:
+        ev.engine_line = LogLine(d.lines[0], d.text, "engine_marker", "engine", [str(d.value)])
+    ev.cudagraph_mode, ev.cudagraph_mode_requested, ev.eager = (reading.cudagraph_mode,
+                                                                reading.cudagraph_mode_requested, reading.eager)
+    ev.sparse = reading.sparse
+    for f in reading.facts:
+        if f.kind == "attention_backend" and f.role in (None, "model"):
+            ev.backend_lines.append(line(f, "decode_backend"))
+        elif f.kind in ("cudagraph", "eager"):
+            ev.cudagraph_lines.append(line(f))
+        elif f.kind == "mla":
+            ev.mla_lines.append(line(f))
+        elif f.kind in _OTHER_KINDS or f.role in ("drafter", "encoder", "indexer"):
+            ev.other_lines.append(line(f))
+        if f.kind != "fatal" and (f.kind == "sparse" or f.sets.get("sparse")) and reading.sparse:
+            ev.sparse_lines.append(line(f, "sparse"))
+    if ab is not None and ab.value and not ev.backend_lines:
+        ev.backend_lines.append(ev.decode_backend_line)
+    have = {ll.n for ll in ev.cudagraph_lines}
+    for e in reading.cudagraph_events:
+        if e["lines"] and e["lines"][0] not in have:
+            ev.cudagraph_lines.append(LogLine(e["lines"][0], e["text"], "cudagraph_run", "cudagraph",
+                                              [str(e["value"])]))
+    ev.cudagraph_lines.sort(key=lambda x: x.n)
+    sd = reading.decided.get("sparse")
+    if reading.sparse and sd is not None and sd.lines and not any(ll.n == sd.lines[0] for ll in ev.sparse_lines):
+        ev.sparse_lines.append(LogLine(sd.lines[0], sd.text, sd.rule, "sparse"))
+    by_n = {f.n: f for f in reading.facts}
+    for f in reading.fatal:
+        start = f.lines[0] if f.lines and f.lines[0] != f.n else None
+        if start is not None and start not in by_n:   # the traceback's first line, quoted before its exception
+            ev.fatal_lines.append(LogLine(start, reading.texts.get(start, ""), "traceback_start", "fatal"))
+        ev.fatal_lines.append(line(f, "fatal"))
+    ev.earlier_fatal_lines = [line(f, "fatal") for f in reading.earlier_fatal]
+    ev.runs = [run.to_dict() for run in reading.runs]
+    ev.other_backends = [{"role": f.role, "backend": f.value, "line": f.n, "text": f.text}
+                         for f in reading.other_backends]
+    ev.fatal_error = line(reading.fatal_error, "fatal") if reading.fatal_error is not None else None
+    cb = reading.crashed_backend
+    ev.crashed_backend = LogLine(cb.n, cb.text, cb.rule or "crashed", "crashed_backend", [cb.value]) if cb else None
+    ev.decided = {k: v.to_dict() for k, v in reading.decided.items()}
+    ev.unknown = dict(reading.unknown)
+    ev.normalised = dict(reading.normalised)
+    ev.stopped = reading.stopped
     return ev

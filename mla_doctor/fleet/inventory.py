@@ -20,9 +20,11 @@ import yaml
 from mla_doctor import yamlfile
 from mla_doctor.errors import ConfigFileError, UsageError
 from mla_doctor.host.expect import EXPECT_KEYS, EXPECT_VALUES
+from mla_doctor.host.runtimes import INVENTORY_KINDS, from_inventory
 from mla_doctor.host.target import HOST_KEY_POLICIES
+from mla_doctor.safety import host_problem, user_problem
 
-RUNTIME_KINDS = ("process", "systemd", "docker", "commands")
+RUNTIME_KINDS = INVENTORY_KINDS  # host/runtimes.py
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _HOST_NAME = re.compile(r"^[A-Za-z0-9_.:\[\]@-]+$")
 _TOP_KEYS = {"hosts", "groups", "vars"}
@@ -336,6 +338,19 @@ def _host_name(path: str, line: int | None, name: Any) -> None:
         raise ConfigFileError(path, line, f"bad host name {name!r}")
 
 
+def _name_as_target(path: str, line: int | None, name: str) -> None:
+    """A host without `address` is reached by its name (`[user@]alias[:port]`): its parts are checked like one."""
+    user, _, hostport = name.rpartition("@")
+    host = hostport
+    if hostport.startswith("["):
+        host = hostport[1:].partition("]")[0]
+    elif hostport.count(":") == 1:
+        host = hostport.partition(":")[0]
+    why = host_problem(host) or (user_problem(user) if user else None)
+    if why:
+        raise ConfigFileError(path, line, f"host {name!r} (no address: its name is the target): {why}")
+
+
 # --------------------------------------------------------------------------------- resolution
 
 def _finish(path: str, fmt: str, hosts, groups: dict[str, Group], all_group: Group, strict: bool) -> Inventory:
@@ -383,6 +398,8 @@ def _finish(path: str, fmt: str, hosts, groups: dict[str, Group], all_group: Gro
                 if isinstance(v, dict) and isinstance(merged.get(k2), dict):
                     v = {**merged[k2], **v}  # expect / runtime mappings merge across levels
                 merged[k2] = v
+        if "address" not in merged and merged.get("connection") != "local":
+            _name_as_target(path, line, name)
         result[name] = Host(name=name, vars=merged, groups=gs, line=line)
     return Inventory(path=path, format=fmt, hosts=result, groups=groups)
 
@@ -401,6 +418,11 @@ def _check_var(path: str, line: int | None, what: str, key: str, value: Any, str
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         names = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
         raise ConfigFileError(path, line, f"{what}: {key} must be {names}, not {type(value).__name__} {value!r}")
+    if key == "address" and (why := host_problem(value)):
+        # the address reaches ssh_config's %h (a ProxyCommand, Match exec): a host name or IP literal, nothing else
+        raise ConfigFileError(path, line, f"{what}: address {value!r}: {why}")
+    if key == "user" and (why := user_problem(value)):
+        raise ConfigFileError(path, line, f"{what}: user {value!r}: {why}")
     if key == "connection":
         value = "ssh" if value in _SSH_CONNECTIONS else value
         if value not in ("ssh", "local"):
@@ -431,7 +453,8 @@ def _check_var(path: str, line: int | None, what: str, key: str, value: Any, str
             if k in value and not (isinstance(value[k], str) and value[k]):
                 raise ConfigFileError(path, line, f"{what}: runtime {k} must be a name (a non-empty string)")
         cmds = value.get("commands")
-        if kind_ == "commands" and not isinstance(cmds, dict):
+        row = from_inventory(kind_)
+        if row is not None and row.commands and not isinstance(cmds, dict):
             raise ConfigFileError(path, line, f"{what}: runtime commands needs 'commands: {{stop: ..., start: ...}}'")
         if cmds is not None:
             if not isinstance(cmds, dict) or any(k not in ("stop", "start", "status") for k in cmds) or not all(

@@ -12,7 +12,7 @@ from mla_doctor.errors import MlaDoctorError
 from mla_doctor.fleet.playbook import HostPlan, Step
 from mla_doctor.fleet.scheduler import FleetHostReport
 from mla_doctor.host import execute
-from mla_doctor.host.live_options import RUNTIMES
+from mla_doctor.host.runtimes import INVENTORY_KINDS, from_inventory
 from mla_doctor.host.steps import Audit, Command, Expect, Live, Revert
 from mla_doctor.host.target import ConnectOptions, HostTarget, target_from_vars
 
@@ -37,7 +37,8 @@ def _step(step: Step, hv: dict[str, Any]):
     if step.kind == "audit":
         rt = hv.get("runtime") or {}
         # a docker runtime: the vLLM that runs is the container's, audited there (read-only, docker exec)
-        container = rt.get("container") if rt.get("kind") == "docker" else None
+        row = from_inventory(rt.get("kind", "process"))
+        container = rt.get("container") if row is not None and row.in_container else None
         return Audit.make({"python": o.get("python"), "model": o.get("model") or hv.get("model"),
                            "log": o.get("log") or hv.get("log")}, container=container, name=step.name)
     if step.kind == "expect":
@@ -48,9 +49,11 @@ def _step(step: Step, hv: dict[str, Any]):
         return Command.make(o, name=step.name)
     if step.kind == "live":
         rt = hv.get("runtime") or {}
-        runtime = {"commands": "command"}.get(rt.get("kind", "process"), rt.get("kind", "process"))
-        if runtime not in RUNTIMES:
-            raise MlaDoctorError(f"runtime {runtime!r}: the live diagnosis supports {', '.join(RUNTIMES)} only")
+        row = from_inventory(rt.get("kind", "process"))
+        if row is None:
+            raise MlaDoctorError(f"runtime {rt.get('kind')!r}: the live diagnosis supports "
+                                 f"{', '.join(INVENTORY_KINDS)} only")
+        runtime = row.kind
         expect = {k: str(v).lower() for k, v in {**{k: v for k, v in (hv.get("expect") or {}).items()
                                                    if k in ("prefill", "decode")},
                                                 **(o.get("expect") or {})}.items()}

@@ -18,6 +18,7 @@ from mla_doctor.diagnosis.static_facts import (OtherInstall, classify_model, des
                                                parse_log, verify_static)
 from mla_doctor.diagnosis.symbol_needs import symbol_needs
 from mla_doctor.errors import MlaDoctorError
+from mla_doctor.host.answer import attach
 from mla_doctor.remote.protocol import StaticRequest, call
 from mla_doctor.results import HostReport, HostStatus, plain
 from mla_doctor.ssh.local import ConnectOptions, Transport
@@ -184,7 +185,7 @@ def build_static_report(name: str, raw: dict[str, Any], kb: Knowledge) -> HostRe
         facts=facts, audit=audit, scan=scan, ident=ident, side=raw.get("side_code") or {}, server=server,
         model=model_raw, model_class=model_class, log=log_ev, log_raw=log_raw, agent_errors=agent_errors,
         other_install=other, code_paths=code_paths)
-    return report
+    return attach(report, kb)
 
 
 def _apart(report: HostReport, other: OtherInstall, facts: Any, kb: Knowledge, model_raw: dict | None,

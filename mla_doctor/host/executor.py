@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any, Callable, Protocol
 
 from mla_doctor.errors import MlaDoctorError, UsageError
+from mla_doctor.host.answer import attach
 from mla_doctor.host.steps import Audit, Command, Expect, Live, Patch, Revert, Step
 from mla_doctor.host.target import Connection, HostTarget, connect
 from mla_doctor.paths import DEFAULT_RUN_ROOT
@@ -88,6 +89,7 @@ def execute(target: HostTarget, steps: Sequence[Step], progress: Progress | None
         c.close()
     report.transport = c.summary()
     report.timings.setdefault("connect_s", round(c.connect_s, 4))
+    attach(report, kb)  # after every step: an `expect` step's findings are among the problems
     report.timings["total_s"] = round(time.monotonic() - t0, 4)
     return report
 

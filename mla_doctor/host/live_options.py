@@ -6,9 +6,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mla_doctor.host.fields import NUM, option
+from mla_doctor.host.runtimes import KINDS
 from mla_doctor.paths import DEFAULT_RUN_ROOT
 
-RUNTIMES = ("process", "systemd", "docker", "command")
+RUNTIMES = KINDS  # host/runtimes.py: what each can do
 DEFAULT_PROMPTS = ("short", "long", "chunked")  # chunked: only where chunked prefill is on
 DEFAULT_DEBUG_ENV = {"VLLM_LOGGING_LEVEL": "DEBUG"}
 

@@ -80,11 +80,11 @@ def payload() -> bytes:
     if root is None:
         return frame(sources, _compressed(text))
     entry = root / f"payload-{digest}.zlib"
+    blob = user_cache.read_bytes(entry)  # by descriptor, this user's file in a private directory
     try:
-        blob = entry.read_bytes()
-        if zlib.decompress(blob) != text:
+        if blob is not None and zlib.decompress(blob) != text:
             blob = None
-    except (OSError, zlib.error):
+    except zlib.error:
         blob = None
     if blob is None:
         blob = _compressed(text)
@@ -109,11 +109,7 @@ def code_frame() -> bytes:
         return b""
     sources, _text, digest = _agent()
     entry = root / f"{digest}-{MAGIC_NUMBER.hex()}.marshal"
-    blob = None
-    try:
-        blob = entry.read_bytes()
-    except OSError:
-        pass
+    blob = user_cache.read_bytes(entry)  # by descriptor, this user's file in a private directory
     if blob is None:
         blob = marshal.dumps({rel: compile(src, f"{PACKAGE}/{rel}", "exec", dont_inherit=True)
                               for rel, src in sources.items()})

@@ -57,10 +57,13 @@ def _manifest(root: Path, pyver: str, symbols: list[str]) -> Path:
 
 
 def _read_json(path: Path) -> Any:
+    # by descriptor, from a private directory only, this user's regular file (user_cache.read_bytes)
+    data = user_cache.read_bytes(path)
+    if data is None:
+        return None
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError):
+        return json.loads(data)
+    except (ValueError, RecursionError):
         return None
 
 

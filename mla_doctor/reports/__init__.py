@@ -180,14 +180,36 @@ def render(doc: dict, fmt: str) -> str:
     return importlib.import_module(_WRITERS[fmt]).render(doc)
 
 
+MAX_JSON_DEPTH = 100  # a report nests ~10 deep; every walker (redaction, writers, json.dumps) recurses
+
+
 def load_json(path: str) -> dict:
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
+            doc = json.load(f)
     except OSError as e:
         raise UsageError(f"{path}: cannot read report: {e.strerror or e}") from e
     except json.JSONDecodeError as e:
         raise UsageError(f"{path}:{e.lineno}: not JSON: {e.msg}") from e
+    except RecursionError:
+        raise UsageError(f"{path}: not an mla-doctor report: JSON nested too deeply to parse "
+                         f"(a report nests at most {MAX_JSON_DEPTH} levels)") from None
+    if json_depth(doc, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+        raise UsageError(f"{path}: not an mla-doctor report: JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    return doc
+
+
+def json_depth(doc: Any, stop: int) -> int:
+    """The nesting depth of a parsed JSON value, walked without recursion; counting stops past `stop`."""
+    deepest, todo = 0, [(doc, 1)]
+    while todo:
+        node, d = todo.pop()
+        if isinstance(node, (dict, list)):
+            deepest = max(deepest, d)
+            if d > stop:
+                return d
+            todo.extend((v, d + 1) for v in (node.values() if isinstance(node, dict) else node))
+    return deepest
 
 
 def check_report(path: str, doc) -> dict:

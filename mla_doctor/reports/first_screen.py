@@ -1,10 +1,10 @@
 """The first screen of a one-host report: the answer to the on-call question, fitted to the terminal.
 
-`answer(host)` is pure: from a host report (the JSON contract's host dict, or a HostReport) it derives what the
-first screen says — the install, the backend this host selects (from the log) or would select (the platform's
-choice for this release, said as such), what a 1-token and a long prompt do (entry symbol, threshold as a
-number or a range), whether the *served model* is sparse, and the problems (fail, then warn) with their action;
-for a live run, the verdict per prompt (expected vs observed path, with the reason code) and the restore.
+`answer(host)` is pure: from a host report (the JSON contract's host dict, or a HostReport) it gathers what the
+first screen says — the answer the report holds (`hosts[].answer`, computed where the report is built by
+diagnosis/answer.py: the backend and why, what a 1-token and a long prompt do, whether the *served model* is
+sparse, the problems with their action), the install, the model and server as found, and for a live run the
+verdict per prompt (expected vs observed path, with the reason code) and the restore. A writer diagnoses nothing.
 `screen(...)` lays that out in at most ~15 lines no wider than the terminal; `verdict_cell(host)` is the one-cell
 summary the fleet Markdown/HTML show. Colour (severity) only when asked: the caller decides (a terminal, no
 NO_COLOR)."""
@@ -15,6 +15,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
+from mla_doctor import terminal
 from mla_doctor.results import HostReport, host_to_dict
 
 LABEL = 11  # the left column: "  " + label padded + " "
@@ -31,13 +32,14 @@ def _short(symbol: str | None) -> str:
 
 
 def fmt_threshold(value: Any) -> str:
-    """A decode threshold for people: `128`, or `128–1024 (by local heads)` for a head-dependent table."""
+    """A decode threshold for people (the `-v` tables): `128`, or `128–1024 (by local heads)` for a head-dependent
+    table. (diagnosis/answer.py says the same for the answer it stores; a writer imports no diagnosis.)"""
     if isinstance(value, bool) or value is None:
         return "?"
     if isinstance(value, int):
         return str(value)
     if isinstance(value, dict):
-        nums = [n for n in _table_values(value)]
+        nums = _table_values(value)
         if nums:
             lo, hi = min(nums), max(nums)
             return (str(lo) if lo == hi else f"{lo}–{hi}") + " (by local heads)"
@@ -52,30 +54,6 @@ def _table_values(value: dict) -> list[int]:
         elif isinstance(v, int) and not isinstance(v, bool):
             out.append(v)
     return out
-
-
-def _resolve_threshold(value: Any, h: dict) -> Any:
-    """A head-dependent table resolved for this host when its heads, TP and GPU are known; else as is."""
-    if not isinstance(value, dict):
-        return value
-    cfg = ((h.get("model") or {}).get("config") or {})
-    heads = cfg.get("num_attention_heads")
-    tp = (h.get("server") or {}).get("tensor_parallel_size") or 1
-    gpus = (h.get("gpu") or {}).get("gpus") or []
-    if not isinstance(heads, int) or not isinstance(tp, int) or tp < 1:
-        return value
-    if "any" in value:
-        table = value["any"]
-    elif gpus:
-        cap = str(gpus[0].get("compute_cap") or "")
-        table = value.get("sm100" if cap.startswith("10") else "other")
-    else:
-        return value
-    if not isinstance(table, dict):
-        return value
-    local = str(heads // tp)
-    got = table.get(local, table.get("default"))
-    return got if isinstance(got, int) else value
 
 
 @dataclass
@@ -98,6 +76,8 @@ class PromptVerdict:
 
 @dataclass
 class Answer:
+    """What the first screen shows: the report's stored answer (`hosts[].answer`, diagnosis/answer.py's
+    HostAnswer) with the install, model, server and a live run's verdicts said from the report's own fields."""
     host: str
     verdict: str
     error: str | None = None
@@ -123,34 +103,12 @@ class Answer:
     run: str | None = None
 
 
+_STORED = ("backend", "backend_name", "backend_source", "dispatch", "family_layer", "one_token", "long_prompt",
+           "threshold", "entry_short", "entry_long", "model_sparse", "info_count")
+
+
 def _as_dict(h: HostReport | dict) -> dict:
     return host_to_dict(h) if isinstance(h, HostReport) else h
-
-
-def _log_text(line: Any) -> str:
-    text = (line or {}).get("text", "") if isinstance(line, dict) else str(line or "")
-    return text.split("] ", 1)[-1].strip() if "] " in text else text.strip()
-
-
-def _platform_backend(h: dict, names: list[str], version: str | None) -> tuple[str, list[str]]:
-    """(what the platform would select, said as such; the candidate backends) when the log does not say."""
-    v = h.get("vllm") or {}
-    gpu = h.get("gpu") or {}
-    gpus = gpu.get("gpus") or []
-    dense = [n for n in names if "SPARSE" not in n]
-    cpu = [n for n in dense if n.startswith(("CPU_", "AMX_"))]
-    if gpu.get("present") and gpus:
-        cuda = [n for n in dense if not n.startswith(("CPU_", "AMX_", "ROCM_")) and "XPU" not in n]
-        cap = gpus[0].get("compute_cap")
-        return (f"not in the log: the CUDA platform picks at start (sm {cap}) among {', '.join(cuda) or '?'}"
-                " — give --log to know", cuda)
-    if "cpu" in str(v.get("distribution") or "").lower():
-        if not cpu:
-            return f"none: vLLM {version} has no MLA backend for the CPU platform (MLA fails at start)", []
-        pick = cpu[0] + (f" ({', '.join(cpu[1:])} where the CPU has AMX)" if cpu[1:] else "")
-        return f"{pick} — the CPU platform's choice in {version}, not seen in a log", cpu
-    return ("not in the log, no NVIDIA GPU seen: the platform picks at start — give --log to know",
-            [n for n in dense])
 
 
 def _reason_for(findings: list[dict], p: dict) -> tuple[str | None, str]:
@@ -165,13 +123,13 @@ def _reason_for(findings: list[dict], p: dict) -> tuple[str | None, str]:
 
 
 def answer(host: HostReport | dict) -> Answer:
+    """The first screen's content: the stored answer, rendered; nothing here is diagnosed."""
     h = _as_dict(host)
     a = Answer(host=h.get("host", "?"), verdict=h.get("verdict") or "?")
     if h.get("status") not in (None, "ok"):
         a.error = h.get("error")
         return a
     v = h.get("vllm") or {}
-    st = h.get("static") or {}
     version = v.get("version")
     dist = v.get("distribution")
     kind = v.get("install_kind")
@@ -179,107 +137,16 @@ def answer(host: HostReport | dict) -> Answer:
                  + ("" if v.get("known_version", True) else f" — unknown release, read as {v.get('knowledge_nearest')}")
                  + f" at {v.get('path')}; python {v.get('python_version') or '?'} ({v.get('located_by')})")
     findings = h.get("findings") or []
-    # ---- backend: the log (static) or the run's evidence, else the platform's choice for this release
-    live_ev = h.get("evidence") if isinstance(h.get("evidence"), dict) else {}
-    log_ev = (h.get("log") or {}).get("evidence") or {}
-    thresholds = st.get("decode_thresholds") or {}
-    names = [e.get("backend") for e in st.get("decode_entries") or [] if e.get("backend")]
-    names = list(dict.fromkeys(names + [n for n in thresholds if n not in names]))
-    release_engine = st.get("engine")
-    if isinstance(release_engine, dict):
-        release_engine = release_engine.get("default")
-    engine = log_ev.get("engine") or live_ev.get("engine") or release_engine
-    candidates: list[str] = []
-    if live_ev.get("decode_backend"):
-        a.backend_name, a.backend_source = live_ev["decode_backend"], "run"
-        a.backend = f"{a.backend_name} — selected, from the server's log during the run"
-    elif log_ev.get("decode_backend"):
-        a.backend_name, a.backend_source = log_ev["decode_backend"], "log"
-        line = log_ev.get("decode_backend_line") or {}
-        a.backend = (f"{a.backend_name} — selected, server log line {line.get('n', '?')}: "
-                     f"\"{_log_text(line)}\"")
-    else:
-        a.backend_source = "platform"
-        a.backend, candidates = _platform_backend(h, names, version)
-        if len(candidates) == 1:
-            a.backend_name = candidates[0]
-    prefill_be = log_ev.get("prefill_backend") or live_ev.get("prefill_backend")
-    if prefill_be:
-        a.backend += f"; prefill kernel {prefill_be}"
-    if engine:
-        a.backend += f"; engine {engine}"
-    # ---- what a 1-token and a long prompt do
-    pre = (st.get("prefill_entry") or {}).get("symbol")
-    dec = (st.get("decode_entry") or {}).get("symbol")
-    by_backend = {e.get("backend"): e.get("symbol") for e in st.get("decode_entries") or []}
-    dec = by_backend.get(a.backend_name) or dec  # the selected backend's own decode entry, when known
-    a.dispatch = (st.get("dispatch") or {}).get("symbol")
-    if a.backend_name and a.backend_name in thresholds:
-        thr_values = [_resolve_threshold(thresholds[a.backend_name], h)]
-    else:
-        thr_values = [_resolve_threshold(thresholds[n], h) for n in (candidates or names) if n in thresholds
-                      and "SPARSE" not in n]
-    nums = sorted({n for t in thr_values for n in ([t] if isinstance(t, int) else _table_values(t)
-                                                    if isinstance(t, dict) else [])})
-    if len(thr_values) == 1 and not isinstance(thr_values[0], int):
-        a.threshold = fmt_threshold(thr_values[0])
-    elif nums:
-        a.threshold = str(nums[0]) if len(nums) == 1 else f"{nums[0]}–{nums[-1]} (by backend)"
-    thr_of = f" of {a.backend_name}" if a.backend_name and len(thr_values) == 1 else ""
-    cls = (h.get("model") or {}).get("classification") or {}
-    a.model_sparse = cls.get("is_sparse") if cls.get("is_mla") is not False else False
-    mode = "none"
-    if version:
-        from mla_doctor.diagnosis.knowledge import load_knowledge
-
-        mode = load_knowledge().for_version(version).sparse_mode
-    a.entry_short, a.entry_long = dec, pre
-    fam = None  # a model-private family's own layer (code_paths / the families table): its entries, not the table's
-    if version and cls.get("is_mla") is not False and engine != "V0":
-        from mla_doctor.diagnosis.knowledge import load_knowledge
-        from mla_doctor.diagnosis.routing import known_from_host, route
-
-        facts = load_knowledge().for_version(version)
-        known = known_from_host(h, facts)
-        if known.family:
-            fam = (route(facts, known, 1), route(facts, known, 4096), known.family.get("family"))
-    if cls.get("is_mla") is False:
-        a.one_token = a.long_prompt = ("generic attention, not MLA: no forward_mha/forward_mqa split "
-                                       f"({cls.get('reason')})")
-        a.entry_short = a.entry_long = None
-    elif engine == "V0":
-        a.one_token = f"→ {pre} (V0: a prompt is always a prefill); each output token → {_short(dec)}"
-        a.long_prompt = f"→ {pre} (prefill); each output token → {_short(dec)}"
-        a.entry_short = pre
-    elif fam is not None:
-        one, long, name = fam
-        served = (st.get("code_paths") or {}).get("served") or {}
-        a.dispatch = None  # the shared MLAAttention.forward_impl split is not what this family runs
-        if served.get("layers"):
-            mine = [lp for lp in served["layers"] if lp.get("platform") == served.get("platform_taken")]
-            a.family_layer = ", ".join(f"{lp['class']} {lp['ref']}" for lp in (mine or served["layers"])[:3])
-        a.one_token = f"→ {one.text()} ({name}'s own layer)"
-        a.long_prompt = f"4096 tokens → {long.text()} ({name}'s own layer, never the shared split's forward_mha)"
-        a.entry_short, a.entry_long = one.symbol, long.symbol
-    elif a.model_sparse:
-        a.one_token = f"→ {dec} (sparse top-k MQA: a 1-token query is a decode)"
-        topk = ((h.get("model") or {}).get("config") or {}).get("index_topk")
-        if mode == "mha_if_short":
-            from mla_doctor.diagnosis.knowledge import load_knowledge
-            from mla_doctor.diagnosis.routing import known_from_host, route
-
-            facts = load_knowledge().for_version(version)
-            r = route(facts, known_from_host(h, facts), 4096)  # what it cannot resolve stays a condition
-            a.long_prompt = (f"4096 tokens → {r.text()} (index_topk={topk if topk is not None else '?'}; sparse)")
-        else:
-            a.long_prompt = f"→ {dec} too: every token takes the sparse top-k MQA path, never {_short(pre)}"
-            a.entry_long = dec
-    else:
-        t = a.threshold or "?"
-        a.one_token = f"→ {dec} (decode: 1 token ≤ threshold {t}{thr_of})"
-        a.long_prompt = (f"→ {pre} when over {t} token{'' if t == '1' else 's'} (prefill); each output token "
-                         f"→ {_short(dec)}")
+    stored = h.get("answer") if isinstance(h.get("answer"), dict) else {}
+    for name in _STORED:
+        if name in stored:
+            setattr(a, name, stored[name])
+    if not stored:
+        a.backend_source = "unknown"
+    a.problems = [Problem(p.get("severity", "?"), p.get("code", "?"), p.get("summary", ""), p.get("action") or "")
+                  for p in stored.get("problems") or []]
     # ---- the served model
+    cls = (h.get("model") or {}).get("classification") or {}
     model = h.get("model") or {}
     what = model.get("argument") or model.get("config_path")
     if cls:
@@ -298,13 +165,6 @@ def answer(host: HostReport | dict) -> Answer:
                     f"tp {srv.get('tensor_parallel_size') or 1}")
     else:
         a.server = "no vLLM server running"
-    # ---- problems, fail first then warn, each with its action
-    order = {"fail": 0, "warn": 1}
-    probs = [f for f in findings if f.get("severity") in order]
-    probs.sort(key=lambda f: order[f["severity"]])
-    a.problems = [Problem(f["severity"], f.get("code", "?"), f.get("summary", ""), f.get("action") or "")
-                  for f in probs]
-    a.info_count = sum(1 for f in findings if f.get("severity") == "info")
     # ---- a live run: the verdict per prompt, then the restore
     for p in h.get("prompts") or []:
         exp, obs = p.get("expected") or {}, p.get("observed") or {}
@@ -354,6 +214,7 @@ Segment = tuple[str, "str | None"]
 def _row(label: str, text: str, width: int, style: str | None = None, max_lines: int = 2) -> list[list[Segment]]:
     """`  label     text`, the text wrapped under itself, at most max_lines lines (the last cut with …)."""
     avail = max(width - LABEL, 10)
+    label, text = terminal.line(label), terminal.line(text)  # host-provided: no control reaches the terminal
     lines = textwrap.wrap(text, avail, break_long_words=True, break_on_hyphens=False) or [""]
     if len(lines) > max_lines:
         lines = lines[:max_lines]
@@ -366,7 +227,7 @@ def _row(label: str, text: str, width: int, style: str | None = None, max_lines:
 def screen(host: HostReport | dict, width: int, verbose: int = 0) -> list[list[Segment]]:
     """The first screen of one host, as lines of (text, style) segments, none wider than `width`."""
     a = answer(host)
-    head = f"== {a.host}: {a.verdict.upper()}"
+    head = terminal.line(f"== {a.host}: {a.verdict.upper()}")
     head_line: list[Segment] = [(head[:width], STYLE.get(a.verdict, "head"))]
     lines: list[list[Segment]] = []
     if a.error is not None:
@@ -437,7 +298,8 @@ def coloured(lines: list[list[Segment]]) -> str:
 
 
 def fit(line: str, width: int) -> list[str]:
-    """One detail line wrapped to the width, continuation lines indented under it."""
+    """One detail line wrapped to the width, continuation lines indented under it (controls shown escaped)."""
+    line = terminal.line(line)
     if len(line) <= width:
         return [line]
     indent = " " * min(len(line) - len(line.lstrip(" ")) + 4, width // 2)

@@ -1,11 +1,14 @@
 """Plain text for a terminal: one line per host, then what failed and why."""
 from __future__ import annotations
 
+from mla_doctor import terminal
 from mla_doctor.reports import host_rows
 
 
 def render(doc: dict) -> str:
-    rows = host_rows(doc)
+    # every cell is host-provided or copied from a saved report: no control character reaches the terminal
+    rows = [{k: (terminal.line(v) if isinstance(v, str) else [terminal.line(x) for x in v] if isinstance(v, list)
+                 else v) for k, v in r.items()} for r in host_rows(doc)]
     cols = [("host", "HOST"), ("verdict", "VERDICT"), ("version", "VLLM"), ("backend", "BACKEND"),
             ("prefill", "PREFILL ENTRY"), ("decode", "DECODE ENTRY")]
     widths = {k: max([len(t)] + [len(str(r[k])) for r in rows]) for k, t in cols}
@@ -27,5 +30,6 @@ def render(doc: dict) -> str:
     out.append(f"{s.get('hosts', len(rows))} hosts: " + ", ".join(f"{n} {k}" for k, n in v.items() if n)
                + f" -> exit {doc.get('exit_status')} ({doc.get('exit_name')}), {doc.get('duration_s', 0):.1f}s")
     if fl.get("retry_file"):
-        out.append(f"re-run the {len(fl.get('retry') or [])} that did not pass: --limit @{fl['retry_file']}")
-    return "\n".join(out) + "\n"
+        out.append(f"re-run the {len(fl.get('retry') or [])} that did not pass: "
+                   f"--limit @{terminal.line(fl['retry_file'])}")
+    return terminal.text("\n".join(out)) + "\n"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 
+from mla_doctor import terminal
 from mla_doctor.reports import first_screen
 from mla_doctor.results import HostReport, HostStatus, RunReport
 
@@ -46,36 +47,17 @@ def _threshold_lines(s: dict) -> list[str]:
     return out
 
 
-def _route_lines(label: str, r: dict) -> list[str]:
-    out = [f"   routing, {label}: {r.get('text')}"]
-    if r.get("resolved"):
-        out.append("     conditions resolved: " + ", ".join(f"{k}={v}" for k, v in r["resolved"].items()))
-    if r.get("unresolved"):
-        from mla_doctor.diagnosis.routing import CONDITION_NAMES
-
-        out.append("     conditions unresolved: " + "; ".join(CONDITION_NAMES.get(u, u) for u in r["unresolved"]))
-    return out
-
-
 def _routing_lines(h: HostReport) -> list[str]:
-    """The routing conditions, resolved (with their source) and not: per prompt sent in a live run, else for a
-    1-token and a 4096-token prompt from what the static audit knows."""
-    routed = [p for p in h.prompts or [] if p.get("routing")]
-    if routed:
-        out = []
-        for p in routed:  # what the probe resolved is under the prompt's row (render_live)
-            out += _route_lines(f"prompt {p.get('name')} ({p.get('prompt_tokens')} tok)", p["routing"]["route"])
-        return out
-    version = (h.vllm or {}).get("version")
-    if not version or not (h.model or {}).get("classification"):
-        return []
-    from mla_doctor.diagnosis.knowledge import load_knowledge
-    from mla_doctor.diagnosis.routing import known_from_host, routes
-
-    facts = load_knowledge().for_version(version)
-    host = {"model": h.model, "server": h.server, "log": h.log, "gpu": h.gpu, "static": h.static}
-    one, long = routes(facts, known_from_host(host, facts), 4096)
-    return _route_lines("1 token", one.to_dict()) + _route_lines("4096 tokens", long.to_dict())
+    """The routing conditions, resolved (with their source) and not, as the report's answer holds them: per prompt
+    sent in a live run, else for a 1-token and a 4096-token prompt from what the static audit knows."""
+    out = []
+    for r in (h.answer or {}).get("routes") or []:
+        out.append(f"   routing, {r.get('label')}: {r.get('text')}")
+        if r.get("resolved"):
+            out.append("     conditions resolved: " + ", ".join(f"{k}={v}" for k, v in r["resolved"].items()))
+        if r.get("unresolved"):
+            out.append("     conditions unresolved: " + "; ".join(r["unresolved"]))
+    return out
 
 
 def render_host(h: HostReport) -> list[str]:
@@ -245,7 +227,8 @@ def render(report: RunReport, verbose: int = 0, width: int | None = None, color:
             if h.patch and not h.live:
                 patch = render_patch(h)
                 # a diff and the undo command stay whole: they are applied and copied, never read wrapped
-                text += "\n".join(ln if ln.startswith(VERBATIM) else "\n".join(first_screen.fit(ln, width))
+                text += "\n".join(terminal.line(ln) if ln.startswith(VERBATIM)
+                                   else "\n".join(first_screen.fit(ln, width))
                                    for ln in patch) + "\n"
         text += "\n"
     counts: dict[str, int] = {}

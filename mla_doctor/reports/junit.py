@@ -1,11 +1,15 @@
 """JUnit XML: one <testsuite> per host, one <testcase> per check (connect, each step, each finding).
 
 A `fail` finding is a <failure>; an unreachable host's `connect` and a step that could not run are
-<error>s; a host that was not run (--max-fail-percent) is <skipped>.
+<error>s; a host that was not run (--max-fail-percent) is <skipped>; a `warn` or `info` finding is a passing
+case with its text in <system-out> (a warning never turns CI red). Every text and attribute passes
+`terminal.xml`: the file stays valid XML 1.0 and no control character reaches a CI log.
 """
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+
+from mla_doctor import terminal
 
 
 def _case(suite: ET.Element, host: str, name: str, time_s: float = 0.0) -> ET.Element:
@@ -77,6 +81,11 @@ def render(doc: dict) -> str:
     for k, n in totals.items():
         root.set(k, str(n))
     root.set("time", f"{float(doc.get('duration_s') or 0):.3f}")
+    for el in root.iter():
+        if el.text:
+            el.text = terminal.xml(el.text)
+        for k, val in list(el.attrib.items()):
+            el.set(k, terminal.xml(val, keep_newlines=False))
     if hasattr(ET, "indent"):  # Python 3.9+
         ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

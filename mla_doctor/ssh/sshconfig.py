@@ -13,7 +13,8 @@ import shlex
 import threading
 from dataclasses import dataclass, field
 
-from mla_doctor.errors import ConfigFileError
+from mla_doctor.errors import ConfigFileError, UsageError
+from mla_doctor.safety import host_problem, user_problem  # noqa: F401 - re-exported
 
 MAX_INCLUDE_DEPTH = 16
 # paramiko's parse of an expanded config text, shared by a fleet's connections (each parsed the whole
@@ -23,6 +24,18 @@ _PARSED: dict = {}
 _PARSED_LOCK = threading.Lock()
 _INCLUDE_RE = re.compile(r"^\s*include(\s+|\s*=\s*)(?P<rest>.+?)\s*$", re.IGNORECASE)
 _LINE_RE = re.compile(r"^\s*(?P<key>\w+)(?:\s*=\s*|\s+)(?P<value>.+?)\s*$")
+def check_host(value: str, what: str = "host") -> str:
+    why = host_problem(value)
+    if why:
+        raise UsageError(f"{what} {value!r}: {why}")
+    return value
+
+
+def check_user(value: str, what: str = "user") -> str:
+    why = user_problem(value)
+    if why:
+        raise UsageError(f"{what} {value!r}: {why}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -105,7 +118,14 @@ class SSHConfigFile:
             raise ConfigFileError(path, None, "ssh config file does not exist")
 
     def lookup(self, alias: str) -> HostParams:
+        # checked before paramiko sees it (its `Match exec` runs a shell with %h), and what the config made of
+        # it after (HostName, User: they reach a ProxyCommand's %h/%r, which paramiko pastes and re-splits)
+        check_host(alias)
         c = self._config.lookup(alias)
+        where = f" (from {self.path})" if self.path else ""
+        check_host(c.get("hostname", alias), f"HostName{where} for {alias}")
+        if c.get("user") is not None:
+            check_user(c.get("user"), f"User{where} for {alias}")
         idents = tuple(os.path.expanduser(p) for p in c.get("identityfile", []))
         known = tuple(os.path.expanduser(p) for p in (c.get("userknownhostsfile") or "").split() if p)
         timeout = c.get("connecttimeout")
@@ -124,6 +144,21 @@ class SSHConfigFile:
             connect_timeout=float(timeout) if timeout else None,
             sources=(self.path,) if self.path else (),
         )
+
+
+def proxy_command_line(command: str, hostname: str, port: int) -> str:
+    """The ProxyCommand as the command line paramiko will split (it runs it without a shell): the config's words,
+    with %h/%p substituted *inside* each word, re-joined so paramiko's split gives back exactly those words.
+    (paramiko's lookup already pasted %h/%r into the text: what it pasted was checked by `lookup` to be a host
+    name / IP and a user name, which no split can turn into more words or an option.)"""
+    check_host(hostname, "ProxyCommand %h")
+    try:
+        words = shlex.split(command)
+    except ValueError as e:
+        raise UsageError(f"ProxyCommand {command!r}: cannot split it into words: {e}") from e
+    if not words:
+        raise UsageError("ProxyCommand is empty")
+    return shlex.join(w.replace("%h", hostname).replace("%p", str(int(port))) for w in words)
 
 
 def default_config_path() -> str:

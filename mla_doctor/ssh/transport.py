@@ -34,7 +34,7 @@ from mla_doctor.ssh.local import (  # noqa: F401 - re-exported: the connection's
     Transport,
     TransportStats,
 )
-from mla_doctor.ssh.sshconfig import HostParams, SSHConfigFile, default_config_path, parse_jump
+from mla_doctor.ssh.sshconfig import HostParams, SSHConfigFile, default_config_path, parse_jump, proxy_command_line
 
 if TYPE_CHECKING:
     import paramiko
@@ -330,8 +330,7 @@ class SSHTransport(Transport):
         for i, (params, user, port) in enumerate(hops):
             label = params.alias if i < len(hops) - 1 else self.name
             if i == 0 and params.proxy_command:
-                sock = paramiko.ProxyCommand(params.proxy_command.replace("%h", shlex.quote(params.hostname))
-                                             .replace("%p", str(port)))
+                sock = paramiko.ProxyCommand(proxy_command_line(params.proxy_command, params.hostname, port))
             elif i == 0:
                 sock = self._tcp(params.hostname, port, label)
             else:  # through the previous hop: a direct-tcpip channel on its connection

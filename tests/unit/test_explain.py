@@ -61,3 +61,14 @@ def test_unstated_version_and_sparse_conditions():
     assert ex.reading.version is None and ex.reading.sparse is True and ex.release
     assert "nearest release by the log's formats" in ex.release_basis
     assert any("index_topk" in u for u in ex.unresolved) or ex.prompts[1]["path"].endswith("forward_mqa")
+
+
+def test_explain_text_shows_a_pastes_terminal_escapes_inert(tmp_path):
+    # a pasted log is another machine's text: OSC 52 (clipboard write), ESC[2J and OSC 8 must not reach the
+    # operator's terminal through `explain`'s text report; they are shown escaped instead
+    log = tmp_path / "paste.log"
+    log.write_text("ERROR 02-01 10:00:00 core.py:1] RuntimeError: boom \x1b]52;c;cHduZWQ=\x07\x1b[2J"
+                   "\x1b]8;;http://x\x1b\\link\x1b]8;;\x1b\\\n")
+    res = CliRunner().invoke(cli, ["explain", "--log", str(log)])
+    assert "\x1b" not in res.output and "\x07" not in res.output, res.output
+    assert "\\x1b]52;c;cHduZWQ=" in res.output

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from mla_doctor.diagnosis.answer import resolve_threshold
 from mla_doctor.diagnosis.knowledge import load_knowledge
+from mla_doctor.host.answer import attach
 from mla_doctor.host.audit import AuditOptions, build_static_report
 from mla_doctor.host.live import RunOptions, run_host
 from mla_doctor.reports import first_screen
@@ -89,6 +91,7 @@ def test_problems_fail_first_then_warn_each_with_its_action(answer, kb):
                                    action="run with --enforce-eager to see forward_mqa"))
     report.findings.append(Finding("VLLM_FILES_MODIFIED", Severity.FAIL, "1 vLLM file modified",
                                    action="reinstall the wheel"))
+    attach(report, kb)  # the answer is computed where the report is built: after its last finding
     lines = host_part(render(RunReport("static", [report]), width=80))
     assert lines[0] == "== localhost: FAIL" and len(lines) <= 15
     fail = next(i for i, ln in enumerate(lines) if ln.startswith("  FAIL"))
@@ -163,9 +166,9 @@ def test_threshold_tables_read_as_ranges():
     assert first_screen.fmt_threshold(512) == "512"
     h = {"model": {"config": {"num_attention_heads": 128}}, "server": {"tensor_parallel_size": 1},
          "gpu": {"present": True, "gpus": [{"compute_cap": "9.0"}]}}
-    assert first_screen._resolve_threshold(table, h) == 256
+    assert resolve_threshold(table, h) == 256
     h["gpu"]["gpus"][0]["compute_cap"] = "10.0"
-    assert first_screen._resolve_threshold(table, h) == 1024
+    assert resolve_threshold(table, h) == 1024
 
 
 # --------------------------------------------------------------------------- colour: a terminal only

@@ -295,7 +295,12 @@ def test_parse_log_eager_sparse_fatal_and_agent_dicts():
     ev = parse_log(f, lines)
     assert ev.eager is True and ev.cudagraph_mode == "NONE"
     assert [ll.n for ll in ev.sparse_lines] == [11]
-    assert [(ll.n, ll.id) for ll in ev.fatal_lines] == [(12, "traceback"), (13, "engine_dead"), (14, "cuda_oom")]
+    # one reader (issue 20): a traceback is ONE fatal fact at its exception line (its first line kept in the
+    # reading's decided/lines); an exception printed bare after it is fatal too
+    assert [(ll.n, ll.id, ll.groups) for ll in ev.fatal_lines] == [
+        (12, "traceback_start", []), (13, "traceback", ["vllm.v1.engine.exceptions.EngineDeadError"]),
+        (14, "exception", ["torch.OutOfMemoryError"])]
+    assert ev.fatal_error is not None and ev.fatal_error.n == 14 and ev.decided["fatal"]["lines"] == [14]
     assert "EngineDeadError" in ev.fatal_lines[1].text
 
 

@@ -1,7 +1,8 @@
 """The package layout is an architecture: which layer may import which, no cycles, small modules.
 
-Layers, top to bottom (README, Layout): cli -> fleet -> host -> diagnosis / remote / ssh, and reports,
-over the base (errors, exit codes, results, yamlfile, paths, cancel). cli reaches diagnosis only in
+Layers, top to bottom (README, Layout): cli -> fleet -> host -> diagnosis / remote / ssh, and reports (which
+render the report's stored answer and import the base only), over the base (errors, exit codes, results,
+yamlfile, paths, cancel). cli reaches diagnosis only in
 `explain` (offline); a fleet reaches a host only through `host.execute`. The host agent (`agent/`) is stdlib-only and
 imports nothing of the controller; only `remote/` (which ships it) reads it.
 """
@@ -13,7 +14,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[2] / "mla_doctor"
 BASE = {"mla_doctor", "mla_doctor.errors", "mla_doctor.exit_codes", "mla_doctor.results", "mla_doctor.yamlfile",
         "mla_doctor.paths", "mla_doctor.safety", "mla_doctor.redact", "mla_doctor.user_cache", "mla_doctor.cancel",
-        "mla_doctor.interrupts"}
+        "mla_doctor.terminal", "mla_doctor.interrupts"}
 # layer -> the layers it may import (itself always allowed)
 ALLOWED = {
     "base": set(),
@@ -21,7 +22,8 @@ ALLOWED = {
     "ssh": {"base"},
     "diagnosis": {"base"},
     "remote": {"base", "ssh", "agent"},
-    "reports": {"base", "diagnosis"},
+    # a writer renders what the report holds (its answer included): it diagnoses nothing, reads no knowledge
+    "reports": {"base"},
     # one host's work: connect (ssh), the agent (remote), what it means (diagnosis)
     "host": {"base", "ssh", "remote", "diagnosis"},
     # a fleet runs each host through host.execute: it never opens a connection or reads the knowledge itself

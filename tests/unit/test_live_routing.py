@@ -198,6 +198,7 @@ def test_the_logged_mqa_only_line_is_known():
 # --------------------------------------------------------------------------- the text report
 
 def test_text_report_shows_the_resolution_and_the_conditions():
+    from mla_doctor.host.answer import attach
     from mla_doctor.results import HostReport, plain
 
     ev = sparse_ev("0.29.0", [_prompt("long", 3000, "decode")], tp=8)
@@ -206,6 +207,7 @@ def test_text_report_shows_the_resolution_and_the_conditions():
                    prompts=[{"name": p.name, "prompt_tokens": p.prompt_tokens, "max_tokens": 1, "calls": {},
                              "expected": expected_path(ev, p), "observed": observed_path(p),
                              "routing": routing_of(ev, p).to_dict()}])
+    attach(h)  # the answer (its routing lines among it) is computed where a report is built: here
     text = host_text.render(RunReport(command="run", hosts=[h]), verbose=1, width=400)
     assert "resolved by the probe: forward_mqa ran for the 3000-token prompt → not (SM100 and unquantized KV and " \
            "FA4)" in text

@@ -18,7 +18,8 @@ from tests.support import corpus
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "speed" / "static_vllm_0.33.0.json"
-HOST_STATE = ("server", "model", "log", "gpu", "timings", "transport")
+# the answer (hosts[].answer) is read from the server, model, log and GPU and counts the machine's findings too
+HOST_STATE = ("server", "model", "log", "gpu", "timings", "transport", "answer")
 HOST_FINDINGS = ("SERVER", "MODEL", "LOG", "GPU",  # findings about the running server, not the release
                  "FAMILY_PATH", "KNOWLEDGE_CODE_DISAGREE")  # the served model's family (its server's config)
 

@@ -12,6 +12,7 @@ from mla_doctor.host.live import refusals
 from mla_doctor.host.live.options import RunOptions
 from mla_doctor.host.live.session import LiveRun, Progress
 from mla_doctor.host.patch import audit_for_patch
+from mla_doctor.host.runtimes import runtime
 from mla_doctor.remote.http import HostHTTP
 from mla_doctor.remote.protocol import DockerFindRequest, call
 from mla_doctor.results import HostReport, HostStatus
@@ -29,12 +30,11 @@ def completion(http: HostHTTP, model: str, prompt: Any, max_tokens: int) -> dict
 
 def find_container(transport: Transport, conn: ConnectOptions, ropts: RunOptions) -> dict[str, Any]:
     """The running container to diagnose: --container, else the only one running a vLLM server."""
-    if ropts.method == "plugin":
-        raise UsageError("--method plugin needs the server's environment, which `docker restart` keeps as it is: "
-                         "use --method patch with --runtime docker")
-    if ropts.second_pass or ropts.second_pass_settings:
-        raise UsageError("--second-pass needs the process or systemd runtime: `docker restart` keeps the "
-                         "container's command line")
+    rt = runtime(ropts.runtime)
+    if ropts.method == "plugin" and not rt.plugin:
+        raise UsageError(rt.no_plugin)
+    if (ropts.second_pass or ropts.second_pass_settings) and not rt.second_pass:
+        raise UsageError(rt.no_second_pass)
     res = call(transport, DockerFindRequest(container=ropts.container), sudo=conn.sudo,
                timeout=conn.command_timeout)
     if res.is_refused:
@@ -54,7 +54,7 @@ def prepare(transport: Transport, name: str, conn: ConnectOptions, aopts: AuditO
             kb: Knowledge, progress: Progress) -> LiveRun | HostReport:
     """The run's state, ready to patch; or the report that says why this host is not run (failed or refused)."""
     host_tr, host_sudo, container = transport, conn.sudo, None
-    if ropts.runtime == "docker":
+    if runtime(ropts.runtime).in_container:
         progress(name, "find the container")
         try:
             container = find_container(transport, conn, ropts)

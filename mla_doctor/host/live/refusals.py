@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mla_doctor.host.runtimes import TABLE
 from mla_doctor.results import HostReport, HostStatus
 
 
@@ -32,10 +33,11 @@ def the_server(servers: list[dict[str, Any]]) -> dict[str, Any]:
 
 def check_runtime(runtime: str, unit: str | None, server: dict[str, Any]) -> None:
     """The runtime must be able to restart this server, and nothing else may restart it behind our back."""
-    if runtime == "systemd" and not (unit or (server.get("supervisor") or {}).get("unit")):
+    rt = TABLE[runtime]
+    if rt.unit and not (unit or (server.get("supervisor") or {}).get("unit")):
         raise HostRefusal("NoUnit", f"--runtime systemd: the server (pid {server.get('pid')}) does not run in a "
                                     "systemd unit; name it with --unit, or use --runtime process")
-    if runtime == "process" and server.get("process_runtime_refusal"):
+    if rt.by_pid and server.get("process_runtime_refusal"):
         # before anything changes: a supervisor would restart the server behind our back
         raise HostRefusal("WrongRuntime", server["process_runtime_refusal"])
 

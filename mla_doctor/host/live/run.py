@@ -4,6 +4,7 @@ from __future__ import annotations
 from mla_doctor import interrupts
 from mla_doctor.diagnosis.knowledge import Knowledge, load_knowledge
 from mla_doctor.errors import MlaDoctorError
+from mla_doctor.host.answer import attach
 from mla_doctor.host.audit import AuditOptions
 from mla_doctor.host.live import collect, steps
 from mla_doctor.host.live.options import RunOptions
@@ -17,6 +18,11 @@ from mla_doctor.ssh.transport import ConnectOptions, Transport
 def run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: AuditOptions, ropts: RunOptions,
              kb: Knowledge | None = None, progress: Progress | None = None) -> HostReport:
     kb = kb or load_knowledge()
+    return attach(_run_host(transport, name, conn, aopts, ropts, kb, progress), kb)  # the answer, from the run
+
+
+def _run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: AuditOptions, ropts: RunOptions,
+              kb: Knowledge, progress: Progress | None) -> HostReport:
     progress = progress or (lambda host, msg: None)
     run = prepare(transport, name, conn, aopts, ropts, kb, progress)
     if isinstance(run, HostReport):

@@ -16,6 +16,7 @@ from mla_doctor.exit_codes import ExitStatus
 from mla_doctor.host.live.prepare import BASELINE_PROMPT, completion
 from mla_doctor.host.live.session import EXCEPTION_LINE, LiveRun, PromptResults
 from mla_doctor.host.prompts import FILLER, chunked_prefill, fill_tokens, plan_prompts
+from mla_doctor.host.runtimes import runtime
 from mla_doctor.remote.http import HostHTTP
 from mla_doctor.remote.protocol import (
     CommandRestartRequest,
@@ -55,12 +56,12 @@ def patch(run: LiveRun) -> None:
     run.patched = True
     run.keep_lease()
     env = dict(run.ropts.debug_env)
-    if run.ropts.runtime == "docker":
-        # `docker restart` keeps the container's environment (only re-creating it could change it);
+    rt = runtime(run.ropts.runtime)
+    if not rt.applies_env:
+        # e.g. `docker restart` keeps the container's environment (only re-creating it could change it);
         # the patched probe does not need any, and the report says what was not applied
         run.live["settings_not_applied"] = env
-        run.live["settings_note"] = ("docker restart keeps the container's environment: the run's settings "
-                                     "were not applied; the probe works without them")
+        run.live["settings_note"] = rt.env_note
         env = {}
     if run.ropts.method == "plugin":
         penv = res.raw["plugin"]["env"]
@@ -78,20 +79,17 @@ def restart_request(run: LiveRun, mode: str, add_args: tuple[str, ...]):
     """The runtime's restart op: the user's commands, `docker restart`, the systemd unit, or the process."""
     ropts, server = run.ropts, run.server
     base = {"run_id": run.run_id, "run_root": ropts.run_root, "env": run.env, "mode": mode}
-    if ropts.runtime == "command":
-        if add_args:
-            raise RemoteError("--second-pass needs the process runtime: the command runtime starts the server "
-                              "with the user's own command line")
+    rt = runtime(ropts.runtime)
+    if add_args and not rt.second_pass:
+        raise RemoteError(rt.no_second_pass)
+    if rt.commands:
         return CommandRestartRequest(**base, start=ropts.start_command, stop=ropts.stop_command,
                                      log=ropts.log_file, port=server["port"], bind_host=server.get("bind_host"))
-    if ropts.runtime == "docker":
-        if add_args:
-            raise RemoteError("--second-pass needs the process or systemd runtime: `docker restart` keeps the "
-                              "container's command line")
+    if rt.in_container:
         return DockerRestartRequest(**base, container=server["supervisor"]["container"], port=server["port"],
                                     container_python=server.get("python"), container_run_root=ropts.run_root,
                                     ttl=ropts.ttl)
-    if ropts.runtime == "systemd":
+    if rt.unit:
         return SystemdRestartRequest(**base, unit=ropts.unit or server["supervisor"]["unit"], port=server["port"],
                                      bind_host=server.get("bind_host"), add_args=list(add_args))
     return ServerRestartRequest(**base, pid=server["pid"], add_args=list(add_args))
@@ -104,7 +102,7 @@ def restart(run: LiveRun, mode: str, add_args: tuple[str, ...] = ()) -> RestartA
         raise RemoteError("; ".join(rr.refused))
     if mode == "debug":
         run.restarted = True
-        run.host_lease = run.ropts.runtime == "docker"
+        run.host_lease = runtime(run.ropts.runtime).host_lease
     run.log_offset = rr.log_offset  # a new run log, the new part of the user's, a journal cursor
     return rr
 

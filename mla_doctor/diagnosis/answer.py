@@ -1,0 +1,274 @@
+"""The answer to the on-call question for one host (`HostAnswer`), computed where the report is built and stored in
+it (`hosts[].answer`): the backend this host selects (from the log or the run) or would select (the platform's choice
+for this release, said as such), what a 1-token and a long prompt do (entry symbol, decode threshold as a number or a
+range; the routing conditions resolved and not), whether the *served model* is sparse, and the problems (fail, then
+warn) with their action. The writers (reports/) render it and never re-derive it: they read no knowledge."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from mla_doctor.diagnosis.knowledge import Knowledge, load_knowledge
+from mla_doctor.diagnosis.routing import CONDITION_NAMES, known_from_host, route, routes
+from mla_doctor.results import HostReport, host_to_dict
+
+LONG_TOKENS = 4096  # the long prompt the static answer speaks of
+
+
+@dataclass
+class Problem:
+    severity: str
+    code: str
+    summary: str
+    action: str = ""
+
+
+@dataclass
+class RouteLine:
+    """One routing answer for `-v`: the route in words, the conditions it read (with their source) and those it
+    could not resolve (in words)."""
+    label: str
+    text: str
+    resolved: dict[str, str] = field(default_factory=dict)
+    unresolved: list[str] = field(default_factory=list)
+
+
+@dataclass
+class HostAnswer:
+    backend: str = ""
+    backend_name: str | None = None
+    backend_source: str = ""  # log | run | platform
+    dispatch: str | None = None
+    family_layer: str | None = None  # a model-private family's layer (code_paths), shown instead of the dispatch
+    threshold: str | None = None
+    one_token: str = ""
+    long_prompt: str = ""
+    entry_short: str | None = None  # the 1-token prompt's entry symbol (None: not MLA)
+    entry_long: str | None = None  # the long prompt's entry symbol
+    model_sparse: bool | None = None
+    problems: list[Problem] = field(default_factory=list)
+    info_count: int = 0
+    routes: list[RouteLine] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _short(symbol: str | None) -> str:
+    return (symbol or "?").rsplit(".", 1)[-1]
+
+
+def _table_values(value: dict) -> list[int]:
+    out = []
+    for v in value.values():
+        if isinstance(v, dict):
+            out += _table_values(v)
+        elif isinstance(v, int) and not isinstance(v, bool):
+            out.append(v)
+    return out
+
+
+def fmt_threshold(value: Any) -> str:
+    """A decode threshold for people: `128`, or `128–1024 (by local heads)` for a head-dependent table."""
+    if isinstance(value, bool) or value is None:
+        return "?"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, dict):
+        nums = _table_values(value)
+        if nums:
+            lo, hi = min(nums), max(nums)
+            return (str(lo) if lo == hi else f"{lo}–{hi}") + " (by local heads)"
+    return str(value)
+
+
+def resolve_threshold(value: Any, h: dict) -> Any:
+    """A head-dependent table resolved for this host when its heads, TP and GPU are known; else as is."""
+    if not isinstance(value, dict):
+        return value
+    cfg = ((h.get("model") or {}).get("config") or {})
+    heads = cfg.get("num_attention_heads")
+    tp = (h.get("server") or {}).get("tensor_parallel_size") or 1
+    gpus = (h.get("gpu") or {}).get("gpus") or []
+    if not isinstance(heads, int) or not isinstance(tp, int) or tp < 1:
+        return value
+    if "any" in value:
+        table = value["any"]
+    elif gpus:
+        cap = str(gpus[0].get("compute_cap") or "")
+        table = value.get("sm100" if cap.startswith("10") else "other")
+    else:
+        return value
+    if not isinstance(table, dict):
+        return value
+    local = str(heads // tp)
+    got = table.get(local, table.get("default"))
+    return got if isinstance(got, int) else value
+
+
+def _log_text(line: Any) -> str:
+    text = (line or {}).get("text", "") if isinstance(line, dict) else str(line or "")
+    return text.split("] ", 1)[-1].strip() if "] " in text else text.strip()
+
+
+def _platform_backend(h: dict, names: list[str], version: str | None) -> tuple[str, list[str]]:
+    """(what the platform would select, said as such; the candidate backends) when the log does not say."""
+    v = h.get("vllm") or {}
+    gpu = h.get("gpu") or {}
+    gpus = gpu.get("gpus") or []
+    dense = [n for n in names if "SPARSE" not in n]
+    cpu = [n for n in dense if n.startswith(("CPU_", "AMX_"))]
+    if gpu.get("present") and gpus:
+        cuda = [n for n in dense if not n.startswith(("CPU_", "AMX_", "ROCM_")) and "XPU" not in n]
+        cap = gpus[0].get("compute_cap")
+        return (f"not in the log: the CUDA platform picks at start (sm {cap}) among {', '.join(cuda) or '?'}"
+                " — give --log to know", cuda)
+    if "cpu" in str(v.get("distribution") or "").lower():
+        if not cpu:
+            return f"none: vLLM {version} has no MLA backend for the CPU platform (MLA fails at start)", []
+        pick = cpu[0] + (f" ({', '.join(cpu[1:])} where the CPU has AMX)" if cpu[1:] else "")
+        return f"{pick} — the CPU platform's choice in {version}, not seen in a log", cpu
+    return ("not in the log, no NVIDIA GPU seen: the platform picks at start — give --log to know",
+            [n for n in dense])
+
+
+def _route_line(label: str, r: dict) -> RouteLine:
+    return RouteLine(label, r.get("text") or "", dict(r.get("resolved") or {}),
+                     [CONDITION_NAMES.get(u, u) for u in r.get("unresolved") or []])
+
+
+def host_answer(h: dict, kb: Knowledge | None = None) -> HostAnswer | None:
+    """The answer for one host (the JSON contract's host dict); None for a host that was not audited."""
+    if h.get("status") not in (None, "ok"):
+        return None
+    a = HostAnswer()
+    v = h.get("vllm") or {}
+    st = h.get("static") or {}
+    version = v.get("version")
+    facts = (kb or load_knowledge()).for_version(version) if version else None
+    findings = h.get("findings") or []
+    # ---- backend: the log (static) or the run's evidence, else the platform's choice for this release
+    live_ev = h.get("evidence") if isinstance(h.get("evidence"), dict) else {}
+    log_ev = (h.get("log") or {}).get("evidence") or {}
+    thresholds = st.get("decode_thresholds") or {}
+    names = [e.get("backend") for e in st.get("decode_entries") or [] if e.get("backend")]
+    names = list(dict.fromkeys(names + [n for n in thresholds if n not in names]))
+    release_engine = st.get("engine")
+    if isinstance(release_engine, dict):
+        release_engine = release_engine.get("default")
+    engine = log_ev.get("engine") or live_ev.get("engine") or release_engine
+    candidates: list[str] = []
+    if live_ev.get("decode_backend"):
+        a.backend_name, a.backend_source = live_ev["decode_backend"], "run"
+        a.backend = f"{a.backend_name} — selected, from the server's log during the run"
+    elif log_ev.get("decode_backend"):
+        a.backend_name, a.backend_source = log_ev["decode_backend"], "log"
+        line = log_ev.get("decode_backend_line") or {}
+        a.backend = (f"{a.backend_name} — selected, server log line {line.get('n', '?')}: "
+                     f"\"{_log_text(line)}\"")
+    else:
+        a.backend_source = "platform"
+        a.backend, candidates = _platform_backend(h, names, version)
+        if len(candidates) == 1:
+            a.backend_name = candidates[0]
+    prefill_be = log_ev.get("prefill_backend") or live_ev.get("prefill_backend")
+    if prefill_be:
+        a.backend += f"; prefill kernel {prefill_be}"
+    if engine:
+        a.backend += f"; engine {engine}"
+    # ---- what a 1-token and a long prompt do
+    pre = (st.get("prefill_entry") or {}).get("symbol")
+    dec = (st.get("decode_entry") or {}).get("symbol")
+    by_backend = {e.get("backend"): e.get("symbol") for e in st.get("decode_entries") or []}
+    dec = by_backend.get(a.backend_name) or dec  # the selected backend's own decode entry, when known
+    a.dispatch = (st.get("dispatch") or {}).get("symbol")
+    if a.backend_name and a.backend_name in thresholds:
+        thr_values = [resolve_threshold(thresholds[a.backend_name], h)]
+    else:
+        thr_values = [resolve_threshold(thresholds[n], h) for n in (candidates or names) if n in thresholds
+                      and "SPARSE" not in n]
+    nums = sorted({n for t in thr_values for n in ([t] if isinstance(t, int) else _table_values(t)
+                                                    if isinstance(t, dict) else [])})
+    if len(thr_values) == 1 and not isinstance(thr_values[0], int):
+        a.threshold = fmt_threshold(thr_values[0])
+    elif nums:
+        a.threshold = str(nums[0]) if len(nums) == 1 else f"{nums[0]}–{nums[-1]} (by backend)"
+    thr_of = f" of {a.backend_name}" if a.backend_name and len(thr_values) == 1 else ""
+    cls = (h.get("model") or {}).get("classification") or {}
+    a.model_sparse = cls.get("is_sparse") if cls.get("is_mla") is not False else False
+    mode = facts.sparse_mode if facts is not None else "none"
+    a.entry_short, a.entry_long = dec, pre
+    fam = None  # a model-private family's own layer (code_paths / the families table): its entries, not the table's
+    if facts is not None and cls.get("is_mla") is not False and engine != "V0":
+        known = known_from_host(h, facts)
+        if known.family:
+            fam = (route(facts, known, 1), route(facts, known, LONG_TOKENS), known.family.get("family"))
+    if cls.get("is_mla") is False:
+        a.one_token = a.long_prompt = ("generic attention, not MLA: no forward_mha/forward_mqa split "
+                                       f"({cls.get('reason')})")
+        a.entry_short = a.entry_long = None
+    elif engine == "V0":
+        a.one_token = f"→ {pre} (V0: a prompt is always a prefill); each output token → {_short(dec)}"
+        a.long_prompt = f"→ {pre} (prefill); each output token → {_short(dec)}"
+        a.entry_short = pre
+    elif fam is not None:
+        one, long, name = fam
+        served = (st.get("code_paths") or {}).get("served") or {}
+        a.dispatch = None  # the shared MLAAttention.forward_impl split is not what this family runs
+        if served.get("layers"):
+            mine = [lp for lp in served["layers"] if lp.get("platform") == served.get("platform_taken")]
+            a.family_layer = ", ".join(f"{lp['class']} {lp['ref']}" for lp in (mine or served["layers"])[:3])
+        a.one_token = f"→ {one.text()} ({name}'s own layer)"
+        a.long_prompt = (f"{LONG_TOKENS} tokens → {long.text()} ({name}'s own layer, never the shared split's "
+                         "forward_mha)")
+        a.entry_short, a.entry_long = one.symbol, long.symbol
+    elif a.model_sparse:
+        a.one_token = f"→ {dec} (sparse top-k MQA: a 1-token query is a decode)"
+        topk = ((h.get("model") or {}).get("config") or {}).get("index_topk")
+        if mode == "mha_if_short" and facts is not None:
+            r = route(facts, known_from_host(h, facts), LONG_TOKENS)  # what it cannot resolve stays a condition
+            a.long_prompt = (f"{LONG_TOKENS} tokens → {r.text()} "
+                             f"(index_topk={topk if topk is not None else '?'}; sparse)")
+        else:
+            a.long_prompt = f"→ {dec} too: every token takes the sparse top-k MQA path, never {_short(pre)}"
+            a.entry_long = dec
+    else:
+        t = a.threshold or "?"
+        a.one_token = f"→ {dec} (decode: 1 token ≤ threshold {t}{thr_of})"
+        a.long_prompt = (f"→ {pre} when over {t} token{'' if t == '1' else 's'} (prefill); each output token "
+                         f"→ {_short(dec)}")
+    # ---- problems, fail first then warn (the findings' own order within each), each with its action
+    order = {"fail": 0, "warn": 1}
+    probs = sorted((f for f in findings if f.get("severity") in order), key=lambda f: order[f["severity"]])
+    a.problems = [Problem(f["severity"], f.get("code", "?"), f.get("summary", ""), f.get("action") or "")
+                  for f in probs]
+    a.info_count = sum(1 for f in findings if f.get("severity") == "info")
+    # ---- the routing conditions, resolved (with their source) and not: per prompt sent in a live run, else for a
+    # 1-token and a long prompt from what the static audit knows
+    routed = [p for p in h.get("prompts") or [] if p.get("routing")]
+    if routed:
+        a.routes = [_route_line(f"prompt {p.get('name')} ({p.get('prompt_tokens')} tok)", p["routing"]["route"])
+                    for p in routed]
+    elif facts is not None and cls:
+        host = {"model": h.get("model"), "server": h.get("server"), "log": h.get("log"), "gpu": h.get("gpu"),
+                "static": h.get("static")}
+        one, long = routes(facts, known_from_host(host, facts), LONG_TOKENS)
+        a.routes = [_route_line("1 token", one.to_dict()), _route_line(f"{LONG_TOKENS} tokens", long.to_dict())]
+    return a
+
+
+def answer_of(report: HostReport, kb: Knowledge | None = None) -> dict[str, Any] | None:
+    """The answer of a HostReport as the report stores it (`hosts[].answer`), from the report as it is now."""
+    got = host_answer(host_to_dict(report), kb)
+    return got.to_dict() if got is not None else None
+
+
+def fill_answers(doc: dict[str, Any], kb: Knowledge | None = None) -> dict[str, Any]:
+    """A saved report (JSON) from before the answer was stored: each host without one gets it, read from the
+    host's own sections. A host that has one keeps it (it was computed where the report was built)."""
+    kb = kb or load_knowledge()
+    for h in doc.get("hosts") or []:
+        if isinstance(h, dict) and "answer" not in h:
+            got = host_answer(h, kb)
+            h["answer"] = got.to_dict() if got is not None else None
+    return doc
