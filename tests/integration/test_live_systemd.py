@@ -84,7 +84,7 @@ def sd_host(fleet):
 
 def run_cli(fleet, *args, timeout=900):
     argv = [sys.executable, "-m", "mla_doctor", "run", "--host", HOST, "--ssh-config", str(fleet.ssh_config),
-            "--yes", "--format", "json", "--run-root", "/var/tmp/mla-live-sd", *args]
+            "--yes", "--method", "patch", "--format", "json", "--run-root", "/var/tmp/mla-live-sd", *args]
     p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT, stdin=subprocess.DEVNULL)
     return p.returncode, json.loads(p.stdout), p.stderr
 
@@ -161,7 +161,7 @@ def test_controller_killed_mid_run_watchdog_removes_drop_in(fleet, sd_host):
     before = vllm_tree_state()
     run_root = "/var/tmp/mla-live-sd-kill"
     argv = [sys.executable, "-m", "mla_doctor", "run", "--host", HOST, "--ssh-config", str(fleet.ssh_config),
-            "--yes", "--format", "json", "--run-root", run_root, "--ttl", "15", "--runtime", "systemd",
+            "--yes", "--method", "patch", "--format", "json", "--run-root", run_root, "--ttl", "15", "--runtime", "systemd",
             "--env", "MLA_DOCTOR_QUOTING=" + TRICKY]
 
     def on_debug():

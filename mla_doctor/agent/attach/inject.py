@@ -81,8 +81,9 @@ def run_gdb(argv, timeout=GDB_TIMEOUT):
     return p.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
 
 
-def bootstrap(probe_path, sha256, size):
-    """The code the interpreter runs: read the probe file, run it only if it is root's and its hash matches."""
+def bootstrap(probe_path, sha256, size, owner_uid=0):
+    """The code the interpreter runs: read the probe file, run it only if it is the agent's (root's) and
+    nobody else may write it, and its hash is the one written here."""
     for ch in probe_path:
         if ch in "'\"\\\n" or ord(ch) < 32:
             raise ValueError("probe path %r has characters the bootstrap does not quote" % probe_path)
@@ -91,7 +92,7 @@ def bootstrap(probe_path, sha256, size):
             " f=os.open('%s',os.O_RDONLY|os.O_NOFOLLOW|os.O_NONBLOCK|os.O_CLOEXEC)\n"
             " try:\n"
             "  s=os.fstat(f)\n"
-            "  if not stat.S_ISREG(s.st_mode) or s.st_uid!=0 or s.st_mode&0o022:\n"
+            "  if not stat.S_ISREG(s.st_mode) or s.st_uid!=%d or s.st_mode&0o022:\n"
             "   return\n"
             "  d=os.read(f,%d)\n"
             " finally:\n"
@@ -102,7 +103,7 @@ def bootstrap(probe_path, sha256, size):
             " _mla_doctor_boot()\n"
             "except BaseException:\n"
             " pass\n"
-            "del _mla_doctor_boot\n") % (probe_path, int(size) + 1, sha256, probe_path)
+            "del _mla_doctor_boot\n") % (probe_path, int(owner_uid), int(size) + 1, sha256, probe_path)
 
 
 def pending_call_command(code):

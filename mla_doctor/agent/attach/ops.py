@@ -138,8 +138,8 @@ def op_attach(plan):
     _write_json(_server_paths(run_dir)[1], cur)  # tick: alive and the server's own log; no restore spec
     data = source.encode("utf-8")
     probe_path = os.path.join(run_dir, PROBE_NAME)
-    atomic_write(probe_path, data, mode=0o644, owner=(0, 0))  # root's; the server's uid may only read it
-    code = inject.bootstrap(probe_path, hashlib.sha256(data).hexdigest(), len(data))
+    atomic_write(probe_path, data, mode=0o644)  # the agent's (root's); the server's uid may only read it
+    code = inject.bootstrap(probe_path, hashlib.sha256(data).hexdigest(), len(data), os.geteuid())
     if plan.get("ttl", 0) > 0:
         from ..change.watchdog import start_watchdog
 

@@ -96,8 +96,10 @@ def inject(run: LiveRun) -> None:
         raise RemoteError("attach " + str(ans.outcome) + ": " + str(ans.get("error") or ans.get("fatal")))
     run.patched = True  # the run holds a lease and a run directory from here on
     run.keep_lease()
-    if ans.get("log_offset") is not None:
-        run.log_offset = int(ans.get("log_offset"))
+    # the server's own log from its start: the backend lines are printed when it starts (tick reads 8 MiB
+    # a time, the filtered lines only)
+    att["log"] = ans.get("log")
+    run.log_offset = 0
 
 
 def wait_armed(run: LiveRun, model_id: str) -> None:
@@ -190,11 +192,14 @@ def run_attached(run: LiveRun) -> list[steps.Pass]:
         assert run.http is not None
         model = run.http.json("GET", "/v1/models")["data"][0]
         wait_armed(run, model["id"])
-        run.tick()
-        mark = len(run.log_lines)
+        while True:  # the log so far (bounded per tick), then the prompts
+            before = run.log_offset
+            run.tick()
+            if run.log_offset == before or not isinstance(run.log_offset, int):
+                break
         run.prompts_obs = steps.send_prompts(run, model, "production")
         run.tick()
-        passes.append(steps.Pass("production", run.prompts_obs, mark, len(run.log_lines), None))
+        passes.append(steps.Pass("production", run.prompts_obs, 0, len(run.log_lines), None))
     except MlaDoctorError as e:
         run.start_error = e.message
     finally:
