@@ -161,7 +161,8 @@ def test_controller_killed_mid_run_watchdog_removes_drop_in(fleet, sd_host):
     before = vllm_tree_state()
     run_root = "/var/tmp/mla-live-sd-kill"
     argv = [sys.executable, "-m", "mla_doctor", "run", "--host", HOST, "--ssh-config", str(fleet.ssh_config),
-            "--yes", "--method", "patch", "--format", "json", "--run-root", run_root, "--ttl", "15", "--runtime", "systemd",
+            "--yes", "--method", "patch", "--format", "json", "--run-root", run_root, "--ttl", "15",
+            "--runtime", "systemd",
             "--env", "MLA_DOCTOR_QUOTING=" + TRICKY]
 
     def on_debug():
