@@ -119,14 +119,14 @@ def inject(gdb, pid, code, libpython=None, timeout=GDB_TIMEOUT):
 def interpret(rc, out, err):
     """gdb's output as (ok, what happened): "$1 = 0" is Py_AddPendingCall's success."""
     text = out + "\n" + err
+    if "ptrace: Operation not permitted" in text or "Could not attach" in text:
+        return False, "ptrace refused: " + _first(text, ("ptrace:", "Could not attach"))
     for line in out.splitlines():
         if line.strip().startswith("$1 = "):
             val = line.split("=", 1)[1].strip()
             if val == "0":
                 return True, "queued"
             return False, "Py_AddPendingCall returned %s (the interpreter's pending-call queue is full)" % val
-    if "ptrace: Operation not permitted" in text or "Could not attach to process" in text:
-        return False, "ptrace refused: " + _first(text, ("ptrace:", "Could not attach"))
     if "No symbol" in text:
         return False, "the interpreter lacks the C-API symbols: " + _first(text, ("No symbol",))
     if rc == 124:
