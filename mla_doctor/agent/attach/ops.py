@@ -140,12 +140,13 @@ def op_attach(plan):
     probe_path = os.path.join(run_dir, PROBE_NAME)
     atomic_write(probe_path, data, mode=0o644)  # the agent's (root's); the server's uid may only read it
     code = inject.bootstrap(probe_path, hashlib.sha256(data).hexdigest(), len(data), os.geteuid())
-    if plan.get("ttl", 0) > 0:
-        from ..change.watchdog import start_watchdog
-
-        out["watchdog_pid"] = manifest["watchdog_pid"] = start_watchdog(root, run_id, plan)
     manifest["state"] = "patched"  # the lease is renewed like a patch run's (`renew` op)
     _write_json(fs.manifest_path(run_dir), manifest)
+    if plan.get("ttl", 0) > 0:
+        from . import watch
+
+        out["watchdog_pid"] = manifest["watchdog_pid"] = watch.start(root, run_id)
+        _write_json(fs.manifest_path(run_dir), manifest)
     results, failed = [], []
     for p in found:
         t0 = time.monotonic()
@@ -224,6 +225,9 @@ def op_detach(plan):
         raise Refusal("run %s is not an attach run" % plan["run_id"])
     out = {"agent_version": AGENT_VERSION, "op": "detach", "run_id": plan["run_id"]}
     if manifest.get("state") == "patched":
+        from . import watch
+
+        watch.stop_and_wait(run_dir)  # this op closes the run now, after the probes' last records
         end_lease(run_dir)
     deadline = time.monotonic() + float(plan.get("wait_s") or 10)
     listed = manifest.get("processes") or []
