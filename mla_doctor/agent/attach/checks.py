@@ -49,8 +49,10 @@ def ptrace_refusals(target_uids, gdb):
                 "only a reboot lowers it): attach is impossible here; " + PATCH_FIX]
     st = own_status()
     cap = has_cap(st, CAP_SYS_PTRACE)
-    if not cap and (scope == 2 or any(u != os.geteuid() for u in target_uids)):
-        why = "kernel.yama.ptrace_scope = 2 needs it" if scope == 2 else "the server runs as another user"
+    if not cap and (scope in (1, 2) or any(u != os.geteuid() for u in target_uids)):
+        why = {2: "kernel.yama.ptrace_scope = 2 needs it",
+               1: "kernel.yama.ptrace_scope = 1 lets others trace only their own descendants"}.get(
+                   scope, "the server runs as another user")
         return ["the agent lacks CAP_SYS_PTRACE (%s): run it as root with the capability (a container: "
                 "--cap-add SYS_PTRACE; Kubernetes: an ephemeral debug container with SYS_PTRACE), %s"
                 % (why, PATCH_FIX)]
