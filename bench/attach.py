@@ -1,7 +1,7 @@
 """`run --method attach` vs the restart-based `run --method patch` on the real vllm-cpu demo server.
 
 Measures, in one run on one server:
-  * time to a verdict: the wall time of `mla-doctor run --local` with each method (same prompts);
+  * time to a verdict: the wall time of `mla-doctor run --local` with each method (same prompts, idle server);
   * the server's longest stall while gdb is attached: a stream of small requests (1-token prompt,
     max_tokens 1) runs before and during the attach run; the longest request and the longest gap between
     two answers, against the same stream before the run;
@@ -92,7 +92,7 @@ class Stream:
                 self.samples.append((t0, None))
 
     def window(self, a, b):
-        s = [(t0, t1) for t0, t1 in self.samples if t0 >= a and (t1 or b) <= b + 60]
+        s = [(t0, t1) for t0, t1 in self.samples if a <= t0 < b]
         lat = [t1 - t0 for t0, t1 in s if t1 is not None]
         ends = sorted(t1 for _t0, t1 in s if t1 is not None)
         gaps = [y - x for x, y in zip(ends, ends[1:])]
@@ -106,7 +106,7 @@ def mla_doctor(args, run_root):
     from tests.support import vllm_cpu
 
     argv = [sys.executable, "-m", "mla_doctor", "run", "--local", "--python", str(vllm_cpu.venv_python()),
-            "--format", "json", "--run-root", run_root, "--force", *args]
+            "--format", "json", "--run-root", run_root, *args]
     t0 = time.monotonic()
     p = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=1800, stdin=subprocess.DEVNULL)
     wall = time.monotonic() - t0
@@ -129,24 +129,30 @@ def main() -> int:
           f"(+{cost['counted_us'] - cost['unwrapped_us']:.2f} us)", flush=True)
     out = {"probe_cost": cost}
     with tempfile.TemporaryDirectory() as rr, vllm_cpu.local_server() as server:
+        # 1. the stall: a stream of small requests before and during an attach run (--force: it is busy)
         stream = Stream(server)
         stream.thread.start()
         t0 = time.monotonic()
         time.sleep(a.baseline_s)
         t1 = time.monotonic()
-        wall, h, obs, rc = mla_doctor([], rr)
+        wall_s, h, obs_s, rc = mla_doctor(["--force"], rr)
         t2 = time.monotonic()
         stream.stop.set()
         stream.thread.join(120)
-        att = h["live"]["attach"]
-        gdb_s = [x["gdb_s"] for x in att.get("injected") or []]
+        gdb_s = [x["gdb_s"] for x in h["live"]["attach"].get("injected") or []]
+        out["stall"] = {"wall_s": round(wall_s, 1), "exit": rc, "gdb_s": gdb_s, "observed": obs_s,
+                        "stream_before": stream.window(t0, t1), "stream_during": stream.window(t1, t2)}
+        print(f"stall: attach run under a stream of 1-token requests (exit {rc}), gdb per process {gdb_s} s",
+              flush=True)
+        print(f"  stream before: {out['stall']['stream_before']}", flush=True)
+        print(f"  stream during: {out['stall']['stream_during']}", flush=True)
+        # 2. time to a verdict, each method alone on the idle server
+        wall, h, obs, rc = mla_doctor([], rr)
         out["attach"] = {"wall_s": round(wall, 1), "exit": rc, "restored": h.get("restored"), "observed": obs,
-                         "gdb_s": gdb_s, "stream_before": stream.window(t0, t1), "stream_during": stream.window(t1, t2),
+                         "gdb_s": [x["gdb_s"] for x in h["live"]["attach"].get("injected") or []],
                          "restarts": h["live"].get("restarts")}
         print(f"attach: verdict in {wall:.1f} s (exit {rc}, restored {h.get('restored')}), gdb per process "
-              f"{gdb_s} s; observed {obs}", flush=True)
-        print(f"  stream before: {out['attach']['stream_before']}", flush=True)
-        print(f"  stream during: {out['attach']['stream_during']}", flush=True)
+              f"{out['attach']['gdb_s']} s; observed {obs}", flush=True)
         if not a.skip_patch:
             wall_p, hp, obs_p, rc_p = mla_doctor(["--method", "patch", "--yes"], rr)
             out["patch"] = {"wall_s": round(wall_p, 1), "exit": rc_p, "restored": hp.get("restored"),
