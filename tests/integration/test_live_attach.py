@@ -128,17 +128,21 @@ def test_controller_sigkilled_mid_run_the_probe_removes_itself_within_the_lease(
     os.killpg(ctl.pid, signal.SIGKILL)  # the controller and its agent: the lease is no longer renewed
     ctl.wait()
     killed = time.time()
-    deadline = time.monotonic() + ttl + 15
+    # the watchdog closes the run once the probes have left (their records go with the run): its log keeps
+    # what each probe's `detached` record said
+    log = rec.parent.parent / "watchdog.log"
+    deadline = time.monotonic() + ttl + 30
     det = None
     while det is None and time.monotonic() < deadline:
-        for line in rec.read_text().splitlines():
-            r = json.loads(line)
-            if r["event"] == "detached":
-                det = r
+        for line in log.read_text().splitlines():
+            if "probes detached: " in line:
+                det = json.loads(line.split("probes detached: ", 1)[1])
         time.sleep(0.2)
-    assert det is not None, "the probe did not remove itself after the lease lapsed"
-    assert det["reason"] == "lease ended" and det["still_wrapped"] == [] and det["restored"] >= 3
-    assert det["ts"] - killed <= ttl + 3  # within the lease (plus the probe's poll)
+    assert det is not None, "the probe did not remove itself after the lease lapsed: " + log.read_text()
+    mine = det[rec.name[len("probe-"):-len(".jsonl")]]
+    assert mine["reason"] == "lease ended" and mine["still_wrapped"] == [] and mine["restored"] >= 3
+    assert mine["ts"] - killed <= ttl + 3  # within the lease (plus the probe's poll)
+    assert "still attached: []" in log.read_text()
     assert server.complete([5], 3)["choices"]  # still serving
     assert server.pids() == pids and start_times(pids) == before
     # the watchdog closed the run: the next attach is not refused by a lock

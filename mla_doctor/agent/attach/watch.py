@@ -5,6 +5,7 @@ deletes the records before the probes have written their last one.
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -45,7 +46,10 @@ def loop(root, run_id, poll):
                     break
                 time.sleep(poll)
             det, att = detached_records(run_dir)
-            note("probes detached: %s; still attached: %s" % (sorted(det), sorted(set(att) - set(det))))
+            # the records go with the run: what each probe said when it left is kept in this log
+            note("probes detached: %s" % json.dumps({str(p): {k: r.get(k) for k in (
+                "reason", "still_wrapped", "restored", "ts")} for p, r in sorted(det.items())}, sort_keys=True))
+            note("still attached: %s" % sorted(set(att) - set(det)))
             try:
                 note("close: %s" % close_run(root, run_id, run_dir, "attach watchdog: lease expired"))
             except Exception as e:
