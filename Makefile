@@ -22,11 +22,13 @@ $(VENV)/.installed: pyproject.toml
 
 # sshd and iproute2 for the test fleet (nftables: the fault tier's packet loss), sudo for the non-root host, chromium to render the HTML report
 # (headless, offline), systemd and docker.io (dockerd) for the service host of the systemd/docker runtimes
-# (tests/fleet/service-host.sh). Installed only when missing and root, by the targets that need them: `test`,
+# (tests/fleet/service-host.sh), gdb for `run --method attach`. Installed only when missing and root, by the
+# targets that need them: `test`,
 # `unit-local` (chromium, sshd), `demo`; never by `setup` or `unit`.
 system-packages:
 	@missing=""; \
 	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
+	[ -x /usr/bin/gdb ] || missing="$$missing gdb"; \
 	[ -x /lib/systemd/systemd ] || missing="$$missing systemd"; \
 	command -v dockerd >/dev/null 2>&1 || missing="$$missing docker.io"; \
 	command -v ip >/dev/null 2>&1 || missing="$$missing iproute2"; \

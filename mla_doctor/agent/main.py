@@ -28,6 +28,9 @@ DISPATCH = {
     "systemd_restart": ("runtimes.systemd", "op_systemd_restart"),
     "docker_find": ("runtimes.docker", "op_docker_find"),
     "docker_restart": ("runtimes.docker", "op_docker_restart"),
+    "attach_check": ("attach.ops", "op_attach_check"),
+    "attach": ("attach.ops", "op_attach"),
+    "detach": ("attach.ops", "op_detach"),
 }
 
 

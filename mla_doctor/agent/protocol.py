@@ -12,7 +12,8 @@ from __future__ import annotations
 AGENT_VERSION = 1
 # every op main.py dispatches; the controller's typed builders (mla_doctor/remote/protocol.py) match it
 OPS = ("static", "index", "patch", "revert", "renew", "records", "server_restart", "server_restore", "tick",
-       "http", "command_restart", "systemd_restart", "docker_find", "docker_restart")
+       "http", "command_restart", "systemd_restart", "docker_find", "docker_restart",
+       "attach_check", "attach", "detach")
 
 PACKAGE = "mla_doctor_agent"  # the package's name on the host, in memory (module files: mla_doctor_agent/...)
 PAYLOAD_MAGIC = b"MLAD"

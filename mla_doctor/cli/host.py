@@ -143,7 +143,8 @@ def live_options(f):
               "the run's settings arrive in its environment).")
 @click.option("--stop-command", metavar="CMD", help="runtime command: stops the server.")
 @click.option("--log-file", metavar="PATH", help="runtime command: the file the started server logs to.")
-@click.option("--yes", "-y", is_flag=True, help="Consent to restart the server (required without a terminal).")
+@click.option("--yes", "-y", is_flag=True, help="Consent to restart the server (--method patch/plugin; required "
+                                                "without a terminal).")
 @click.option("--expect", "expect", metavar="prefill=mha,decode=mqa",
               help="Runbook expectations: unmet ones are a fault (exit 1).")
 @click.option("--second-pass", "second_pass_text", metavar="ARGS|SETTINGS",
@@ -160,7 +161,8 @@ def run_cmd(fmt, output, runtime, unit, container, start_command, stop_command, 
     """The live diagnosis: instrument, restart with debug settings, send calibrated prompts, restore, verdict.
 
     \b
-    mla-doctor run --host gpu-17 --yes                          # restarts the server twice: consent required
+    mla-doctor run --host gpu-17                                # attach: no restart, no file changed
+    mla-doctor run --host gpu-17 --method patch --yes           # restarts the server twice: consent required
     mla-doctor run --host gpu-17 --yes --api-key-env VLLM_KEY   # the key by variable name, never on a command line
     mla-doctor run --host gpu-17 --yes --expect prefill=mha,decode=mqa
     mla-doctor run --host gpu-17 --yes --runtime systemd --unit vllm
@@ -175,7 +177,9 @@ def run_cmd(fmt, output, runtime, unit, container, start_command, stop_command, 
         check_no_control(value, what)  # a drop-in line, the server's argv or environment: before any connection
 
     exp = parse_expect(expect)
-    if not yes:
+    if live["method"] == "attach" and second_pass_text:
+        raise UsageError("--second-pass restarts the server with other settings: use --method patch --yes")
+    if not yes and live["method"] != "attach":  # attach restarts nothing
         if sys.stdin.isatty():
             where = "this machine" if target.local else target.address
             if not click.confirm(f"mla-doctor will restart the vLLM server on {where} (twice). Continue?"):

@@ -19,7 +19,11 @@ class RunOptions:
     """The live step (`mla-doctor run`, a runbook's `live:`): each option declared once here, its runbook key
     and type, its range and its click option derived from the field (host/fields.py)."""
 
-    method: str = option("patch", runbook=str, choices=("patch", "plugin"), cli={"default": "patch"})
+    # `run` attaches by default (no restart; refused before anything changes where the host does not allow
+    # it); a runbook's live step keeps restarting unless it says `method: attach`
+    method: str = option("patch", runbook=str, choices=("attach", "patch", "plugin"), cli={
+        "default": "attach", "help": "attach: inject the probe into the running server (no restart, no file "
+                                     "changed). patch/plugin: restart the server twice (--yes)."})
     prompts: tuple[str, ...] = option(DEFAULT_PROMPTS, runbook=(list, str), cli={
         "default": ",".join(DEFAULT_PROMPTS),
         "help": "Prompt set: short (1 token), long (above every decode threshold), chunked (beyond "

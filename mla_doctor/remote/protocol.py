@@ -15,7 +15,8 @@ from mla_doctor.remote import formats_cache, parse_cache, runner
 from mla_doctor.ssh.local import LocalTransport, Transport
 
 OPS = ("static", "index", "patch", "revert", "renew", "records", "server_restart", "server_restore", "tick",
-       "http", "command_restart", "systemd_restart", "docker_find", "docker_restart")
+       "http", "command_restart", "systemd_restart", "docker_find", "docker_restart",
+       "attach_check", "attach", "detach")
 
 
 # ---------------------------------------------------------------- answers
@@ -406,10 +407,64 @@ class DockerRestartRequest(_Restart):
                           container_run_root=self.container_run_root, ttl=self.ttl)
 
 
+class AttachAnswer(Answer):
+    """attach_check, attach and detach: the model processes (pid, start time, what happened to each)."""
+
+    @property
+    def processes(self) -> list[dict[str, Any]]:
+        return list(self.raw.get("processes") or [])
+
+
+@dataclass
+class AttachCheckRequest(Request[AttachAnswer]):
+    """Read-only: can this server be attached to (ptrace, gdb, CPython symbols), and which processes."""
+    op: ClassVar[str] = "attach_check"
+    answer: ClassVar[type[Answer]] = AttachAnswer
+    pid: int
+    vllm_dir: str
+
+    def to_plan(self) -> dict[str, Any]:
+        return {"op": self.op, "pid": self.pid, "vllm_dir": self.vllm_dir}
+
+
+@dataclass
+class AttachRequest(Request[AttachAnswer]):
+    """Inject the probe (`probe.source`, rendered from templates/attach_probe.py.j2) into every model
+    process of the server, under a lease; nothing of the install or the server's settings changes."""
+    op: ClassVar[str] = "attach"
+    answer: ClassVar[type[Answer]] = AttachAnswer
+    run_id: str
+    run_root: str
+    pid: int
+    vllm_dir: str
+    ttl: float
+    controller: dict[str, Any]
+    probe: dict[str, Any]
+
+    def to_plan(self) -> dict[str, Any]:
+        return {"op": self.op, "run_id": self.run_id, "run_root": self.run_root, "pid": self.pid,
+                "vllm_dir": self.vllm_dir, "ttl": self.ttl, "controller": self.controller, "probe": self.probe}
+
+
+@dataclass
+class DetachRequest(Request[AttachAnswer]):
+    """End an attach run's lease, await each probe's `detached` record, close the run."""
+    op: ClassVar[str] = "detach"
+    answer: ClassVar[type[Answer]] = AttachAnswer
+    run_id: str
+    run_root: str
+    wait_s: float = 10.0
+    reason: str | None = None
+
+    def to_plan(self) -> dict[str, Any]:
+        return {"op": self.op, "run_id": self.run_id, "run_root": self.run_root, "wait_s": self.wait_s,
+                "reason": self.reason}
+
+
 REQUESTS: dict[str, type[Request[Any]]] = {cls.op: cls for cls in (
     StaticRequest, IndexRequest, PatchRequest, RevertRequest, RenewRequest, RecordsRequest, ServerRestartRequest,
     ServerRestoreRequest, TickRequest, HttpRequest, CommandRestartRequest, SystemdRestartRequest,
-    DockerFindRequest, DockerRestartRequest)}
+    DockerFindRequest, DockerRestartRequest, AttachCheckRequest, AttachRequest, DetachRequest)}
 
 
 def call(transport: Transport, request: Request[A], *, python: str | None = None, sudo: bool = False,

@@ -21,6 +21,7 @@ def test_demo_diagnoses_the_sandbox_and_cleans_up(tmp_path):
     doc = json.loads(p.stdout)  # ARGS pass through: --format json
     h = doc["hosts"][0]
     assert h["status"] == "ok" and h["restored"] is True
+    assert h["live"]["method"] == "attach" and h["live"]["restarts"] == 0  # make demo: the default, no restart
     prompts = {x["name"]: x for x in h["prompts"]}
     assert prompts["short"]["observed"]["prefill"] == "mqa"
     assert prompts["long"]["observed"]["prefill"] == "mha"

@@ -122,7 +122,8 @@ def docker_host(fleet, tmp_path_factory):
 
 def run_cli(fleet, *args, timeout=900):
     argv = [sys.executable, "-m", "mla_doctor", "run", "--host", HOST, "--ssh-config", str(fleet.ssh_config),
-            "--yes", "--format", "json", "--run-root", "/var/tmp/mla-live-docker", "--runtime", "docker", *args]
+            "--yes", "--method", "patch", "--format", "json", "--run-root", "/var/tmp/mla-live-docker",
+            "--runtime", "docker", *args]
     p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT, stdin=subprocess.DEVNULL)
     return p.returncode, json.loads(p.stdout), p.stderr
 
@@ -192,7 +193,8 @@ def test_docker_runtime_refuses_the_plugin_method_before_any_change(fleet, docke
 def test_controller_killed_mid_run_host_watchdog_restores_the_container(fleet, docker_host):
     run_root = "/var/tmp/mla-live-docker-kill"
     argv = [sys.executable, "-m", "mla_doctor", "run", "--host", HOST, "--ssh-config", str(fleet.ssh_config),
-            "--yes", "--format", "json", "--run-root", run_root, "--ttl", "15", "--runtime", "docker"]
+            "--yes", "--method", "patch", "--format", "json", "--run-root", run_root, "--ttl", "15",
+            "--runtime", "docker"]
 
     def on_debug():
         assert container_state(fleet)["probe-modules"], "the probe is not installed in the container"
@@ -211,7 +213,8 @@ def test_manual_revert_after_a_lost_controller(fleet, docker_host):
     run_root = "/var/tmp/mla-live-docker-manual"
     base = [sys.executable, "-m", "mla_doctor"]
     conn = ["--host", HOST, "--ssh-config", str(fleet.ssh_config), "--run-root", run_root, "--format", "json"]
-    run_dir = run_until_debug_restart(base + ["run", *conn, "--yes", "--ttl", "600", "--runtime", "docker"],
+    run_dir = run_until_debug_restart(base + ["run", *conn, "--yes", "--method", "patch", "--ttl", "600",
+                                                 "--runtime", "docker"],
                                       run_root, ROOT, timeout=180)
     run_id = run_dir.name
     assert container_state(fleet) != docker_host["state"]  # patched, probe installed

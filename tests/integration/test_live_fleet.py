@@ -104,7 +104,7 @@ def live_host(fleet):
 
 def run_cli(fleet, *args, timeout=900):
     argv = [sys.executable, "-m", "mla_doctor", "run", "--host", HOST, "--ssh-config", str(fleet.ssh_config),
-            "--yes", "--format", "json", "--run-root", f"/var/tmp/mla-live-{HOST}", *args]
+            "--yes", "--method", "patch", "--format", "json", "--run-root", f"/var/tmp/mla-live-{HOST}", *args]
     p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT, stdin=subprocess.DEVNULL)
     return p.returncode, json.loads(p.stdout), p.stderr
 
@@ -246,7 +246,7 @@ def test_controller_killed_mid_run_watchdog_restores(fleet, live_host):
     before = vllm_tree_state()
     run_root = f"/var/tmp/mla-live-kill-{HOST}"
     argv = [sys.executable, "-m", "mla_doctor", "run", "--host", HOST, "--ssh-config", str(fleet.ssh_config),
-            "--yes", "--format", "json", "--run-root", run_root, "--ttl", "15"]
+            "--yes", "--method", "patch", "--format", "json", "--run-root", run_root, "--ttl", "15"]
     run_dir = run_until_debug_restart(argv, run_root, ROOT)
     m, cur_state, log = wait_restored(run_dir, 15 + 120)
     assert m.get("state") == "reverted", log

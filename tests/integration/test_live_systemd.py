@@ -84,7 +84,7 @@ def sd_host(fleet):
 
 def run_cli(fleet, *args, timeout=900):
     argv = [sys.executable, "-m", "mla_doctor", "run", "--host", HOST, "--ssh-config", str(fleet.ssh_config),
-            "--yes", "--format", "json", "--run-root", "/var/tmp/mla-live-sd", *args]
+            "--yes", "--method", "patch", "--format", "json", "--run-root", "/var/tmp/mla-live-sd", *args]
     p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT, stdin=subprocess.DEVNULL)
     return p.returncode, json.loads(p.stdout), p.stderr
 
@@ -161,7 +161,8 @@ def test_controller_killed_mid_run_watchdog_removes_drop_in(fleet, sd_host):
     before = vllm_tree_state()
     run_root = "/var/tmp/mla-live-sd-kill"
     argv = [sys.executable, "-m", "mla_doctor", "run", "--host", HOST, "--ssh-config", str(fleet.ssh_config),
-            "--yes", "--format", "json", "--run-root", run_root, "--ttl", "15", "--runtime", "systemd",
+            "--yes", "--method", "patch", "--format", "json", "--run-root", run_root, "--ttl", "15",
+            "--runtime", "systemd",
             "--env", "MLA_DOCTOR_QUOTING=" + TRICKY]
 
     def on_debug():
@@ -177,3 +178,25 @@ def test_controller_killed_mid_run_watchdog_removes_drop_in(fleet, sd_host):
     wait_ready(fleet, 240)
     assert vllm_tree_state() == before
     assert_unit_as_found(fleet, sd_host)
+
+
+def test_attach_to_the_unit_without_restarting_it(fleet, sd_host):
+    """`run` (default: attach) against the unit's server: nothing in the unit changes, no restart (systemd's
+    MainPID and NRestarts as found), the same verdict as the restart-based run above."""
+    before = vllm_tree_state()
+    found = unit_state(fleet)
+    argv = [sys.executable, "-m", "mla_doctor", "run", "--host", HOST, "--ssh-config", str(fleet.ssh_config),
+            "--format", "json", "--run-root", "/var/tmp/mla-live-sd-attach"]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=ROOT, stdin=subprocess.DEVNULL)
+    h = json.loads(p.stdout)["hosts"][0]
+    assert p.returncode == 0 and h["status"] == "ok", (h.get("error"), p.stderr[-3000:])
+    assert h["live"]["method"] == "attach" and h["live"]["restarts"] == 0 and h["restored"] is True
+    procs = h["live"]["attach"]["processes"]
+    assert procs and all(x["start_time_before"] == x["start_time_after"] and x["detached"] for x in procs
+                         if x["attached"])
+    obs = {x["name"]: (x["observed"]["prefill"], x["observed"]["decode"]) for x in h["prompts"]}
+    assert obs["short"] == ("mqa", "mqa") and obs["long"] == ("mha", "mqa")
+    after = unit_state(fleet)
+    assert (after["MainPID"], after["NRestarts"], after["DropInPaths"]) == (
+        found["MainPID"], found["NRestarts"], found["DropInPaths"])
+    assert vllm_tree_state() == before

@@ -186,7 +186,7 @@ def main(which: list[str]) -> int:
             doc = record("static", ["static", "--local", "--python", py, "--format", "json"])
             print("static:", save("static_local", doc), f"exit {doc['exit_code']}", file=sys.stderr)
         if "run" in which:
-            doc = record("run", ["run", "--local", "--yes", "--python", py, "--format", "json",
+            doc = record("run", ["run", "--local", "--yes", "--method", "patch", "--python", py, "--format", "json",
                                  "--run-root", RUN_ROOT, "--ready-timeout", "300"])
             print("run:", save("run_local", doc), f"exit {doc['exit_code']}", file=sys.stderr)
     shutil.rmtree(RUN_ROOT, ignore_errors=True)

@@ -19,6 +19,8 @@ import pytest
 ALL = "*"  # every test of the file
 # file (test_<name>.py) -> the names (test_<name>) of its tests that start a process, however short, or ALL
 LOCAL: dict[str, object] = {
+    "attach_host": {"the_default_needs_no_consent_a_restart_method_does"},
+    "attach_probe": ALL,
     "agent_bundle": {"a_payload_that_is_not_framed_is_refused_clearly",
         "a_traceback_names_the_agent_module_file_and_line", "framing_survives_any_byte_in_payload_and_plan",
         "running_the_agent_writes_nothing", "static_through_the_bootstrap_loads_no_module_that_changes_files",

@@ -62,7 +62,7 @@ def test_runbook_keys_and_the_run_commands_options_come_from_the_same_fields():
     ({"ttl": -1}, r"live.ttl must be > 0"),
     ({"max_tokens": 0}, r"live.max_tokens must be >= 1"),
     ({"max_tokens": "3"}, r"live.max_tokens must be int, not str"),
-    ({"method": "magic"}, r"live.method is one of patch, plugin"),
+    ({"method": "magic"}, r"live.method is one of attach, patch, plugin"),
     ({"nope": 1}, r"live has no option 'nope'"),
     ({"expect": {"sparse": "on"}}, r"live.expect takes prefill/decode"),
 ])

@@ -17,7 +17,7 @@ from ..protocol import AGENT_VERSION
 from .lease import write_lease
 
 MAX_COLLECT_BYTES = 16 << 20  # per collection, all record files together
-EVENTS = ("armed", "call", "counters")
+EVENTS = ("armed", "call", "counters", "attached", "detached")  # the last two: the attach probe
 INT_FIELDS = ("pid", "epoch", "seq", "calls", "q_rows", "unknown_rows", "since_detail", "ppid", "tp_rank")
 STR_FIELDS = ("event", "role", "function", "target", "layer", "run", "class", "process", "comm")
 

@@ -99,7 +99,8 @@ def find_server(run: LiveRun, container: dict[str, Any] | None) -> None:
             "network_mode": container.get("network_mode")}
         server["process_runtime_refusal"] = None
         server["python"] = (report.vllm or {}).get("python")  # the interpreter inside the container
-    refusals.check_runtime(ropts.runtime, ropts.unit, server)
+    if ropts.method != "attach":  # attach restarts nothing: no runtime needs to be able to
+        refusals.check_runtime(ropts.runtime, ropts.unit, server)
     refusals.check_install(report.server)
     run.facts = run.kb.for_version(report.vllm["version"])
     if ropts.second_pass_settings:

@@ -6,9 +6,11 @@ from mla_doctor.diagnosis.knowledge import Knowledge, load_knowledge
 from mla_doctor.errors import MlaDoctorError
 from mla_doctor.host.answer import attach
 from mla_doctor.host.audit import AuditOptions
+from mla_doctor.host.live import attach as live_attach
 from mla_doctor.host.live import collect, steps
 from mla_doctor.host.live.options import RunOptions
 from mla_doctor.host.live.prepare import prepare
+from mla_doctor.host.live.refusals import HostRefusal
 from mla_doctor.host.live.session import LiveRun, Progress
 from mla_doctor.host.undo import revert_command
 from mla_doctor.results import HostReport, HostStatus
@@ -27,6 +29,8 @@ def _run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Audi
     run = prepare(transport, name, conn, aopts, ropts, kb, progress)
     if isinstance(run, HostReport):
         return run  # failed or refused before anything changed
+    if run.ropts.method == "attach":
+        return _attached(run)
     passes: list[steps.Pass] = []
     try:
         steps.patch(run)
@@ -66,3 +70,21 @@ def left_on_host(run: LiveRun) -> str:
     return (f"left on {run.name} by run {run.run_id}: {' and '.join(what) or 'nothing changed yet'}. The host's "
             f"watchdog puts them back when the run's lease ends (at most {run.ropts.ttl:g}s from now, since nothing "
             f"renews it); to undo now: {undo}")
+
+
+def _attached(run: LiveRun) -> HostReport:
+    """--method attach: refused before anything changes where the host does not allow it (attach.check_host)."""
+    try:
+        live_attach.check_host(run)
+        passes = live_attach.run_attached(run)
+    except HostRefusal as r:
+        run.close_agents()
+        return r.on(run.report)
+    try:
+        if not passes:
+            run.report.status, run.report.error = HostStatus.ERROR, run.start_error or "attach failed"
+            run.report.error_kind = "AttachFailed"
+            return run.report
+        return collect.conclude(run, passes)
+    finally:
+        run.close_agents()

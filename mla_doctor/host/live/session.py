@@ -27,7 +27,7 @@ PromptResults = list[tuple[PromptObservation, list[dict[str, Any]]]]
 def well_typed(rec: Any) -> bool:
     """A probe record as the agent passes it on (the agent checks the same): an object with a known event and
     an integer pid and epoch."""
-    return (isinstance(rec, dict) and rec.get("event") in ("armed", "call", "counters")
+    return (isinstance(rec, dict) and rec.get("event") in ("armed", "call", "counters", "attached", "detached")
             and all(isinstance(rec.get(k, 0), int) and not isinstance(rec.get(k), bool) for k in ("pid", "epoch")))
 
 

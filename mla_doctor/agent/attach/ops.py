@@ -1,0 +1,251 @@
+"""The attach ops: `attach_check` (read-only: can this server be attached to, and which processes),
+`attach` (run directory, lease, probe file, one gdb injection per model process) and `detach` (the
+lease ended, each probe's `detached` record awaited, the run closed).
+
+The run directory, records directory, lease, lock and watchdog are the patch op's own (agent/fs.py,
+change/): the probe writes where the file probe writes, and the watchdog closes a run whose controller
+vanished. The probe needs no watchdog to leave: it restores itself when the lease lapses.
+"""
+from __future__ import annotations
+
+import base64
+import glob
+import hashlib
+import json
+import os
+import signal
+import time
+
+from .. import fs
+from ..common import _now
+from ..fs import _lease_path, _read_json, _run_dir, _run_root, _server_paths, _write_json, atomic_write
+from ..protocol import AGENT_VERSION, Refusal
+from . import checks, inject, procs
+
+PROBE_NAME = "attach-probe.py"
+
+
+def _refused(out, problems):
+    out["outcome"] = "refused"
+    out["refused"] = problems
+    return out
+
+
+def check(plan):
+    """(server, processes, gdb, refusals) for the plan's server pid and install."""
+    pid, vdir = int(plan["pid"]), plan["vllm_dir"]
+    server = procs.identify_server(pid)
+    if server is None:
+        return None, [], None, ["pid %d is not a running vLLM server (anymore): nothing to attach to" % pid]
+    found = procs.model_processes(pid, vdir)
+    if not found:
+        return server, [], None, ["no process of the server (pid %d) has vLLM's native code from %s loaded: "
+                                  "nothing to attach to; %s" % (pid, vdir, checks.PATCH_FIX)]
+    gdb = inject.find_gdb()
+    if gdb is None:
+        return server, found, None, ["no gdb on this host (a root-owned %s): install it (Debian/Ubuntu: "
+                                     "apt-get install gdb; RHEL: dnf install gdb), %s"
+                                     % (" or ".join(inject.GDB_PATHS), checks.PATCH_FIX)]
+    problems = []
+    for p in found:
+        if p["tracer_pid"]:
+            problems.append("pid %d (%s) is already traced by pid %d (a debugger or profiler): detach it first, %s"
+                            % (p["pid"], p["comm"], p["tracer_pid"], checks.PATCH_FIX))
+        problems += checks.interpreter_refusals(p)
+    if not problems:
+        problems += checks.ptrace_refusals(sorted({p["uid"] for p in found}), gdb)
+    return server, found, gdb, problems
+
+
+def op_attach_check(plan):
+    out = {"agent_version": AGENT_VERSION, "op": "attach_check"}
+    _server, found, gdb, problems = check(plan)
+    out.update(processes=found, gdb=gdb)
+    if problems:
+        return _refused(out, problems)
+    out["outcome"] = "ok"
+    return out
+
+
+def install_digest(vdir):
+    """The install's *.py against the wheel's RECORD: (files hashed, modified, digest of all hashes)."""
+    site = os.path.dirname(vdir)
+    record = None
+    for di in sorted(glob.glob(os.path.join(site, "vllm*.dist-info"))):
+        if os.path.isfile(os.path.join(di, "RECORD")):
+            record = os.path.join(di, "RECORD")
+            break
+    if record is None:
+        return {"record": None}
+    h, modified, n = hashlib.sha256(), [], 0
+    with open(record) as f:
+        rows = [ln.rstrip("\n").rsplit(",", 2) for ln in f]
+    for row in rows:
+        if len(row) != 3 or not row[0].startswith("vllm/") or not row[0].endswith(".py") or "=" not in row[1]:
+            continue
+        try:
+            with open(os.path.join(site, row[0]), "rb") as g:
+                data = g.read()
+        except OSError:
+            modified.append(row[0])
+            continue
+        digest = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        n += 1
+        h.update(row[0].encode() + b"\0" + digest.encode() + b"\n")
+        if digest != row[1]:
+            modified.append(row[0])
+    return {"record": record, "files": n, "modified": modified, "digest": h.hexdigest()}
+
+
+def op_attach(plan):
+    run_id = plan["run_id"]
+    root = fs.root_of(plan)
+    run_dir = fs.run_dir_of(root, run_id)
+    out = {"agent_version": AGENT_VERSION, "op": "attach", "run_id": run_id, "run_dir": run_dir,
+           "records_dir": fs.records_dir(run_dir)}
+    server, found, gdb, problems = check(plan)
+    source = (plan.get("probe") or {}).get("source") or ""
+    try:
+        compile(source, PROBE_NAME, "exec", dont_inherit=True)
+    except SyntaxError as e:
+        problems.append("the attach probe is not valid Python (line %s: %s)" % (e.lineno, e.msg))
+    if problems:
+        return _refused(out, problems)
+    # from here on the run must finish even if the controller's connection drops
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    _run_root(plan)
+    from ..change.lease import write_lease
+    from ..change.lock import _take_lock
+    from ..change.patch import records_owner_for
+
+    _take_lock(root, run_id)
+    vdir = plan["vllm_dir"]
+    owner = records_owner_for({"records_uid": server["uid"]}, vdir)
+    fs.make_run_dirs(root, run_dir, owner)
+    out["install_before"] = install_digest(vdir)
+    manifest = {"run_id": run_id, "state": "attaching", "method": "attach", "created": _now(), "vllm_dir": vdir,
+                "site": os.path.dirname(vdir), "files": [], "created_files": [], "controller": plan.get("controller"),
+                "ttl": plan.get("ttl", 0), "records_dir": out["records_dir"], "records_uid": owner[0],
+                "processes": [{"pid": p["pid"], "start_time": p["start_time"], "comm": p["comm"]} for p in found]}
+    out["lease"] = write_lease(run_dir, plan.get("ttl", 0))
+    _write_json(fs.manifest_path(run_dir), manifest)
+    log = server.get("stdout_file")
+    cur = {"runtime": "process", "pid": server["pid"], "attach": True}
+    if isinstance(log, str) and os.path.isfile(log):
+        cur["log"] = log
+        out["log"], out["log_offset"] = log, os.path.getsize(log)
+    _write_json(_server_paths(run_dir)[1], cur)  # tick: alive and the server's own log; no restore spec
+    data = source.encode("utf-8")
+    probe_path = os.path.join(run_dir, PROBE_NAME)
+    atomic_write(probe_path, data, mode=0o644)  # the agent's (root's); the server's uid may only read it
+    code = inject.bootstrap(probe_path, hashlib.sha256(data).hexdigest(), len(data), os.geteuid())
+    manifest["state"] = "patched"  # the lease is renewed like a patch run's (`renew` op)
+    _write_json(fs.manifest_path(run_dir), manifest)
+    if plan.get("ttl", 0) > 0:
+        from . import watch
+
+        out["watchdog_pid"] = manifest["watchdog_pid"] = watch.start(root, run_id)
+        _write_json(fs.manifest_path(run_dir), manifest)
+    results, failed = [], []
+    for p in found:
+        t0 = time.monotonic()
+        if procs.start_time(p["pid"]) != p["start_time"]:
+            ok, detail = False, "the process exited (or its pid was reused) before the injection"
+        else:
+            ok, detail = inject.inject(gdb, p["pid"], code, p.get("libpython"), float(plan.get("gdb_timeout") or
+                                                                                      inject.GDB_TIMEOUT))
+        results.append({"pid": p["pid"], "start_time": p["start_time"], "comm": p["comm"], "queued": ok,
+                        "detail": detail, "gdb_s": round(time.monotonic() - t0, 3)})
+        if not ok:
+            failed.append("pid %d (%s): %s" % (p["pid"], p["comm"], detail))
+            break
+    out["processes"] = results
+    out["bootstrap_bytes"] = len(code)
+    if failed:
+        end_lease(run_dir)  # probes queued so far find the lease ended and never wrap anything
+        out["outcome"] = "failed"
+        out["error"] = "; ".join(failed)
+        out["close"] = close_run(root, run_id, run_dir, "attach failed")
+        return out
+    out["outcome"] = "attached"
+    return out
+
+
+def end_lease(run_dir):
+    """The lease ended now: every probe of the run restores what it wrapped and stops."""
+    try:
+        epoch = _read_json(_lease_path(run_dir)).get("epoch", 0)
+    except (OSError, ValueError, Refusal):
+        epoch = 0
+    _write_json(_lease_path(run_dir), {"expires": 1, "ttl": 0, "renewed": _now(), "epoch": epoch,
+                                       "detach": True}, 0o644)
+
+
+def close_run(root, run_id, run_dir, reason):
+    from ..change.lock import _release_lock
+    from ..change.revert import revert_run
+
+    try:
+        res = revert_run(run_dir, reason=reason)
+    finally:
+        _release_lock(root, run_id)
+    return {"state": res.get("state")}
+
+
+def detached_records(run_dir):
+    """pid -> the probe's `detached` record (and pid -> `attached`), read as the records op reads."""
+    det, att = {}, {}
+    chunks, _refused_files, _capped = fs.read_records(run_dir, {}, 64 << 20)
+    for _name, _off, data in chunks:
+        for line in data.split(b"\n"):
+            if b'"detached"' not in line and b'"attached"' not in line:
+                continue
+            try:
+                rec = json.loads(line.decode("utf-8"))
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and isinstance(rec.get("pid"), int):
+                if rec.get("event") == "detached":
+                    det[rec["pid"]] = rec
+                elif rec.get("event") == "attached":
+                    att[rec["pid"]] = rec
+    return det, att
+
+
+def op_detach(plan):
+    """End the lease, wait for every attached probe's `detached` record, close the run; the processes as
+    they are now (pid, start time) and the install's hashes."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    root = fs.root_of(plan)
+    run_dir = _run_dir(plan)
+    manifest = _read_json(fs.manifest_path(run_dir))
+    if manifest.get("method") != "attach":
+        raise Refusal("run %s is not an attach run" % plan["run_id"])
+    out = {"agent_version": AGENT_VERSION, "op": "detach", "run_id": plan["run_id"]}
+    if manifest.get("state") == "patched":
+        from . import watch
+
+        watch.stop_and_wait(run_dir)  # this op closes the run now, after the probes' last records
+        end_lease(run_dir)
+    deadline = time.monotonic() + float(plan.get("wait_s") or 10)
+    listed = manifest.get("processes") or []
+    while True:
+        det, att = detached_records(run_dir)
+        if all(p["pid"] in det for p in listed if p["pid"] in att) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    rows = []
+    for p in listed:
+        now = procs.start_time(p["pid"])
+        rows.append({"pid_before": p["pid"], "start_time_before": p["start_time"], "comm": p.get("comm"),
+                     "pid_after": p["pid"] if now is not None else None, "start_time_after": now,
+                     "attached": p["pid"] in att, "detached": p["pid"] in det,
+                     "detached_record": det.get(p["pid"]), "attached_record": att.get(p["pid"])})
+    out["processes"] = rows
+    out["install_after"] = install_digest(manifest["vllm_dir"])
+    if manifest.get("state") == "patched":
+        out["close"] = close_run(root, plan["run_id"], run_dir, plan.get("reason") or "detach")
+    out["outcome"] = "detached"
+    return out

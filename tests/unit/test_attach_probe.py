@@ -1,0 +1,327 @@
+"""The attach probe and its injection (issue 22), against real processes and the real gdb, no vLLM:
+a plain CPython whose classes stand in for vLLM's MLA impls (same method names and arguments).
+
+The probe is rendered by the controller's code (host/live/attach.py's template, the file probe inside),
+injected by the agent's code (agent/attach/inject.py), and must: record the calls, return what the
+original returns and let through what it raises, restore every wrapped attribute when the lease ends,
+and never run a probe file that is not exactly the one the agent wrote.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from mla_doctor.agent.attach import checks, elf, inject
+from mla_doctor.host.instrument import Templates
+
+PY = "/usr/bin/python3.11" if os.path.exists("/usr/bin/python3.11") else "/usr/bin/python3"
+GDB = inject.find_gdb()
+
+IMPL = textwrap.dedent('''
+    class MLACommonImpl:
+        def forward_mqa(self, q, kv_c_and_k_pe_cache, attn_metadata, layer):
+            return ("mqa", len(q))
+
+        def forward_mha(self, q, kv_c_normed, k_pe, kv_c_and_k_pe_cache, attn_metadata, k_scale, output):
+            raise ValueError("prefill failed: %d" % len(q))
+
+    class CPUMLAImpl(MLACommonImpl):
+        pass
+''')
+
+# the target: calls both entries in a loop and checks every result, as vLLM would see them
+TARGET = textwrap.dedent('''
+    import json, sys, time
+    sys.path.insert(0, sys.argv[1])
+    import fakemla
+    impl, out, bad = fakemla.CPUMLAImpl(), open(sys.argv[2], "a"), 0
+    orig = fakemla.MLACommonImpl.__dict__["forward_mqa"]
+    out.write("ready\\n"); out.flush()
+    deadline = time.time() + float(sys.argv[3])
+    while time.time() < deadline:
+        if impl.forward_mqa([1, 2, 3], None, None, None) != ("mqa", 3):
+            bad += 1
+        try:
+            impl.forward_mha([1] * 7, None, None, None, None, None, None)
+            bad += 1
+        except ValueError as e:
+            bad += str(e) != "prefill failed: 7"
+        time.sleep(0.01)
+    same = fakemla.MLACommonImpl.__dict__["forward_mqa"] is orig
+    out.write(json.dumps({"bad": bad, "restored": same, "attached": getattr(sys, "_mla_doctor_attached", None)})
+              + "\\n")
+''')
+
+
+
+def gdb_or_fail():
+    if GDB is None:
+        pytest.fail("no root-owned gdb on this machine: the attach tests need it (apt-get install gdb); "
+                    "`make setup` installs it as root")
+    return GDB
+
+
+def render(run_dir: Path, ttl: float, targets=None, plant=None) -> bytes:
+    t = Templates()
+    probe = t.render("probe_module.py.j2", run_id="t1", records_dir=str(run_dir / "records"),
+                     lease_path=str(run_dir / "lease.json"), max_detail=4, flush_s=0.1)
+    if plant is not None:
+        assert plant[0] in probe
+        probe = probe.replace(*plant)
+    targets = targets or {"fakemla": [["*.forward_mqa", "decode-1", "decode"],
+                                      ["MLACommonImpl.forward_mha", "prefill-1", "prefill"]]}
+    src = t.render("attach_probe.py.j2", run_id="t1", module="mla_doctor_probe_t1", targets=targets,
+                   probe_source=probe, debug_logs=True)
+    (run_dir / "records").mkdir(parents=True, exist_ok=True)
+    (run_dir / "lease.json").write_text(json.dumps({"expires": time.time() + ttl, "ttl": ttl, "epoch": 0}))
+    return src.encode()
+
+
+def start_target(tmp: Path, seconds: float = 30.0):
+    (tmp / "fakemla.py").write_text(IMPL)
+    (tmp / "target.py").write_text(TARGET)
+    log = tmp / "target.out"
+    p = subprocess.Popen([PY, str(tmp / "target.py"), str(tmp), str(log), str(seconds)], cwd=tmp,
+                         stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while not (log.exists() and "ready" in log.read_text()):
+        assert time.monotonic() < deadline and p.poll() is None, "target did not start"
+        time.sleep(0.05)
+    return p, log
+
+
+def records(run_dir: Path) -> list[dict]:
+    out = []
+    for f in sorted((run_dir / "records").glob("probe-*.jsonl")):
+        out += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+    return out
+
+
+def wait_for(pred, timeout=20.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def write_probe(run_dir: Path, data: bytes) -> Path:
+    path = run_dir / "attach-probe.py"
+    path.write_bytes(data)
+    os.chmod(path, 0o644)
+    return path
+
+
+def test_injected_probe_records_returns_raises_unchanged_and_restores_when_the_lease_ends(tmp_path):
+    gdb = gdb_or_fail()
+    p, log = start_target(tmp_path, seconds=8)
+    try:
+        data = render(tmp_path / "run", ttl=3.0)
+        path = write_probe(tmp_path / "run", data)
+        code = inject.bootstrap(str(path), hashlib.sha256(data).hexdigest(), len(data), os.geteuid())
+        ok, detail = inject.inject(gdb, p.pid, code)
+        assert ok, detail
+        recs = wait_for(lambda: [r for r in records(tmp_path / "run") if r["event"] == "detached"] and
+                        records(tmp_path / "run"), timeout=15, what="the probe's detached record")
+    finally:
+        p.wait(30)
+    by = {}
+    for r in recs:
+        by.setdefault(r["event"], []).append(r)
+    assert len(by["armed"]) == 1 and by["armed"][0]["pid"] == p.pid
+    assert by["attached"][0]["wrapped"] == ["MLACommonImpl.forward_mha", "MLACommonImpl.forward_mqa"]
+    calls = {r["function"] for r in by["call"]}
+    assert calls == {"MLACommonImpl.forward_mha", "MLACommonImpl.forward_mqa"}
+    assert all(r["class"] == "CPUMLAImpl" for r in by["call"])
+    assert by["call"][0]["tokens"]["q_rows"] is None  # a list has no .shape: unknown, never 0
+    det = by["detached"][0]
+    assert det["reason"] == "lease ended" and det["still_wrapped"] == [] and det["restored"] == 2
+    expires = json.loads((tmp_path / "run" / "lease.json").read_text())["expires"]
+    assert expires <= det["ts"] < expires + 10  # not before the lease ends; soon after (a poll, a loaded machine)
+    # nothing after the detach; the target saw every result unchanged and got its class back
+    assert recs[-1]["event"] == "detached"
+    final = json.loads(log.read_text().splitlines()[-1])
+    assert final == {"bad": 0, "restored": True, "attached": None}
+
+
+def test_a_second_injection_of_the_same_run_does_not_wrap_twice(tmp_path):
+    gdb = gdb_or_fail()
+    p, log = start_target(tmp_path, seconds=30)
+    run = tmp_path / "run"
+    try:
+        data = render(run, ttl=60.0)
+        path = write_probe(run, data)
+        code = inject.bootstrap(str(path), hashlib.sha256(data).hexdigest(), len(data), os.geteuid())
+        assert inject.inject(gdb, p.pid, code)[0]
+        wait_for(lambda: any(r["event"] == "attached" for r in records(run)), what="attached")
+        assert inject.inject(gdb, p.pid, code)[0]
+        # pending calls run in order: once this one has run, so has the second injection
+        marker = tmp_path / "after-second"
+        assert inject.inject(gdb, p.pid, "open(%r, 'w').close()" % str(marker))[0]
+        wait_for(marker.exists, what="the pending calls to run")
+        (run / "lease.json").write_text(json.dumps({"expires": 1, "ttl": 0, "epoch": 0, "detach": True}))
+        wait_for(lambda: any(r["event"] == "detached" for r in records(run)), what="detached")
+    finally:
+        p.kill()
+        p.wait(30)
+    events = [r["event"] for r in records(run) if r["event"] in ("attached", "detached")]
+    assert events == ["attached", "detached"]
+
+
+@pytest.mark.parametrize("tamper", ["content", "symlink", "group-writable", "other-owner"])
+def test_the_bootstrap_runs_only_the_exact_probe_file_the_agent_wrote(tmp_path, tamper):
+    """A local user racing the probe file: changed bytes, a symlink swapped in, a loosened mode, another
+    owner — the interpreter runs none of them."""
+    gdb = gdb_or_fail()
+    p, _log = start_target(tmp_path, seconds=6)
+    marker = tmp_path / "ran"
+    good = ("open(%r, 'w').write('good')\n" % str(marker)).encode()
+    evil = ("open(%r, 'w').write('evil')\n" % str(marker)).encode()
+    run = tmp_path / "run"
+    run.mkdir()
+    path = write_probe(run, good)
+    code = inject.bootstrap(str(path), hashlib.sha256(good).hexdigest(), len(good), os.geteuid())
+    if tamper == "content":
+        path.write_bytes(evil[:len(good)])
+    elif tamper == "symlink":
+        (tmp_path / "elsewhere.py").write_bytes(good)
+        path.unlink()
+        path.symlink_to(tmp_path / "elsewhere.py")
+    elif tamper == "group-writable":
+        os.chmod(path, 0o664)
+    else:
+        os.chown(path, 65534, 65534)
+    after = tmp_path / "after"
+    try:
+        assert inject.inject(gdb, p.pid, code)[0]
+        # pending calls run in order: once this one has run, the tampered bootstrap has had its chance
+        assert inject.inject(gdb, p.pid, "open(%r, 'w').close()" % str(after))[0]
+        wait_for(after.exists, what="the pending calls to run")
+    finally:
+        p.wait(30)
+    assert not marker.exists()
+    assert p.returncode == 0
+
+
+def test_the_untampered_bootstrap_does_run(tmp_path):
+    """The control for the test above: the same file, untouched, runs."""
+    gdb = gdb_or_fail()
+    p, _log = start_target(tmp_path, seconds=3)
+    marker = tmp_path / "ran"
+    good = ("open(%r, 'w').write('good')\n" % str(marker)).encode()
+    (tmp_path / "run").mkdir()
+    path = write_probe(tmp_path / "run", good)
+    try:
+        assert inject.inject(gdb, p.pid, inject.bootstrap(str(path), hashlib.sha256(good).hexdigest(), len(good),
+                                                          os.geteuid()))[0]
+        wait_for(marker.exists, what="the probe file to run")
+    finally:
+        p.wait(30)
+    assert marker.read_text() == "good"
+
+
+def test_a_probe_error_restores_and_never_reaches_the_caller(tmp_path):
+    """The probe's own failure (here: its record() raises) detaches it; the target sees nothing."""
+    gdb = gdb_or_fail()
+    p, log = start_target(tmp_path, seconds=4)
+    try:
+        head = 'def record(target, role, function, loc, caller=None):\n'
+        data = render(tmp_path / "run", ttl=60.0, plant=(head, head + '    raise RuntimeError("probe bug")\n'))
+        path = write_probe(tmp_path / "run", data)
+        assert inject.inject(gdb, p.pid, inject.bootstrap(str(path), hashlib.sha256(data).hexdigest(), len(data),
+                                                          os.geteuid()))[0]
+        det = wait_for(lambda: [r for r in records(tmp_path / "run") if r["event"] == "detached"], what="detached")
+    finally:
+        p.wait(30)
+    assert det[0]["reason"] == "probe error" and "probe bug" in det[0]["error"] and det[0]["still_wrapped"] == []
+    assert json.loads(log.read_text().splitlines()[-1]) == {"bad": 0, "restored": True, "attached": None}
+
+
+def test_gdb_is_run_so_it_loads_nothing_of_the_target_users():
+    argv = inject.gdb_argv("/usr/bin/gdb", 123, ["print 1"], "/opt/x/lib/libpython3.11.so.1.0")
+    assert argv[1:3] == ["-nx", "-nh"]
+    early = [argv[i + 1] for i, a in enumerate(argv) if a == "-iex"]
+    for s in ("set auto-load off", "set debuginfod enabled off", "set libthread-db-search-path /nonexistent",
+              "set auto-solib-add off"):
+        assert s in early
+    assert argv.index("-p") > max(i for i, a in enumerate(argv) if a == "-iex")  # settled before attaching
+    assert "sharedlibrary ^/opt/x/lib/libpython3\\.11\\.so\\.1\\.0$" in argv
+    assert inject.CLEAN_ENV["HOME"] == "/nonexistent" and set(inject.CLEAN_ENV) <= {"PATH", "LANG", "LC_ALL",
+                                                                                   "HOME", "TERM"}
+
+
+def test_bootstrap_refuses_a_path_it_cannot_quote():
+    with pytest.raises(ValueError):
+        inject.bootstrap("/var/tmp/it's/attach-probe.py", "0" * 64, 10)
+    code = inject.bootstrap("/var/tmp/r/attach-probe.py", "ab" * 32, 10, 0)
+    compile(code, "bootstrap", "exec")
+    assert inject.c_string('a"b\\c\nd') == '"a\\"b\\\\c\\nd"'
+
+
+def test_elf_symbols_of_a_real_interpreter_and_a_non_python():
+    assert elf.defined_symbols(PY, ("Py_AddPendingCall", "PyRun_SimpleString", "nope")) == {
+        "Py_AddPendingCall", "PyRun_SimpleString"}
+    assert elf.defined_symbols("/bin/sleep", ("Py_Initialize", "_PyRuntime")) == set()
+    with pytest.raises(elf.ElfError):
+        elf.defined_symbols(__file__, ("x",))
+
+
+def test_interpreter_refusals_name_the_cause(tmp_path):
+    sleeper = subprocess.Popen(["/bin/sleep", "20"])
+    try:
+        msg = checks.interpreter_refusals({"pid": sleeper.pid, "comm": "sleep", "exe": "/bin/sleep"})
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert len(msg) == 1 and "is not a CPython" in msg[0] and "--method patch --yes" in msg[0]
+
+
+def test_gdb_output_is_read_as_what_happened():
+    assert inject.interpret(0, "$1 = 0\n", "") == (True, "queued")
+    assert not inject.interpret(0, "$1 = -1\n", "")[0]
+    ok, why = inject.interpret(1, "", "ptrace: Operation not permitted.\n")
+    assert not ok and why.startswith("ptrace refused")
+    ok, why = inject.interpret(1, "", 'No symbol "Py_AddPendingCall" in current context.\n')
+    assert not ok and "C-API symbols" in why
+
+
+def test_ptrace_refused_by_seccomp_is_named_before_anything_changes(tmp_path):
+    """The agent under a seccomp filter that refuses ptrace (tests/support/no_ptrace.py): the live check
+    (gdb against a child of its own) names seccomp and the restart-based fix."""
+    gdb = gdb_or_fail()
+    code = ("import json,sys; sys.path.insert(0, %r); from mla_doctor.agent.attach import checks; "
+            "print(json.dumps(checks.ptrace_refusals([0], %r)))" % (str(Path(__file__).parents[2]), gdb))
+    p = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "support" / "no_ptrace.py"), sys.executable,
+                        "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert len(out) == 1 and "seccomp" in out[0] and "--method patch --yes" in out[0]
+    # and without the filter the same check passes
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert json.loads(p.stdout) == []
+
+
+def test_ptrace_without_cap_sys_ptrace_against_another_user_is_refused():
+    """The agent without CAP_SYS_PTRACE (setpriv drops it; a container without SYS_PTRACE) and a server of
+    another uid: refused, naming the capability."""
+    gdb = gdb_or_fail()
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.fail("needs root and setpriv (util-linux) to drop CAP_SYS_PTRACE")
+    code = ("import json,sys; sys.path.insert(0, %r); from mla_doctor.agent.attach import checks; "
+            "print(json.dumps(checks.ptrace_refusals([65534], %r)))" % (str(Path(__file__).parents[2]), gdb))
+    p = subprocess.run(["setpriv", "--bounding-set=-sys_ptrace", "--inh-caps=-sys_ptrace", sys.executable, "-c",
+                        code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert len(out) == 1 and "CAP_SYS_PTRACE" in out[0] and "SYS_PTRACE" in out[0]
