@@ -132,6 +132,11 @@ EOF
   echo "exec env container=mla-fleet '$SYSTEMD' --system --unit=mla-fleet.target --log-target=console"
 } > "$hd/start.sh"
 : > "$hd/sshd.log"
+# a namespace of that name left by a killed run (no process in it) is stale: remove it; one in use is refused
+if ip netns list 2>/dev/null | awk '{print $1}' | grep -qx "$netns"; then
+  [ -z "$(ip netns pids "$netns" 2>/dev/null)" ] || { echo "netns $netns is in use" >&2; exit 1; }
+  ip netns del "$netns"
+fi
 ip netns add "$netns"
 ip -n "$netns" link set lo up
 ip link add "$veth" type veth peer name eth0 netns "$netns"

@@ -104,7 +104,7 @@ if [ -e "$FLEET_DIR/fleet.env" ]; then
   FLEET_DIR=$FLEET_DIR "$HERE/down.sh" >&2 || true
   rm -rf "$FLEET_DIR"
 fi
-stale_ns=$(ip netns list 2>/dev/null | awk '/^mla-h[0-9]+/{print $1}')
+stale_ns=$(ip netns list 2>/dev/null | awk '/^mla-[hs][0-9]+/{print $1}')
 if [ -n "$stale_ns" ] || ip link show mla-br0 >/dev/null 2>&1; then
   for ns in $stale_ns; do
     if [ -n "$(ip netns pids "$ns" 2>/dev/null)" ]; then
