@@ -106,9 +106,10 @@ def test_bytes_written_after_the_exit_status_are_kept(tr, tmp_path):
 def test_a_connection_cut_mid_answer_says_so(tr, tmp_path):
     """The host's sshd session process killed while the answer streams: an UnreachableError saying how much came,
     never a short answer handed on as the host's (it would read as the agent's own fault)."""
-    pidfile = tmp_path / "ppid"
+    pidfile, selffile = tmp_path / "ppid", tmp_path / "self"
     code = ("import os, sys, time\n"
             "os.write(1, b'x' * 100000)\n"
+            f"open({str(selffile)!r}, 'w').write(str(os.getpid()))\n"  # so the test can end it afterwards
             f"open({str(pidfile)!r} + '.tmp', 'w').write(str(os.getppid()))\n"  # the sshd session process
             f"os.rename({str(pidfile)!r} + '.tmp', {str(pidfile)!r})\n"
             "while True: time.sleep(1)\n")
@@ -125,9 +126,15 @@ def test_a_connection_cut_mid_answer_says_so(tr, tmp_path):
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not pidfile.exists():
         time.sleep(0.01)
-    os.kill(int(pidfile.read_text()), signal.SIGKILL)
-    t.join(timeout=60)
-    assert not t.is_alive()
+    try:
+        os.kill(int(pidfile.read_text()), signal.SIGKILL)
+        t.join(timeout=60)
+        assert not t.is_alive()
+    finally:  # the command outlives its session (sshd's SIGKILL reaches only the session process): end it
+        try:
+            os.kill(int(selffile.read_text()), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
     e = err.get("e")
     assert isinstance(e, UnreachableError), repr(e)
     assert "before the command's output ended" in str(e) and "bytes of stdout" in str(e)
