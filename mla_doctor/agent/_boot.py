@@ -12,6 +12,7 @@ when the magic is this interpreter's, else every module is compiled from its sou
 import importlib
 import linecache
 import marshal
+import os
 import sys
 from importlib.machinery import ModuleSpec
 
@@ -104,6 +105,7 @@ def _install(sources, payload, codes=None):
     package = __name__.rpartition(".")[0]
     remember(package + "/_boot.py", sources["_boot.py"])
     sys.meta_path.insert(0, SourceImporter(package, sources, codes))
+    importlib.import_module(package + ".privilege").clean_for_root()  # as root: cwd /, a clean environment
     importlib.import_module(package + ".reexec").PAYLOAD = payload
     return package
 
@@ -119,7 +121,6 @@ def start(sources, payload, plan_bytes):
             stream.flush()
         except (OSError, ValueError):
             pass
-    import os
     os._exit(status or 0)
 
 

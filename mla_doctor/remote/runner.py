@@ -1,7 +1,7 @@
 """Ship the remote agent over an existing transport and run one phase: one remote execution.
 
 The agent's payload (its package's sources, framed and compressed: remote/bundle.py) and the JSON
-plan travel on stdin to `python3 -B -c BOOTSTRAP`; nothing is written on the host. The interpreter
+plan travel on stdin to `python3 -I -S -B -c BOOTSTRAP`; nothing is written on the host. The interpreter
 is found on the host by a fixed POSIX sh script whose only variable parts are shlex-quoted.
 """
 from __future__ import annotations
@@ -19,18 +19,35 @@ NO_PYTHON_RC = 127
 FALLBACK_PYTHONS = ("python3", "python", "/usr/bin/python3", "/usr/local/bin/python3")
 
 
+# The root agent runs only on an interpreter root controls (README "Security", agent/privilege.py): as root
+# (uid 0, or sudo), a candidate is skipped unless it and every directory above it -- as named and as resolved
+# -- belong to root and are not writable by group or others (a sticky directory excepted). POSIX sh + stat(1).
+_TRUSTED_FN = (
+    "ok() { [ \"$r\" = 1 ] || return 0; for f in \"$1\" \"$(readlink -f -- \"$1\")\"; do "
+    "while :; do set -- $(stat -c '%u %A' -- \"$f\" 2>/dev/null); [ \"$1\" = 0 ] || return 1; "
+    "case $2 in l*) ;; ?????w*|????????w?) case $2 in *[tT]) ;; *) return 1;; esac;; esac; "
+    "[ \"$f\" = / ] && break; f=$(dirname -- \"$f\"); done; done; }; "
+)
+
+
 def agent_command(python: str | None = None, sudo: bool = False, bootstrap: str = BOOTSTRAP) -> str:
     """The single shell command that finds an interpreter and runs the agent from stdin (`bootstrap`: the
-    one-shot BOOTSTRAP, or SERVE_BOOTSTRAP for an agent serving a run: remote/session.py)."""
+    one-shot BOOTSTRAP, or SERVE_BOOTSTRAP for an agent serving a run: remote/session.py): always isolated
+    (`-I -S -B`: no site, no environment, no cwd on sys.path), from cwd /, and as root only on a trusted
+    interpreter (an untrusted `--python` is still the one vLLM is looked up with, by its owner, on the host)."""
     candidates = ([python] if python else []) + list(FALLBACK_PYTHONS)
     prefix = "sudo -n " if sudo else ""
     script = (
+        _TRUSTED_FN + ("r=1; " if sudo else 'r=0; [ "$(id -u)" = 0 ] && r=1; ') + "s=; "
         "for p in " + " ".join(shlex.quote(c) for c in candidates) + "; do "
-        'if command -v "$p" >/dev/null 2>&1; then '
-        f'exec {prefix}"$(command -v "$p")" -B -c {shlex.quote(bootstrap)}; '
+        'if x=$(command -v "$p" 2>/dev/null); then '
+        'case $x in /*) ;; *) x=$PWD/$x;; esac; '
+        f'if ok "$x"; then cd / && exec {prefix}"$x" -I -S -B -c {shlex.quote(bootstrap)}; fi; '
+        's="$s $x"; '
         "fi; done; "
         "echo 'mla-doctor: no Python interpreter found on this host (tried: "
-        + " ".join(candidates).replace("'", "") + ")' >&2; "
+        + " ".join(candidates).replace("'", "") + ")'\"${s:+; refused to run as root on an interpreter another "
+        "user can change:$s}\" >&2; "
         f"exit {NO_PYTHON_RC}"
     )
     # Run under sh whatever the login shell is (bash, zsh, fish, csh...).

@@ -92,7 +92,7 @@ def test_a_traceback_names_the_agent_module_file_and_line():
 def test_unknown_op_answers_fatal_json_and_loads_only_the_entry():
     out = _run_raw({"op": "nope", "debug": True})
     assert out["fatal"] == "unknown op: 'nope'" and out["agent_version"] == protocol.AGENT_VERSION
-    assert out["modules_loaded"] == ["main", "protocol", "reexec"]
+    assert out["modules_loaded"] == ["main", "privilege", "protocol", "reexec"]
     assert "modules_loaded" not in _run_raw({"op": "nope"})  # only when asked for: answers keep their shape
 
 

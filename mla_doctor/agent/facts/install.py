@@ -10,6 +10,7 @@ import re
 import sys
 
 from ..common import _read_text, _which
+from ..privilege import NOBODY, SAFE_PATH, Owner, ids_of_uid, path_owner, proc_ids, run_as
 
 
 PY_PROBE = r"""
@@ -29,30 +30,76 @@ def _is_this_interpreter(python):
     return bool(path) and os.path.abspath(path) == sys.executable
 
 
-def probe_interpreter(python, env=None, cwd=None):
+def _probe_here():
+    """PY_PROBE's answer from this very interpreter, in-process. The agent runs -S (remote/runner.py): its
+    site-packages are searched as site would list them, but no .pth file is read, let alone run."""
+    import importlib.machinery
+    import sysconfig
+
+    path = [p for p in sys.path if p]
+    if sys.flags.no_site:
+        import site  # under -S importing it runs nothing: getsitepackages() only lists
+
+        path += [d for d in site.getsitepackages() if d not in path]
+    spec = importlib.machinery.PathFinder.find_spec("vllm", path)
+    return {"executable": sys.executable, "version": list(sys.version_info[:3]), "prefix": sys.prefix,
+            "path": path, "purelib": sysconfig.get_paths().get("purelib"),
+            "vllm_origin": spec.origin if spec else None,
+            "vllm_locations": list(spec.submodule_search_locations or []) if spec else []}
+
+
+def probe_ids(python, server_pid=None):
+    """Whom to ask `python` as (privilege.py's rule): None (ourselves) when we are not root, or when the
+    interpreter and every directory above it are root's; else its owner -- a server's interpreter as the
+    server's own uid, gid and groups. (ids, why: the reason it is not run as root, or None)."""
+    if os.geteuid() != 0:
+        return None, None
+    if server_pid is not None:
+        try:
+            ids = proc_ids(server_pid)
+        except (OSError, ValueError):
+            ids = None
+        if ids and ids[0] != 0:
+            return ids, "the server's interpreter, asked as the server's user (uid %d)" % ids[0]
+    try:
+        owner = path_owner(python if os.path.isabs(python) else (_which(python) or python))
+    except OSError as e:
+        owner = Owner(False, NOBODY, "%s: %s" % (python, e))
+    if owner.trusted:
+        return None, None
+    return ids_of_uid(owner.uid), "asked as uid %d, not root: %s" % (owner.uid, owner.why)
+
+
+def probe_interpreter(python, env=None, cwd=None, server_pid=None):
     """Ask an interpreter where `vllm` is, without importing it (find_spec only locates). The interpreter
-    running the agent, in the agent's own environment, answers in-process: the same sys.path and find_spec."""
+    running the agent answers in-process (its own paths, no .pth run). Another one runs as whoever controls
+    it (probe_ids: never root on a path another user can change), with -s -B, bounded in time and output (a
+    FIFO named *.pth hangs nothing), from cwd / in a clean environment -- a server's own environment and cwd
+    only when it runs as the server's user."""
     if env is None and cwd is None and _is_this_interpreter(python):
-        g = {"__name__": "probe"}
-        exec(PY_PROBE.replace("print(json.dumps(out))", ""), g)
-        return g["out"], None
+        out = _probe_here()
+        if out["vllm_origin"] or not sys.flags.no_site:
+            return out, None
     if not (os.path.isabs(python) or _which(python)):
         return None, "no such interpreter: %s" % python
     if os.path.isabs(python) and not os.access(python, os.X_OK):
         return None, "interpreter not executable (or missing): %s" % python
-    run_env = dict(env) if env else dict(os.environ)
+    ids, _why = probe_ids(python, server_pid)
+    as_server = server_pid is not None and ids is not None
+    run_env = dict(env) if (env and (as_server or os.geteuid() != 0)) else {"PATH": os.environ.get("PATH", SAFE_PATH)}
     run_env["PYTHONDONTWRITEBYTECODE"] = "1"
-    import subprocess  # only for another interpreter (common.py: not imported at start)
-
+    run_cwd = cwd if as_server and cwd else "/"
+    rc, out, err, stopped = run_as(ids, [python, "-s", "-B", "-c", PY_PROBE], run_env, cwd=run_cwd, timeout=20,
+                                   cap=1 << 20)
+    if rc is None and run_cwd != "/":  # the server's cwd is gone: from / then
+        rc, out, err, stopped = run_as(ids, [python, "-s", "-B", "-c", PY_PROBE], run_env, cwd="/", timeout=20,
+                                       cap=1 << 20)
+    if rc is None or stopped:
+        return None, "%s: %s" % (python, stopped or err)
+    if rc != 0:
+        return None, "%s failed: %s" % (python, err.decode("utf-8", "replace").strip()[-500:])
     try:
-        p = subprocess.run([python, "-B", "-c", PY_PROBE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           timeout=20, env=run_env, cwd=cwd if cwd and os.path.isdir(cwd) else None)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return None, "cannot run %s: %s" % (python, e)
-    if p.returncode != 0:
-        return None, "%s failed: %s" % (python, p.stderr.decode("utf-8", "replace").strip()[-500:])
-    try:
-        return json.loads(p.stdout.decode()), None
+        return json.loads(out.decode()), None
     except ValueError:
         return None, "%s printed no JSON" % python
 
@@ -137,7 +184,8 @@ def locate_vllm(plan, servers, errors):
                 candidates.append(("PATH", w, None, None))
                 break
     for source, python, env, cwd in candidates:
-        info, err = probe_interpreter(python, env, cwd)
+        info, err = probe_interpreter(python, env, cwd, server.get("pid") if server and source == "running server"
+                                      else None)
         if info is None:
             tried.append({"python": python, "source": source, "error": err})
             continue
