@@ -29,6 +29,7 @@ class AuditOptions:
     python: str | None = None  # the interpreter whose site-packages hold vLLM
     model: str | None = None  # a model directory / config.json, overriding the server's
     log: str | None = None  # the server log, overriding journal / container / stdout discovery
+    pid: int | None = None  # --pid: the server process, when the port does not single it out
 
 
 def index_pairs(data: Any) -> dict[str, list[str]]:
@@ -70,7 +71,7 @@ def static_request(kb: Knowledge, opts: AuditOptions, targets: Any = None) -> St
     patterns = {**req["log_patterns"], **run_start_patterns()}
     return StaticRequest(python=opts.python, model=opts.model, log=opts.log, symbols=req["symbols"],
                          index=_agent_index(kb), log_patterns=patterns, targets=targets,
-                         symbol_needs=_symbol_needs(kb), resolve={})
+                         symbol_needs=_symbol_needs(kb), resolve={}, pid=opts.pid)
 
 
 def static_plan(kb: Knowledge, opts: AuditOptions) -> dict[str, Any]:
@@ -109,6 +110,10 @@ def build_static_report(name: str, raw: dict[str, Any], kb: Knowledge) -> HostRe
     report.server = {"running": bool(server), **(server or {})}
     if len(servers) > 1:
         report.server["others"] = [{"pid": s["pid"], "port": s.get("port")} for s in servers[1:]]
+    if raw.get("lookalikes"):  # look like vLLM, not the server (another user's, not listening, no install)
+        report.server["lookalikes"] = raw["lookalikes"]
+    if raw.get("server_error"):
+        report.server["server_error"] = raw["server_error"]
     report.gpu = raw.get("gpu")
     loc = raw.get("locate") or {}
     agent_errors = raw.get("errors") or []

@@ -115,7 +115,7 @@ def _outcome(into: HostReport, other: HostReport) -> None:
 def _aopts(c: Connection, python: str | None = None, model: str | None = None, log: str | None = None):
     from mla_doctor.host.audit import AuditOptions
 
-    return AuditOptions(python=python or c.target.python, model=model, log=log)
+    return AuditOptions(python=python or c.target.python, model=model, log=log, pid=c.target.pid)
 
 
 def _audit(step: Audit, c: Connection, report: HostReport, kb: Any, progress: Progress) -> None:

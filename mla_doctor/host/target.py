@@ -54,6 +54,7 @@ class HostTarget:
     conn: ConnectOptions = field(default_factory=ConnectOptions)
     python: str | None = None  # the interpreter whose site-packages hold vLLM (None: found on the host)
     container: str | None = None  # audit / revert inside this container (docker exec), as root there
+    pid: int | None = None  # --pid: the server process, when its port does not single it out (issue 18)
 
     @property
     def local(self) -> bool:
@@ -68,7 +69,7 @@ def target_from_options(kw: Mapping[str, Any], container: str | None = None) -> 
         raise UsageError("give --host HOST, or --local to audit this machine")
     conn = connect_options(kw)
     return HostTarget(name=host_label(kw.get("host"), conn), address=kw.get("host"), conn=conn,
-                      python=kw.get("python"), container=container)
+                      python=kw.get("python"), container=container, pid=kw.get("pid"))
 
 
 def target_from_vars(name: str, address: str | None, hvars: Mapping[str, Any], defaults: ConnectOptions,

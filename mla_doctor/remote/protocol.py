@@ -180,6 +180,7 @@ class StaticRequest(Request[StaticAnswer]):
     targets: Any = None
     symbol_needs: Any = None  # diagnosis/symbol_needs.py: which symbols the release's knowledge may search
     resolve: Any = None  # {} or {"architectures": [...]}: the attention code that runs, read by AST (resolve.py)
+    pid: int | None = None  # --pid: the server (agent/facts/processes.py identify)
 
     def to_plan(self) -> dict[str, Any]:
         plan = {"op": self.op, "python": self.python, "model": self.model, "log": self.log,
@@ -190,6 +191,8 @@ class StaticRequest(Request[StaticAnswer]):
             plan["symbol_needs"] = self.symbol_needs
         if self.resolve is not None:
             plan["resolve"] = self.resolve
+        if self.pid is not None:
+            plan["pid"] = self.pid
         return plan
 
 

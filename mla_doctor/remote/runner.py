@@ -21,7 +21,8 @@ FALLBACK_PYTHONS = ("python3", "python", "/usr/bin/python3", "/usr/local/bin/pyt
 
 # The root agent runs only on an interpreter root controls (README "Security", agent/privilege.py): as root
 # (uid 0, or sudo), a candidate is skipped unless it and every directory above it -- as named and as resolved
-# -- belong to root and are not writable by group or others (a sticky directory excepted). POSIX sh + stat(1).
+# -- belong to root and are not writable by group or others (a sticky directory excepted). POSIX sh + stat(1);
+# fail closed: no `id` means root, no `stat`/`readlink`/`dirname` means not trusted.
 _TRUSTED_FN = (
     "ok() { [ \"$r\" = 1 ] || return 0; for f in \"$1\" \"$(readlink -f -- \"$1\")\"; do "
     "while :; do set -- $(stat -c '%u %A' -- \"$f\" 2>/dev/null); [ \"$1\" = 0 ] || return 1; "
@@ -38,7 +39,7 @@ def agent_command(python: str | None = None, sudo: bool = False, bootstrap: str 
     candidates = ([python] if python else []) + list(FALLBACK_PYTHONS)
     prefix = "sudo -n " if sudo else ""
     script = (
-        _TRUSTED_FN + ("r=1; " if sudo else 'r=0; [ "$(id -u)" = 0 ] && r=1; ') + "s=; "
+        _TRUSTED_FN + ("r=1; " if sudo else 'r=1; case $(id -u 2>/dev/null) in ""|0) ;; *) r=0;; esac; ') + "s=; "
         "for p in " + " ".join(shlex.quote(c) for c in candidates) + "; do "
         'if x=$(command -v "$p" 2>/dev/null); then '
         'case $x in /*) ;; *) x=$PWD/$x;; esac; '

@@ -24,6 +24,9 @@ print(json.dumps(out))
 """
 
 
+PROBE_TIMEOUT = 20.0  # seconds an interpreter may take to say where vLLM is (a FIFO named *.pth: then killed)
+
+
 def _is_this_interpreter(python):
     """`python` names the interpreter running the agent (as the host's sh resolved it to start us)."""
     path = python if os.path.isabs(python) else _which(python)
@@ -89,10 +92,10 @@ def probe_interpreter(python, env=None, cwd=None, server_pid=None):
     run_env = dict(env) if (env and (as_server or os.geteuid() != 0)) else {"PATH": os.environ.get("PATH", SAFE_PATH)}
     run_env["PYTHONDONTWRITEBYTECODE"] = "1"
     run_cwd = cwd if as_server and cwd else "/"
-    rc, out, err, stopped = run_as(ids, [python, "-s", "-B", "-c", PY_PROBE], run_env, cwd=run_cwd, timeout=20,
+    rc, out, err, stopped = run_as(ids, [python, "-s", "-B", "-c", PY_PROBE], run_env, cwd=run_cwd, timeout=PROBE_TIMEOUT,
                                    cap=1 << 20)
     if rc is None and run_cwd != "/":  # the server's cwd is gone: from / then
-        rc, out, err, stopped = run_as(ids, [python, "-s", "-B", "-c", PY_PROBE], run_env, cwd="/", timeout=20,
+        rc, out, err, stopped = run_as(ids, [python, "-s", "-B", "-c", PY_PROBE], run_env, cwd="/", timeout=PROBE_TIMEOUT,
                                        cap=1 << 20)
     if rc is None or stopped:
         return None, "%s: %s" % (python, stopped or err)
@@ -168,7 +171,7 @@ def _install_kind(di, site):
 def locate_vllm(plan, servers, errors):
     """--python, else the interpreter a running server uses, else python3 on PATH."""
     tried = []
-    server = servers[0] if servers else None
+    server = servers[0] if len(servers) == 1 else None  # identified (facts/processes.py identify); several: none
     candidates = []
     if plan.get("python"):
         candidates.append(("--python", plan["python"], None, None))

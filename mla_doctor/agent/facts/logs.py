@@ -98,8 +98,8 @@ def _log_lines(plan, server):
         sources.append(("file", plan["log"]))
     elif server:
         sup = server.get("supervisor") or {}
-        if server.get("stdout_file"):
-            sources.append(("file", server["stdout_file"]))
+        if server.get("stdout_fd"):  # /proc/PID/fd/1: the file it writes, never re-found by its name
+            sources.append(("file", server["stdout_fd"]))
         if sup.get("kind") == "systemd" and sup.get("unit"):
             sources.append(("journal", sup["unit"]))
         if sup.get("kind") in ("docker", "kubernetes") and sup.get("container"):

@@ -13,7 +13,7 @@ from .install import locate_vllm, vllm_identity
 from .integrity import parse_record, scan_tree, side_code
 from .logs import log_section
 from .model import model_section
-from .processes import find_servers
+from .processes import find_servers, identify
 from .resolve import resolve_paths
 from .symbols import index_tree, symbols_to_search
 from .targets import resolve_targets
@@ -42,11 +42,12 @@ def op_static(plan):
     host = {"hostname": os.uname().nodename,  # gethostname(2) is uname(2)'s nodename; socket costs ~3 ms
             "agent_python": list(sys.version_info[:3]),
             "uid": os.getuid(), "user": _user_name(os.getuid())}
-    servers = _step(errors, "servers", find_servers) or []
+    candidates = _step(errors, "servers", find_servers) or []
+    servers, lookalikes, server_error = identify(plan, candidates)
     loc = _step(errors, "locate", locate_vllm, plan, servers, errors) or {"dir": None, "tried": []}
     result = {"agent_version": AGENT_VERSION, "op": "static", "host": host, "errors": errors,
-              "servers": servers, "locate": loc}
-    server = servers[0] if servers else None
+              "servers": servers, "locate": loc, "lookalikes": lookalikes, "server_error": server_error}
+    server = servers[0] if len(servers) == 1 else None  # several: none is evidence until --pid names one
     if loc.get("dir"):
         vdir = loc["dir"]
         ident = _step(errors, "identity", vllm_identity, vdir) or {}

@@ -283,14 +283,122 @@ def server_install(pid, argv, env, exe, cwd, mapped):
 
 
 def _stdout_target(pid):
+    """(the name fd 1 points at, the path to read it by) when the server's stdout is a regular file. It is read
+    through /proc/PID/fd/1 -- the very file the server writes, even renamed or deleted -- never by its name (a
+    name ending " (deleted)" or a path planted since must not make root read another file)."""
+    link = "/proc/%s/fd/1" % pid
     try:
-        t = os.readlink("/proc/%s/fd/1" % pid)
+        t = os.readlink(link)
+        st = os.stat(link)
     except OSError:
+        return None, None
+    import stat as _stat
+
+    return (t, link) if _stat.S_ISREG(st.st_mode) else (None, None)
+
+
+def _listening(pid):
+    """The TCP ports this process itself holds a listening socket of (socket inode in /proc/PID/fd matched in
+    its own network namespace's /proc/PID/net/tcp{,6}, state LISTEN)."""
+    inodes = set()
+    try:
+        for fd in os.listdir("/proc/%s/fd" % pid):
+            try:
+                t = os.readlink("/proc/%s/fd/%s" % (pid, fd))
+            except OSError:
+                continue
+            if t.startswith("socket:["):
+                inodes.add(t[8:-1])
+    except OSError:
+        return []
+    if not inodes:
+        return []
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = _read_text("/proc/%s/net/%s" % (pid, table), 16 << 20).splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if len(f) > 9 and f[3] == "0A" and f[9] in inodes:
+                ports.add(int(f[1].rsplit(":", 1)[1], 16))
+    return sorted(ports)
+
+
+def _install_owner(vdir, pid):
+    """uid owning the vllm directory a server runs (as the process sees it), or None."""
+    try:
+        return os.stat(_in_root(pid, vdir), follow_symlinks=False).st_uid
+    except (OSError, TypeError):
         return None
-    return t if t.startswith("/") and os.path.isfile(t) else None
+
+
+def _why_not(s, want_port):
+    """Why a process that looks like vLLM is not taken for the server (None: it is)."""
+    inst = s.get("install") or {}
+    if not inst.get("vllm_dir"):
+        return "maps no vLLM package and its interpreter's prefix holds none"
+    owner = _install_owner(inst["vllm_dir"], s["pid"])
+    if owner is None:
+        return "its vLLM at %s cannot be examined" % inst["vllm_dir"]
+    if owner not in (0, s["uid"]):
+        return ("runs as %s (uid %d) a vLLM at %s owned by uid %d: not its owner's server"
+                % (s["user"], s["uid"], inst["vllm_dir"], owner))
+    if want_port is not None:
+        port = want_port
+    else:
+        port = s["port"]
+    if port not in (s.get("listening_ports") or []):
+        return ("does not listen on port %d (listens on %s)"
+                % (port, ", ".join(str(p) for p in s.get("listening_ports") or []) or "nothing"))
+    return None
+
+
+def identify(plan, candidates):
+    """The server, identified, never guessed: the process that serves the port (its own listening socket),
+    or the one `--pid` names; it must map a vLLM install (a .so of its package in /proc/PID/maps, else its
+    interpreter's prefix) that belongs to root or to the uid it runs as. (servers, look-alikes, error): every
+    other process that looks like vLLM is reported as a look-alike with why, and never run, restarted, given
+    the records directory or used as evidence; several servers and no --pid: `error` lists them."""
+    plan = plan or {}
+    want_pid = _int_or_none(plan.get("pid"))
+    want_port = _int_or_none(plan.get("port"))
+    servers, lookalikes = [], []
+    for s in candidates:
+        if want_pid is not None and s["pid"] != want_pid:
+            why = "not the --pid %d named" % want_pid
+        else:
+            why = _why_not(s, None if want_pid is not None and want_port is None and
+                           s["pid"] == want_pid else want_port)
+            if why and want_pid is not None and why.startswith("does not listen"):
+                why = None  # --pid names it: a server still starting listens on nothing yet
+        if why:
+            lookalikes.append({"pid": s["pid"], "user": s["user"], "uid": s["uid"], "argv": s["argv"],
+                               "listening_ports": s.get("listening_ports"), "why": why})
+        else:
+            servers.append(s)
+    error = None
+    if want_pid is not None and not servers:
+        error = "--pid %d is not a vLLM server this host runs%s" % (want_pid, "".join(
+            ": " + x["why"] for x in lookalikes if x["pid"] == want_pid))
+    elif len(servers) > 1:
+        error = ("several vLLM servers: %s; name one with --pid (or --port)"
+                 % "; ".join("pid %d (%s, port %s, %s)" % (s["pid"], s["user"], s["port"],
+                                                          (s.get("install") or {}).get("vllm_dir"))
+                             for s in servers))
+    return servers, lookalikes, error
+
+
+def verified_servers(plan=None):
+    """For other modules (attach, restart): [(pid, uid)] of the servers identify() verified, and the error."""
+    servers, _others, error = identify(plan, find_servers())
+    return [(s["pid"], s["uid"]) for s in servers], error
 
 
 def find_servers():
+    """Every process whose command line looks like a vLLM server (a child re-exec of one excluded), with its
+    facts; identify() decides which, if any, is the server."""
     servers = []
     pids = [p for p in os.listdir("/proc") if p.isdigit()]
     matched = {}
@@ -315,6 +423,7 @@ def find_servers():
         port = arg_value(argv, "--port")
         sup = _supervisor(pid, argv)
         mapped = _mapped_vllm_dirs(pid)
+        stdout_name, stdout_path = _stdout_target(pid)
         servers.append({
             "pid": int(pid),
             "argv": redact_argv(argv),
@@ -327,6 +436,7 @@ def find_servers():
             "supervisor": sup,
             "process_runtime_refusal": supervised_refusal(sup),  # why `--runtime process` must not restart it
             "port": int(port) if port and port.isdigit() else 8000,
+            "listening_ports": _listening(pid),
             "bind_host": arg_value(argv, "--host"),
             "model_arg": server_model_arg(argv),
             "served_model_name": arg_value(argv, "--served-model-name"),
@@ -340,7 +450,8 @@ def find_servers():
             "hf_config_path": arg_value(argv, "--hf-config-path"),
             "mapped_vllm_dirs": mapped,
             "install": server_install(pid, argv, env, exe, cwd, mapped),  # which install it runs from
-            "stdout_file": _stdout_target(pid),
+            "stdout_file": stdout_name,  # what it is called (shown); read only through stdout_fd
+            "stdout_fd": stdout_path,
             "_raw_env": env,  # stripped before output; used to locate the interpreter's paths
             "_argv": argv,  # unredacted, stripped before output
         })

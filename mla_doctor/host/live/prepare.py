@@ -91,7 +91,7 @@ def prepare(transport: Transport, name: str, conn: ConnectOptions, aopts: AuditO
 def find_server(run: LiveRun, container: dict[str, Any] | None) -> None:
     """The server the audit found, seen as the runtime will handle it; refuses what the runtime cannot do."""
     report, ropts = run.report, run.ropts
-    server = run.server = refusals.the_server(run.raw.get("servers") or [])
+    server = run.server = refusals.the_server(run.raw.get("servers") or [], run.raw.get("server_error"))
     if container is not None:  # seen from inside, a container's server looks like a plain process
         server["supervisor"] = report.server["supervisor"] = {
             "kind": "docker", "container": container["id"], "name": container.get("name"),

@@ -23,8 +23,14 @@ class HostRefusal(Exception):
         return report
 
 
-def the_server(servers: list[dict[str, Any]]) -> dict[str, Any]:
-    """The server to diagnose: the first one the audit found."""
+def the_server(servers: list[dict[str, Any]], error: str | None = None) -> dict[str, Any]:
+    """The server to diagnose: the one the agent identified (the process serving its port, or --pid; never a
+    look-alike of another user: agent/facts/processes.py identify)."""
+    if error:
+        raise HostRefusal("WhichServer", error)
+    if len(servers) > 1:
+        raise HostRefusal("WhichServer", "several vLLM servers: %s; name one with --pid"
+                          % ", ".join(str(s.get("pid")) for s in servers))
     if not servers:
         raise HostRefusal("NoServer", "no running vLLM server found on the host (vllm serve / api_server): "
                                       "nothing to diagnose")

@@ -1,0 +1,272 @@
+"""Root only for what needs root (agent/privilege.py): who controls a path, walked by descriptors; a child
+that dropped to a user's ids; an interpreter asked as its owner, bounded; the server identified by the socket
+it listens on and the install it maps, never guessed from its command line. Real processes, real users (the
+unit tier runs as root, as CI does; as anyone else the tests that need root FAIL loudly)."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mla_doctor.agent import privilege
+from mla_doctor.agent.facts import install, logs, processes
+from mla_doctor.agent.privilege import NOBODY, path_owner, run_as
+from mla_doctor.remote.runner import agent_command
+
+PY3 = shutil.which("python3", path="/usr/bin:/bin") or "/usr/bin/python3"
+
+
+@pytest.fixture
+def tmp_path():
+    """A directory other users can reach (pytest's own is under a 0700 root directory)."""
+    import tempfile
+    from pathlib import Path
+
+    d = Path(tempfile.mkdtemp(prefix="mla-priv-", dir="/tmp"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def root():
+    if os.geteuid() != 0:
+        pytest.fail("this test needs root (it drops to other users): run the unit tier as root, as CI does",
+                    pytrace=False)
+
+
+def _tree(tmp_path):
+    d = tmp_path / "t"
+    d.mkdir()
+    os.chmod(tmp_path, 0o755)
+    os.chmod(d, 0o755)
+    return d
+
+
+def test_a_path_root_controls_is_trusted_and_a_users_directory_names_its_owner(tmp_path, root):
+    d = _tree(tmp_path)
+    assert path_owner("/usr/bin/python3").trusted or not os.path.exists("/usr/bin/python3")
+    mine = d / "mine"
+    mine.mkdir()
+    os.chown(mine, NOBODY, NOBODY)
+    (mine / "python").write_text("#!/bin/sh\n")
+    o = path_owner(str(mine / "python"))
+    assert not o.trusted and o.uid == NOBODY and str(mine) in o.why
+    loose = d / "loose"
+    loose.mkdir()
+    os.chmod(loose, 0o775)  # root's, group-writable: anyone in the group replaces the interpreter
+    o = path_owner(str(loose / "x"))
+    assert not o.trusted and "writable by group or others" in o.why
+    sticky = d / "sticky"
+    sticky.mkdir()
+    os.chmod(sticky, 0o1777)  # like /tmp: root's entries there stay root's
+    (sticky / "f").write_text("")
+    assert path_owner(str(sticky / "f")).trusted
+
+
+def test_a_symlink_is_judged_by_its_own_owner_then_followed(tmp_path, root):
+    d = _tree(tmp_path)
+    good = d / "good"
+    good.symlink_to("/bin/sh")
+    assert path_owner(str(good)).trusted
+    theirs = d / "theirs"
+    theirs.symlink_to("/bin/sh")
+    os.lchown(theirs, NOBODY, NOBODY)
+    assert path_owner(str(theirs)).uid == NOBODY
+    udir = d / "udir"
+    udir.mkdir()
+    os.chown(udir, NOBODY, NOBODY)
+    hop = d / "hop"
+    hop.symlink_to(udir)  # root's link into a user's directory: the target's owner decides
+    assert path_owner(str(hop / "python")).uid == NOBODY
+
+
+def test_run_as_drops_uid_gid_and_groups_and_bounds_time_and_output(root):
+    rc, out, _err, why = run_as((NOBODY, NOBODY, []), ["/usr/bin/id", "-u", "-g", "-G"][:2],
+                                {"PATH": privilege.SAFE_PATH})
+    assert (rc, out.strip(), why) == (0, str(NOBODY).encode(), None)
+    rc, out, _e, _w = run_as((NOBODY, NOBODY, []), ["/usr/bin/id", "-G"], {"PATH": privilege.SAFE_PATH})
+    assert out.split() == [str(NOBODY).encode()]  # no group of root's kept
+    t0 = time.monotonic()
+    rc, _o, _e, why = run_as(None, ["/bin/sleep", "30"], {}, timeout=0.5)
+    assert why.startswith("timed out") and time.monotonic() - t0 < 10
+    rc, out, _e, why = run_as(None, ["/usr/bin/yes"], {}, cap=4096)
+    assert why.startswith("printed more than") and len(out) <= 4096
+
+
+def _user_venv(tmp_path):
+    """A venv the user `nobody` owns (as a service user owns its venv)."""
+    base = tmp_path / "svc"
+    subprocess.run([PY3, "-m", "venv", "--without-pip", str(base / "venv")], check=True, capture_output=True)
+    for dirpath, dirnames, filenames in os.walk(base):
+        for n in dirnames + filenames:
+            os.lchown(os.path.join(dirpath, n), NOBODY, NOBODY)
+    os.lchown(base, NOBODY, NOBODY)
+    os.chmod(tmp_path, 0o755)
+    site = next((base / "venv" / "lib").glob("python3*/site-packages"))
+    return base / "venv" / "bin" / "python", site
+
+
+def test_a_users_interpreter_is_asked_as_that_user_and_its_pth_never_runs_as_root(tmp_path, root):
+    python, site = _user_venv(tmp_path)
+    private = tmp_path / "root-only"
+    private.mkdir(mode=0o700)
+    marker = private / "PWNED"
+    (site / "evil.pth").write_text(f"import os; open({str(marker)!r}, 'w').write(str(os.getuid()))\n")
+    os.lchown(site / "evil.pth", NOBODY, NOBODY)
+    ids, why = install.probe_ids(str(python))
+    assert ids[0] == NOBODY and "not root" in why
+    info, err = install.probe_interpreter(str(python))
+    assert err is None and info["executable"] == str(python)
+    assert not marker.exists(), "the venv owner's .pth ran as root"
+
+
+def test_a_fifo_named_pth_hangs_nothing(tmp_path, root, monkeypatch):
+    python, site = _user_venv(tmp_path)
+    os.mkfifo(site / "hang.pth")
+    os.lchown(site / "hang.pth", NOBODY, NOBODY)
+    monkeypatch.setattr(install, "PROBE_TIMEOUT", 2.0)
+    t0 = time.monotonic()
+    info, err = install.probe_interpreter(str(python))
+    assert info is None and "timed out" in err and time.monotonic() - t0 < 15
+
+
+def test_the_root_agent_never_starts_on_an_interpreter_another_user_controls(tmp_path, root):
+    """The real shell script: as root it skips a --python the venv owner controls and runs on a trusted one,
+    always -I -S -B from /."""
+    python, site = _user_venv(tmp_path)
+    private = tmp_path / "root-only"
+    private.mkdir(mode=0o700)
+    marker = private / "PWNED"
+    os.unlink(python)  # the owner replaces its interpreter with anything at all
+    python.write_text(f"#!/bin/sh\nid -u > {marker}\n")
+    os.chmod(python, 0o755)
+    os.lchown(python, NOBODY, NOBODY)
+    probe = "import os, sys; print(os.getcwd(), sys.flags.isolated, sys.flags.no_site, sys.flags.dont_write_bytecode)"
+    p = subprocess.run(["/bin/sh", "-c", agent_command(str(python), bootstrap=probe)], capture_output=True,
+                       text=True, timeout=60, cwd=str(tmp_path))
+    assert not marker.exists(), "root ran the venv owner's interpreter"
+    assert p.returncode == 0 and p.stdout.split() == ["/", "1", "1", "1"], (p.stdout, p.stderr)
+    empty = tmp_path / "nopath"
+    empty.mkdir()
+    p = subprocess.run(["/bin/sh", "-c", agent_command(str(python), bootstrap=probe)], capture_output=True,
+                       text=True, timeout=60, env={"PATH": str(empty)})
+    assert p.returncode == 127 and "refused to run as root on an interpreter another user can change" in p.stderr
+    assert str(python) in p.stderr and not marker.exists()
+
+
+# --------------------------------------------------------------------------- the server, identified
+
+SERVER_CODE = r"""
+import mmap, os, socket, sys, time
+so, port, listen = sys.argv[1], int(sys.argv[4]), sys.argv[5] == "1"
+f = open(so, "rb"); m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+s = socket.socket()
+if listen:
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", port)); s.listen()
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def spawn():
+    procs = []
+
+    def start(so, port, listen=True, uid=None, stdout=None):
+        def drop():
+            if uid is not None:
+                os.setgroups([])
+                os.setresgid(uid, uid, uid)
+                os.setresuid(uid, uid, uid)
+        p = subprocess.Popen([PY3, "-c", SERVER_CODE, str(so), "vllm.entrypoints.openai.api_server", "--port",
+                              str(port), "1" if listen else "0"], stdout=stdout or subprocess.PIPE,
+                             preexec_fn=drop, cwd="/")
+        procs.append(p)
+        if stdout is None:
+            assert p.stdout.readline().strip() == b"ready"
+        return p
+
+    yield start
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def _install(tmp_path, name, owner=0):
+    vdir = tmp_path / name / "site-packages" / "vllm"
+    vdir.mkdir(parents=True)
+    (vdir / "__init__.py").write_text("")
+    so = vdir / "_C.abi3.so"
+    so.write_bytes(b"\0" * 4096)
+    for p in (tmp_path / name, tmp_path / name / "site-packages", vdir, so):
+        os.chown(p, owner, owner)
+        os.chmod(p, 0o755)
+    os.chmod(tmp_path, 0o755)
+    return vdir, so
+
+
+def _ours(procs):
+    pids = {p.pid for p in procs}
+    return [c for c in processes.find_servers() if c["pid"] in pids]
+
+
+def test_the_server_is_the_process_serving_its_port_and_look_alikes_are_reported(tmp_path, root, spawn):
+    vdir, so = _install(tmp_path, "sys")
+    theirs, tso = _install(tmp_path, "theirs", owner=NOBODY)
+    port = _free_port()
+    real = spawn(so, port)
+    idle = spawn(so, _free_port(), listen=False)  # same argv, serves nothing
+    other_uid = 65533
+    foreign = spawn(tso, _free_port(), uid=other_uid)  # another user running an install it does not own
+    servers, looks, error = processes.identify({}, _ours([real, idle, foreign]))
+    assert [s["pid"] for s in servers] == [real.pid] and error is None
+    assert servers[0]["listening_ports"] == [port] and servers[0]["install"]["vllm_dir"] == str(vdir)
+    why = {x["pid"]: x["why"] for x in looks}
+    assert why[idle.pid].startswith("does not listen on port")
+    assert "not its owner's server" in why[foreign.pid]
+    assert processes.verified_servers({"pid": real.pid})[0] == [(real.pid, 0)]
+
+
+def test_two_servers_are_a_usage_error_until_pid_names_one(tmp_path, root, spawn):
+    _vdir, so = _install(tmp_path, "sys")
+    a, b = spawn(so, _free_port()), spawn(so, _free_port())
+    servers, _looks, error = processes.identify({}, _ours([a, b]))
+    assert len(servers) == 2 and "several vLLM servers" in error and str(a.pid) in error and str(b.pid) in error
+    servers, looks, error = processes.identify({"pid": b.pid}, _ours([a, b]))
+    assert [s["pid"] for s in servers] == [b.pid] and error is None and [x["pid"] for x in looks] == [a.pid]
+    _s, _l, error = processes.identify({"pid": 1}, _ours([a, b]))
+    assert error.startswith("--pid 1 is not a vLLM server")
+
+
+def test_the_servers_stdout_is_read_through_its_descriptor_never_by_its_name(tmp_path, root, spawn):
+    """A deleted stdout leaves the name "<path> (deleted)": a file planted at that name (here a root-only
+    secret) must not be what root reads as the server's log."""
+    _vdir, so = _install(tmp_path, "sys")
+    log = tmp_path / "server.log"
+    with open(log, "wb") as out:
+        p = spawn(so, _free_port(), stdout=out)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and b"ready" not in log.read_bytes():
+        time.sleep(0.05)
+    os.unlink(log)
+    secret = tmp_path / "server.log (deleted)"
+    secret.write_text("root's secret line\n")
+    os.chmod(secret, 0o600)
+    [srv] = _ours([p])
+    assert srv["stdout_file"] == str(log) + " (deleted)" and srv["stdout_fd"] == f"/proc/{p.pid}/fd/1"
+    res = logs._log_lines({"log_patterns": {}}, srv)
+    text = repr(res)
+    assert "secret" not in text and res.get("found"), res
+    assert sys.version_info >= (3, 8)
