@@ -615,6 +615,11 @@ def _replace_at(dfd, name, data, mode=0o600, owner=None, times_ns=None):
             _write_all(fd, data)
             if owner is not None and os.geteuid() == 0:
                 os.fchown(fd, owner[0], owner[1])
+            elif owner is not None and owner[1] != os.fstat(fd).st_gid:
+                try:  # as the file's owner (install_fs): its group, when this user is in it
+                    os.fchown(fd, -1, owner[1])
+                except OSError:
+                    pass
             os.fchmod(fd, mode)
             if times_ns is not None:
                 os.utime(fd, ns=times_ns)

@@ -9,12 +9,13 @@ import os
 import pwd
 import re
 import signal
-import stat
 
 from .. import fs
 from ..common import _now, _sha
 from ..facts.targets import MARK_RE
-from ..fs import _read_json, _run_root, _write_json, atomic_write, remove_bytecode
+from .. import install_fs
+from ..fs import _read_json, _run_root, _write_json
+from ..install_fs import remove_bytecode, write as atomic_write
 from ..protocol import AGENT_VERSION, Refusal
 from .daemon import _watchdog_pid
 from .inserts import apply_inserts
@@ -55,10 +56,10 @@ def op_patch(plan):
     for spec in plan.get("files", []):
         path = os.path.join(vdir, spec["rel"])
         entry = {"rel": spec["rel"], "path": path}
-        try:
-            data = fs.read_install_file(path)
+        try:  # through a no-follow walk: a directory symlink planted in the tree is refused, not followed
+            data, st = install_fs.read(path)
         except OSError as e:
-            problems.append("%s: cannot read: %s" % (path, e.strerror))
+            problems.append("%s: cannot read: %s" % (path, e.strerror or e))
             continue
         entry["original_sha256"] = _sha(data)
         try:
@@ -102,7 +103,7 @@ def op_patch(plan):
             entry["outcome"] = "would-patch"
             entry["diff"] = "".join(difflib.unified_diff(
                 text.splitlines(True), new_text.splitlines(True), "a/vllm/" + spec["rel"], "b/vllm/" + spec["rel"]))
-        prepared.append((entry, path, data, new_data))
+        prepared.append((entry, path, data, new_data, st))
     probe = plan.get("probe") or {}
     if probe:
         try:
@@ -113,13 +114,13 @@ def op_patch(plan):
         problems.insert(0, "symbols not found in this install: " + "; ".join(missing))
     if not plan.get("dry_run"):
         need = []  # (directory, bytes written there): patched copies beside the files, probe, backups
-        for _entry, path, _d, _n in prepared:
+        for _entry, path, _d, _n, _st in prepared:
             d = os.path.dirname(path)
-            if not os.access(d, os.W_OK) or not fs.can_create_in(d):
+            if not install_fs.can_create_in(d):
                 problems.append("%s: directory is not writable (read-only filesystem or permissions)" % d)
             need.append((d, len(_n)))
         if probe and plan.get("method") != "plugin":
-            if not fs.can_create_in(site):
+            if not install_fs.can_create_in(site):
                 problems.append("%s: cannot install the probe module (not writable)" % site)
             need.append((site, len(probe["source"].encode("utf-8"))))
         need.append((_existing_dir(root), sum(len(p[2]) for p in prepared)))
@@ -175,18 +176,16 @@ def op_patch(plan):
             if ppath not in manifest["created_files"]:
                 manifest["created_files"].append(ppath)
             _write_json(manifest_path, manifest)
-            atomic_write(ppath, probe["source"].encode("utf-8"), mode=0o644)
-        for entry, path, data, new_data in prepared:
-            st = os.stat(path)
+            atomic_write(ppath, probe["source"].encode("utf-8"), mode=0o644)  # as the site's owner
+        for entry, path, data, new_data, st in prepared:  # st: fstat of the descriptor the data was read from
             bfile = os.path.join(fs.backup_dir(run_dir), entry["rel"].replace("/", "__"))
             fs.write_durable(bfile, data)
             rec = {"rel": entry["rel"], "path": path, "backup": bfile, "original_sha256": entry["original_sha256"],
-                   "patched_sha256": entry["patched_sha256"], "mode": stat.S_IMODE(st.st_mode), "uid": st.st_uid,
-                   "gid": st.st_gid, "mtime_ns": st.st_mtime_ns, "atime_ns": st.st_atime_ns}
+                   "patched_sha256": entry["patched_sha256"], "mode": st["mode"], "uid": st["uid"],
+                   "gid": st["gid"], "mtime_ns": st["mtime_ns"], "atime_ns": st["atime_ns"]}
             manifest["files"].append(rec)
             _write_json(manifest_path, manifest)  # recorded before the file changes
-            atomic_write(path, new_data, st)
-            if _sha(fs.read_install_file(path)) != entry["patched_sha256"]:
+            if atomic_write(path, new_data, st) != entry["patched_sha256"]:  # read back through a fresh walk
                 raise OSError("verification failed after writing %s" % path)
             compile(new_data, path, "exec", dont_inherit=True)
             entry["bytecode_removed"] = remove_bytecode(path)
@@ -220,7 +219,7 @@ def install_plugin(run_dir, probe, plugin):
         os.path.join(dist, "top_level.txt"): plugin["module"] + "\n",
     }
     for rel, text in files.items():
-        atomic_write(os.path.join(pdir, rel), text.encode("utf-8"), mode=0o644)
+        fs.atomic_write(os.path.join(pdir, rel), text.encode("utf-8"), mode=0o644)
     name = plugin["entry_point"].split("=", 1)[0].strip()
     return {"dir": pdir, "entry_point_name": name,
             "env": {"PYTHONPATH": pdir, "VLLM_PLUGINS_ADD": name}}

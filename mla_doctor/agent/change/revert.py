@@ -9,7 +9,9 @@ import signal
 
 from .. import fs
 from ..common import _now, _sha
-from ..fs import UnsafeRunState, _lease_path, _read_json, _server_paths, _write_json, atomic_write, remove_bytecode
+from .. import install_fs
+from ..fs import UnsafeRunState, _lease_path, _read_json, _server_paths, _write_json
+from ..install_fs import remove_bytecode, write as atomic_write
 from ..protocol import AGENT_VERSION, Refusal
 from ..runtimes.lifecycle import restore_server
 from ..runtimes.registry import runtime
@@ -80,11 +82,16 @@ def revert_run(run_dir, reason="revert"):
         path = rec["path"]
         res = {"rel": rec["rel"], "path": path, "original_sha256": rec["original_sha256"],
                "patched_sha256": rec["patched_sha256"]}
-        try:
-            cur = fs.read_install_file(path)
-        except OSError as e:
+        try:  # through a no-follow walk: a package directory swapped for a symlink is refused, never followed
+            cur = install_fs.read(path)[0]
+        except FileNotFoundError as e:
             cur = None
             res["current"] = "missing: %s" % e.strerror
+        except OSError as e:
+            res["outcome"] = "restore-failed"
+            res["error"] = "NOT restored: %s: %s (a directory on the way was replaced?)" % (path, e.strerror or e)
+            results.append(res)
+            continue
         cur_sha = _sha(cur) if cur is not None else None
         if cur_sha == rec["original_sha256"]:
             # already original (reverted before, or by the watchdog): the backup may be gone, and is not needed
@@ -105,14 +112,17 @@ def revert_run(run_dir, reason="revert"):
         if cur_sha == rec["patched_sha256"] or cur is None:
             try:  # one file that cannot be written (read-only, full) must not stop the others
                 # mode, owner and times set on the new file before it is renamed into place
-                atomic_write(path, original, mode=rec["mode"], owner=(rec["uid"], rec["gid"]),
-                             times_ns=(rec.get("atime_ns", rec["mtime_ns"]), rec["mtime_ns"]))
-                remove_bytecode(path)
-                ok = _sha(fs.read_install_file(path)) == rec["original_sha256"]
+                back = atomic_write(path, original, mode=rec["mode"], owner=(rec["uid"], rec["gid"]),
+                                    times_ns=(rec.get("atime_ns", rec["mtime_ns"]), rec["mtime_ns"]))
+                res["bytecode_removed"] = remove_bytecode(path)
+                # verified on what a fresh no-follow walk reads there now (atomic_write's answer), byte-identical
+                ok = back == rec["original_sha256"] and _sha(install_fs.read(path)[0]) == rec["original_sha256"]
                 res["outcome"] = "restored" if ok else "restore-unverified"
+                if not ok:
+                    res["error"] = "NOT restored: %s does not read back as the original" % path
             except OSError as e:
                 res["outcome"] = "restore-failed"
-                res["error"] = "%s: %s" % (type(e).__name__, e)
+                res["error"] = "NOT restored: %s: %s" % (type(e).__name__, e)
         else:
             # someone edited the patched file: keep both versions, report, never clobber
             keep = rec["backup"] + ".current-at-revert"
@@ -121,11 +131,11 @@ def revert_run(run_dir, reason="revert"):
             res["current_sha256"] = cur_sha
             res["kept"] = {"original": rec["backup"], "current": keep}
         results.append(res)
-    for created in manifest.get("created_files", []):
-        fs.remove_quietly(created)
+    for created in manifest.get("created_files", []):  # as whoever controls the site, through descriptors
+        install_fs.remove(created)
         remove_bytecode(created)
     for d in manifest.get("created_dirs", []):  # e.g. the __pycache__ the probe's import made: only if empty
-        fs.remove_empty_dir(d)
+        install_fs.remove_empty_dir(d)
     fs.remove_tree(fs.plugin_dir(run_dir))
     ok = all(r.get("outcome") in ("restored", "already-original") for r in results)
     manifest["state"] = "reverted" if ok else "revert-incomplete"
