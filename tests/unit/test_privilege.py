@@ -266,7 +266,24 @@ def test_the_servers_stdout_is_read_through_its_descriptor_never_by_its_name(tmp
     os.chmod(secret, 0o600)
     [srv] = _ours([p])
     assert srv["stdout_file"] == str(log) + " (deleted)" and srv["stdout_fd"] == f"/proc/{p.pid}/fd/1"
-    res = logs._log_lines({"log_patterns": {}}, srv)
-    text = repr(res)
-    assert "secret" not in text and res.get("found"), res
+    res = logs._log_lines({"log_patterns": {"any": "."}}, srv)
+    assert res.get("found") and [x["text"] for x in res["lines"]] == ["ready"], res  # the server's own line
     assert sys.version_info >= (3, 8)
+
+
+def test_the_root_agent_keeps_a_clean_environment_and_cwd_root(tmp_path, root):
+    """What the bootstrap does first as root (privilege.clean_for_root, from _boot): cwd /, PATH only of
+    directories root controls, nothing else of whoever started it."""
+    import json
+
+    udir = tmp_path / "ubin"
+    udir.mkdir()
+    os.chown(udir, NOBODY, NOBODY)
+    code = ("import json, os; from mla_doctor.agent import privilege; privilege.clean_for_root(); "
+            "print(json.dumps([os.getcwd(), dict(os.environ)]))")
+    env = {"PATH": f"{udir}:/usr/bin:relative:/bin", "LD_PRELOAD": "/x.so", "PYTHONPATH": os.getcwd(),
+           "HOME": str(tmp_path)}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=str(tmp_path),
+                       timeout=60)
+    cwd, seen = json.loads(p.stdout)
+    assert cwd == "/" and seen == {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, (p.stdout, p.stderr)
