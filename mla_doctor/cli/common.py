@@ -56,7 +56,8 @@ def connection_options(f):
         click.option("--sudo", is_flag=True, help="Run the agent with passwordless `sudo -n` (non-root login)."),
         click.option("--python", "python", metavar="PATH", help="Interpreter whose site-packages hold vLLM."),
         click.option("--pid", "pid", type=click.IntRange(1), default=None,
-                     help="The server's process id, when several vLLM servers run (default: the one serving its port)."),
+                     help="The server's process id, when several vLLM servers run (default: the one serving its "
+                          "port)."),
         click.option("--local", is_flag=True, help="Audit this machine without SSH."),
     ]
     for o in reversed(opts):

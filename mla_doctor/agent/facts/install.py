@@ -92,11 +92,10 @@ def probe_interpreter(python, env=None, cwd=None, server_pid=None):
     run_env = dict(env) if (env and (as_server or os.geteuid() != 0)) else {"PATH": os.environ.get("PATH", SAFE_PATH)}
     run_env["PYTHONDONTWRITEBYTECODE"] = "1"
     run_cwd = cwd if as_server and cwd else "/"
-    rc, out, err, stopped = run_as(ids, [python, "-s", "-B", "-c", PY_PROBE], run_env, cwd=run_cwd, timeout=PROBE_TIMEOUT,
-                                   cap=1 << 20)
+    argv = [python, "-s", "-B", "-c", PY_PROBE]
+    rc, out, err, stopped = run_as(ids, argv, run_env, cwd=run_cwd, timeout=PROBE_TIMEOUT, cap=1 << 20)
     if rc is None and run_cwd != "/":  # the server's cwd is gone: from / then
-        rc, out, err, stopped = run_as(ids, [python, "-s", "-B", "-c", PY_PROBE], run_env, cwd="/", timeout=PROBE_TIMEOUT,
-                                       cap=1 << 20)
+        rc, out, err, stopped = run_as(ids, argv, run_env, cwd="/", timeout=PROBE_TIMEOUT, cap=1 << 20)
     if rc is None or stopped:
         return None, "%s: %s" % (python, stopped or err)
     if rc != 0:
