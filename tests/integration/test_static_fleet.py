@@ -185,7 +185,10 @@ def test_located_from_running_server_process(fleet, seeded):
         "model_type": "glm_moe_dsa", "architectures": ["GlmMoeDsaForCausalLM"], "kv_lora_rank": 512,
         "qk_rope_head_dim": 64, "index_topk": 2048, "num_attention_heads": 64}))
     fake = fleet.fs(name, "/opt/ml-env") / "bin" / "vllm"
-    fake.write_text("#!/opt/ml-env/bin/python\nimport sys, time\n"
+    # it serves its port (the agent identifies the server by its listening socket, issue 18)
+    fake.write_text("#!/opt/ml-env/bin/python\nimport socket, sys, time\n"
+                    "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+                    "s.bind(('127.0.0.1', 8001)); s.listen()\n"
                     f"print({chr(10).join(log_lines)!r}, flush=True)\ntime.sleep(60)\n")
     fake.chmod(0o755)
     try:

@@ -231,10 +231,10 @@ def records_owner_for(plan, vdir):
     uid = plan.get("records_uid")
     if not isinstance(uid, int) or isinstance(uid, bool):
         uids = set()
-        try:
-            from ..facts.processes import find_servers
+        try:  # only servers identify() verifies: a look-alike of another user is never given the records
+            from ..facts.processes import find_servers, identify
             site = os.path.dirname(vdir or "")
-            for srv in find_servers():
+            for srv in identify({}, find_servers())[0]:
                 prefix = os.path.dirname(os.path.dirname(srv.get("exe") or "/"))
                 if vdir in (srv.get("mapped_vllm_dirs") or []) or (prefix != "/" and site.startswith(prefix + "/")):
                     uids.add(srv["uid"])

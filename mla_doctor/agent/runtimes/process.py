@@ -233,7 +233,19 @@ def fcntl_cloexec(fd):
     fcntl.fcntl(fd, fcntl.F_SETFD, flags | fcntl.FD_CLOEXEC)
 
 
+def _verified(pid):
+    """The pid must be a server identify() verifies (maps a vLLM install of root's or of its own uid): a
+    look-alike of another user is never stopped, relaunched or handed the records directory."""
+    from ..facts.processes import find_servers, identify
+
+    servers, lookalikes, _error = identify({"pid": pid}, find_servers())
+    if not servers:
+        why = "".join("; " + x["why"] for x in lookalikes if x["pid"] == pid)
+        raise Refusal("pid %d is not a verified vLLM server%s: refusing to restart it" % (pid, why))
+
+
 def _capture_process(plan):
+    _verified(int(plan["pid"]))
     spec = capture_server(plan["pid"])
     why = supervised_refusal(spec["supervisor"])
     if why and not plan.get("force_runtime"):
