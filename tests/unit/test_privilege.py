@@ -287,3 +287,16 @@ def test_the_root_agent_keeps_a_clean_environment_and_cwd_root(tmp_path, root):
                        timeout=60)
     cwd, seen = json.loads(p.stdout)
     assert cwd == "/" and seen == {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, (p.stdout, p.stderr)
+
+
+def test_several_servers_stop_a_live_run_with_a_usage_error_naming_them():
+    from mla_doctor.exit_codes import ExitStatus
+    from mla_doctor.host.live import refusals
+    from mla_doctor.results import HostReport
+
+    with pytest.raises(refusals.HostRefusal) as e:
+        refusals.the_server([{"pid": 11}, {"pid": 12}], "several vLLM servers: pid 11 (...); pid 12 (...)")
+    report = e.value.on(HostReport(host="h"))
+    assert report.error_kind == "WhichServer" and "pid 11" in report.error and "pid 12" in report.error
+    assert report.exit_status() == ExitStatus.USAGE
+    assert refusals.the_server([{"pid": 11}]) == {"pid": 11}

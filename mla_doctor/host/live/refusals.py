@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mla_doctor.exit_codes import ExitStatus
 from mla_doctor.host.runtimes import TABLE
 from mla_doctor.results import HostReport, HostStatus
 
@@ -14,12 +15,14 @@ from mla_doctor.results import HostReport, HostStatus
 class HostRefusal(Exception):
     """The run refuses this host: `kind` is the report's error_kind, `message` its error."""
 
-    def __init__(self, kind: str, message: str):
+    def __init__(self, kind: str, message: str, usage: bool = False):
         super().__init__(message)
-        self.kind, self.message = kind, message
+        self.kind, self.message, self.usage = kind, message, usage
 
     def on(self, report: HostReport) -> HostReport:
         report.status, report.error_kind, report.error = HostStatus.ERROR, self.kind, self.message
+        if self.usage:  # the operator must say more (--pid): exit 2
+            report.exit_override = ExitStatus.USAGE
         return report
 
 
@@ -27,10 +30,10 @@ def the_server(servers: list[dict[str, Any]], error: str | None = None) -> dict[
     """The server to diagnose: the one the agent identified (the process serving its port, or --pid; never a
     look-alike of another user: agent/facts/processes.py identify)."""
     if error:
-        raise HostRefusal("WhichServer", error)
+        raise HostRefusal("WhichServer", error, usage=True)
     if len(servers) > 1:
         raise HostRefusal("WhichServer", "several vLLM servers: %s; name one with --pid"
-                          % ", ".join(str(s.get("pid")) for s in servers))
+                          % ", ".join(str(s.get("pid")) for s in servers), usage=True)
     if not servers:
         raise HostRefusal("NoServer", "no running vLLM server found on the host (vllm serve / api_server): "
                                       "nothing to diagnose")
