@@ -1,5 +1,10 @@
 """The vLLM servers running on this host, read from /proc: argv and environment (secrets redacted
 here, before anything is printed), user, supervisor (systemd, docker, Kubernetes, supervisord).
+
+find_servers() lists every process whose command line looks like a vLLM server; identify() decides which
+one is the server (the process holding its port's listening socket, or --pid; it must map a vLLM install
+of root's or of its own uid) and reports the rest as look-alikes, never used. verified_servers() is the
+short form for other modules (attach, restart): [(pid, uid)] and the error, if any.
 """
 from __future__ import annotations
 
