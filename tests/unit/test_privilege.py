@@ -300,3 +300,22 @@ def test_several_servers_stop_a_live_run_with_a_usage_error_naming_them():
     assert report.error_kind == "WhichServer" and "pid 11" in report.error and "pid 12" in report.error
     assert report.exit_status() == ExitStatus.USAGE
     assert refusals.the_server([{"pid": 11}]) == {"pid": 11}
+
+
+def test_pid_travels_from_the_command_line_to_the_agent(tmp_path):
+    """`--pid` is a plan field (the controller's StaticRequest) the agent's identify() answers; a pid that is
+    no vLLM server is said so in the report."""
+    import json
+
+    from mla_doctor.remote.protocol import StaticRequest
+
+    plan = StaticRequest(python=None, model=None, log=None, symbols=[], index={}, log_patterns={}, pid=1).to_plan()
+    assert plan["pid"] == 1
+    assert "pid" not in StaticRequest(python=None, model=None, log=None, symbols=[], index={},
+                                      log_patterns={}).to_plan()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLA_DOCTOR_")}
+    p = subprocess.run([sys.executable, "-m", "mla_doctor", "static", "--local", "--pid", "1", "--python",
+                        "/nonexistent/python", "--format", "json"], capture_output=True, text=True, timeout=120,
+                       env=env, cwd=str(tmp_path))
+    doc = json.loads(p.stdout)
+    assert "--pid 1 is not a vLLM server" in json.dumps(doc), p.stdout[-2000:]
