@@ -54,16 +54,24 @@ def _attacker_dir(stage, attacker, name: str) -> Path:
 def lookalike(stage, attacker):
     procs = []
 
-    def start(so="-", cwd="/", env=None):
+    def start(so="-", cwd="/", env=None, log=None):
         def drop():
             os.setgroups([])
             os.setresgid(attacker.gid, attacker.gid, attacker.gid)
             os.setresuid(attacker.uid, attacker.uid, attacker.uid)
         port = _port()
+        out = open(log, "ab") if log else subprocess.PIPE
         p = subprocess.Popen([ATTACKER_PYTHON, "-c", LISTEN, str(so), "vllm.entrypoints.openai.api_server", "--port",
-                              str(port)], stdout=subprocess.PIPE, preexec_fn=drop, cwd=cwd, env=env or {})
+                              str(port)], stdout=out, preexec_fn=drop, cwd=cwd, env=env or {})
         procs.append(p)
-        assert p.stdout.readline().strip() == b"ready"
+        if log:
+            out.close()
+            deadline = time.monotonic() + 60
+            while b"ready" not in Path(log).read_bytes():
+                assert time.monotonic() < deadline and p.poll() is None, "the stand-in server did not start"
+                time.sleep(0.05)
+        else:
+            assert p.stdout.readline().strip() == b"ready"
         return p, port
 
     yield start
@@ -129,10 +137,10 @@ open(os.path.join({str(pay)!r}, "sitecustomize.py"), "w").write({_payload(stage,
 """)
     p, _port_no = lookalike(so=str(pay / "site" / "vllm" / "_C.abi3.so"), cwd=str(pay),
                             env={"PYTHONPATH": f"{pay}:{pay / 'site'}", "PATH": "/usr/bin:/bin"})
-    r = root_cli(stage, "static", "--format", "json")
+    r = root_cli(stage, "static", "--format", "json", "--pid", str(p.pid))  # other servers may run here
     assert not stage.marker.exists(), "the user's server's code ran as root"
     ran = (pay / "ran-as").read_text().split() if (pay / "ran-as").exists() else []
-    assert set(ran) <= {str(attacker.uid)}, ran
+    assert ran and set(ran) == {str(attacker.uid)}, ran  # it was asked, and only ever as the attacker
     doc = json.loads(r.stdout)
     looks = {x["pid"] for x in _find(doc, "lookalikes") or []}
     assert p.pid not in looks, r.stdout[-3000:]
@@ -212,4 +220,30 @@ def test_revert_after_the_owner_swaps_a_package_directory_for_a_symlink_writes_n
     assert p.returncode == 5 and "not every file could be restored" in out and "NOT_RESTORED" in out, out[-3000:]
     assert sorted(os.listdir(private)) == before, "revert wrote into the root-only directory"
     assert not stage.marker.exists()
+    stage.assert_unharmed()
+
+
+def test_a_deleted_stdout_name_never_makes_root_read_another_file(stage, attacker, lookalike):
+    """The user's own server logs to a file it then deletes, planting "<log> (deleted)" as a symlink to
+    root's victim: the audit reads the server's log through /proc/PID/fd/1 (the deleted file itself), never
+    the name, so the victim's text never reaches the report."""
+    pay = _attacker_dir(stage, attacker, "stdout")
+    log = pay / "server.log"
+    attacker.run(f"""
+import os
+v = os.path.join({str(pay)!r}, "site", "vllm")
+os.makedirs(v)
+open(os.path.join(v, "__init__.py"), "w").close()
+open(os.path.join(v, "_C.abi3.so"), "wb").write(b"\\0" * 4096)
+open({str(log)!r}, "w").close()
+""")
+    p, _port_no = lookalike(so=str(pay / "site" / "vllm" / "_C.abi3.so"), cwd=str(pay),
+                            env={"PYTHONPATH": str(pay / "site"), "PATH": "/usr/bin:/bin"}, log=str(log))
+    attacker.run(f"import os; os.unlink({str(log)!r}); os.symlink({str(stage.victim)!r}, {str(log) + ' (deleted)'!r})")
+    r = root_cli(stage, "static", "--format", "json", "--pid", str(p.pid))  # other servers may run here
+    assert "root's precious file" not in r.stdout + r.stderr, "root read the victim as the server's log"
+    doc = json.loads(r.stdout)
+    assert p.pid not in {x["pid"] for x in _find(doc, "lookalikes") or []}, r.stdout[-3000:]
+    log_report = (doc["hosts"][0] if "hosts" in doc else doc).get("log") or {}
+    assert log_report.get("source") == f"/proc/{p.pid}/fd/1", log_report  # the descriptor, never the name
     stage.assert_unharmed()
