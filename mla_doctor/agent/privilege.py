@@ -123,9 +123,9 @@ def path_owner(path):
 
 
 def clean_for_root():
-    """As root: cwd / and a clean environment -- PATH keeps only directories root controls (path_owner), and a
-    UTF-8 locale; nothing else (no LD_PRELOAD, PYTHON*, HOME of whoever started us), so no child the agent
-    starts (systemctl, nvidia-smi, docker) is found on or steered by a path another user can change."""
+    """As root: cwd / and a clean environment -- PATH keeps only directories root controls (path_owner), a
+    UTF-8 locale, root's own HOME; nothing else (no LD_PRELOAD, PYTHON*, HOME of whoever started us), so no
+    child the agent starts (systemctl, nvidia-smi, docker) is found on or steered by a path another user can change."""
     if os.geteuid() != 0:
         return
     os.chdir("/")
@@ -137,8 +137,14 @@ def clean_for_root():
                     keep.append(d)
             except OSError:
                 pass
+    import pwd
+
+    try:
+        home = pwd.getpwuid(0).pw_dir  # root's own (kubectl, docker in a --runtime command find their config)
+    except KeyError:
+        home = "/"
     os.environ.clear()
-    os.environ.update(PATH=":".join(keep) or SAFE_PATH, LANG="C.UTF-8")
+    os.environ.update(PATH=":".join(keep) or SAFE_PATH, LANG="C.UTF-8", HOME=home)
 
 
 def proc_ids(pid):

@@ -286,7 +286,7 @@ def test_the_root_agent_keeps_a_clean_environment_and_cwd_root(tmp_path, root):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=str(tmp_path),
                        timeout=60)
     cwd, seen = json.loads(p.stdout)
-    assert cwd == "/" and seen == {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, (p.stdout, p.stderr)
+    assert cwd == "/" and seen == {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/root"}, (p.stdout, p.stderr)
 
 
 def test_several_servers_stop_a_live_run_with_a_usage_error_naming_them():
