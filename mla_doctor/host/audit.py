@@ -178,6 +178,8 @@ def build_static_report(name: str, raw: dict[str, Any], kb: Knowledge) -> HostRe
                            distribution=ident.get("distribution"))
         report.log = {"source": log_raw.get("source"), "total_lines": log_raw.get("total_lines"),
                       "evidence": plain(log_ev)}
+        if log_raw.get("read_via"):  # the server's stdout: read through its descriptor, named as it is called
+            report.log["read_via"] = log_raw["read_via"]
         if harvested is not None:  # kept for this host's live run (it reads its log with them too)
             remember_installed(static, harvested)
             report.log["formats"] = {"from": "installed", "sites": len(harvested),

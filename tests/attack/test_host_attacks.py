@@ -245,5 +245,6 @@ open({str(log)!r}, "w").close()
     doc = json.loads(r.stdout)
     assert p.pid not in {x["pid"] for x in _find(doc, "lookalikes") or []}, r.stdout[-3000:]
     log_report = (doc["hosts"][0] if "hosts" in doc else doc).get("log") or {}
-    assert log_report.get("source") == f"/proc/{p.pid}/fd/1", log_report  # the descriptor, never the name
+    assert log_report.get("read_via") == f"/proc/{p.pid}/fd/1", log_report  # the descriptor, never the name
+    assert log_report.get("source") == str(log) + " (deleted)"
     stage.assert_unharmed()

@@ -268,6 +268,7 @@ def test_the_servers_stdout_is_read_through_its_descriptor_never_by_its_name(tmp
     assert srv["stdout_file"] == str(log) + " (deleted)" and srv["stdout_fd"] == f"/proc/{p.pid}/fd/1"
     res = logs._log_lines({"log_patterns": {"any": "."}}, srv)
     assert res.get("found") and [x["text"] for x in res["lines"]] == ["ready"], res  # the server's own line
+    assert res["read_via"] == f"/proc/{p.pid}/fd/1" and res["source"] == str(log) + " (deleted)"
     assert sys.version_info >= (3, 8)
 
 

@@ -99,7 +99,7 @@ def _log_lines(plan, server):
     elif server:
         sup = server.get("supervisor") or {}
         if server.get("stdout_fd"):  # /proc/PID/fd/1: the file it writes, never re-found by its name
-            sources.append(("file", server["stdout_fd"]))
+            sources.append(("stdout", server["stdout_fd"]))
         if sup.get("kind") == "systemd" and sup.get("unit"):
             sources.append(("journal", sup["unit"]))
         if sup.get("kind") in ("docker", "kubernetes") and sup.get("container"):
@@ -108,13 +108,15 @@ def _log_lines(plan, server):
         return {"found": False, "reason": "no --log given and no log source found for the server"}
     errors = []
     for kind, where in sources:
-        if kind == "file":
+        if kind in ("file", "stdout"):
             try:  # the log is the service user's: a FIFO there must not hang the agent (_read_regular)
                 text = _read_regular(where, tail=tail).decode("utf-8", "replace")
             except OSError as e:
                 errors.append("%s: %s" % (where, e.strerror or e))
                 continue
             res = _filter_lines(text.splitlines(), patterns, where)
+            if kind == "stdout":  # shown by the name it has, read only through the descriptor
+                res["source"], res["read_via"] = server.get("stdout_file") or where, where
         elif kind == "journal":
             rc, out, err = _run(["journalctl", "-u", where, "--no-pager", "-o", "cat", "-n", "50000"], timeout=20)
             if rc != 0:
