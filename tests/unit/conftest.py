@@ -61,6 +61,9 @@ LOCAL: dict[str, object] = {
         "the_dry_run_plan_is_redacted"},
     "fleet_html_browser": ALL,
     "host_target": {"execute_runs_a_plan_over_one_connection_and_stops_at_the_first_failure"},
+    "install_writes": {"a_users_install_is_patched_and_restored_as_that_user",
+        "patch_refuses_a_directory_symlink_planted_in_the_tree",
+        "revert_never_follows_a_package_directory_swapped_for_a_symlink"},
     "interrupts": {"a_fleet_audit_on_sigterm_writes_the_finished_hosts_and_the_retry_file",
         "static_in_the_banner_phase_ends_at_once", "static_while_the_agent_runs_ends_at_once",
         "the_guard_exits_when_something_blocks_past_the_interrupt"},
@@ -68,6 +71,15 @@ LOCAL: dict[str, object] = {
         "extra_vars_override_inventory_connection_vars",
         "templates_in_expect_values_are_not_parsed_before_rendering"},
     "patch_engine": {"watchdog_never_reverts_under_a_patch_still_being_written"},
+    "privilege": {"a_fifo_named_pth_hangs_nothing",
+        "a_users_interpreter_is_asked_as_that_user_and_its_pth_never_runs_as_root",
+        "pid_travels_from_the_command_line_to_the_agent",
+        "run_as_drops_uid_gid_and_groups_and_bounds_time_and_output",
+        "the_root_agent_keeps_a_clean_environment_and_cwd_root",
+        "the_root_agent_never_starts_on_an_interpreter_another_user_controls",
+        "the_server_is_the_process_serving_its_port_and_look_alikes_are_reported",
+        "the_servers_stdout_is_read_through_its_descriptor_never_by_its_name",
+        "two_servers_are_a_usage_error_until_pid_names_one"},
     "reports": {"cli_audit_dry_run_and_usage_errors", "cli_report_merge_and_render"},
     "runtimes_pure": {"docker_exec_wrapper_quotes_every_word", "docker_since_is_rfc3339_with_fractions"},
     "scale_out_examples": {"each_engine_plans_every_host_exactly_once"},
@@ -75,6 +87,7 @@ LOCAL: dict[str, object] = {
     "server_install": {"a_plain_interpreter_is_its_own_prefix", "a_server_from_a_venv_names_its_install",
         "virtual_env_names_the_install_when_argv0_does_not"},
     "speed_equivalence": {"static_local_json_is_what_it_was_before_the_levers"},
+    "static_reads": {"a_huge_sparse_source_file_is_refused_without_reading_it"},
     "transport_sshd": ALL,  # one real sshd (the module fixture) for every test of the file
 }
 
