@@ -46,6 +46,15 @@ def test_redact_env_keeps_only_relevant_and_hides_secret_values():
     assert out == {"HF_TOKEN": processes.REDACTED, "VLLM_API_KEY": processes.REDACTED, "VLLM_MLA_DISABLE": "1"}
 
 
+@pytest.mark.parametrize("name", ["VLLM_DB_PASS", "HF_PWD", "VLLM_PASSPHRASE", "VLLM_API_KEY", "HF_TOKEN",
+                                  "VLLM_AUTH", "PASS", "VLLM_PASSWORD", "VLLM_MLA_DISABLE", "PWD", "VLLM_PASSES",
+                                  "HF_HOME", "TORCH_COMPASS"])
+def test_the_agents_secret_env_names_are_the_controllers(name):
+    # the agent redacts on the host before anything leaves it: a name the controller hides must not travel
+    from mla_doctor import redact as controller
+    assert bool(processes.SECRET_ENV_RE.search(name)) == controller.is_secret_env(name), name
+
+
 @pytest.mark.parametrize("argv,ok", [
     (["/venv/bin/python", "/venv/bin/vllm", "serve", "deepseek-ai/DeepSeek-V3"], True),
     (["python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "m"], True),

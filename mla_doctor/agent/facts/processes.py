@@ -23,7 +23,8 @@ SERVER_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_se
 SECRET_ARG_RE = re.compile(r"(?i)^--?(?:.*(?:api[-_]?key|secret|password|passwd|credential).*|(?:.*[-_])?key"
                            r"|.*token(?!s|iz).*)$")
 
-SECRET_ENV_RE = re.compile(r"(?i)(key|token|secret|password|passwd|credential|auth)")
+# the same names as the controller's redact.SECRET_ENV (tests/unit/test_agent_pure.py checks they agree)
+SECRET_ENV_RE = re.compile(r"(?i)(key|token|secret|password|passwd|passphrase|credential|auth|_pass$|^pass$|_pwd$)")
 
 # Environment variables worth reporting (values redacted when they look secret).
 REPORT_ENV_RE = re.compile(r"^(VLLM_|HF_|HUGGING|TRANSFORMERS_|CUDA_VISIBLE|PYTHONPATH$|VIRTUAL_ENV$|TORCH)")
