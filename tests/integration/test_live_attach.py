@@ -160,14 +160,29 @@ def test_a_busy_server_is_refused_before_anything_changes(server, tmp_path):
             except Exception:
                 return
 
-    t = threading.Thread(target=busy, daemon=True)
-    t.start()
+    def running() -> float:
+        status, body = server.get("/metrics", timeout=30)
+        for line in body.decode("utf-8", "replace").splitlines():
+            if line.startswith("vllm:num_requests_running"):
+                return float(line.rsplit(None, 1)[-1])
+        return 0.0
+
+    # two clients, so that one request is always in flight (one alone leaves a gap between its requests that
+    # the idle check can fall into), and mla-doctor starts only once the server says it is serving: an event,
+    # not a sleep (a loaded machine may take seconds to start the first request)
+    threads = [threading.Thread(target=busy, daemon=True) for _ in range(2)]
+    for t in threads:
+        t.start()
     try:
-        time.sleep(1.0)
+        deadline = time.monotonic() + 120
+        while running() < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert running() >= 1, "the busy clients never got a request running"
         p, h = mla_doctor(run_root=tmp_path / "rr")
     finally:
         stop.set()
-        t.join(120)
+        for t in threads:
+            t.join(120)
     assert h["status"] == "error" and h["error_kind"] == "ServerBusy", h.get("error")
     assert run_dirs(tmp_path / "rr") == []
 
