@@ -47,8 +47,8 @@ FAULTED = {SILENT, RESET, KILLED, HANGS}
 # The host-side stand-ins. Each runs the real agent first (its real answer), then misbehaves at a set point.
 CUT = """#!/bin/sh
 # the real agent; half its answer goes out, then the host's sshd session process is killed: a reset mid-answer.
-# Only as the agent (python -B -c ...): anything else, a version check, is the real interpreter.
-[ "$1" = -B ] || exec /opt/ml-env/bin/python "$@"
+# Only as the agent (python -I -S -B -c ..., remote/runner.py): anything else, a version check, is the real interpreter.
+[ "$1 $2 $3 $4" = "-I -S -B -c" ] || exec /opt/ml-env/bin/python "$@"
 out=/opt/ml-env/answer.$$
 /opt/ml-env/bin/python "$@" > "$out"
 head -c $(($(wc -c < "$out") / 2)) "$out"
@@ -59,7 +59,7 @@ exec kill -KILL $PPID
 KILLED_AGENT = """#!/bin/sh
 # the real agent; half its answer goes out, then the agent is killed (SIGKILL): sshd reports a signal, no status.
 # Only as the agent: the interpreter itself works (a version check afterwards must not blame it)
-[ "$1" = -B ] || exec /opt/ml-env/bin/python "$@"
+[ "$1 $2 $3 $4" = "-I -S -B -c" ] || exec /opt/ml-env/bin/python "$@"
 out=/opt/ml-env/answer.$$
 /opt/ml-env/bin/python "$@" > "$out"
 head -c $(($(wc -c < "$out") / 2)) "$out"
@@ -68,7 +68,7 @@ kill -KILL $$
 """
 HANG = """#!/bin/sh
 # an agent that reads its payload and never answers
-[ "$1" = -B ] || exec /opt/ml-env/bin/python "$@"
+[ "$1 $2 $3 $4" = "-I -S -B -c" ] || exec /opt/ml-env/bin/python "$@"
 cat > /dev/null
 exec sleep 600
 """
