@@ -164,7 +164,7 @@ def test_text_output_names_the_paths(fleet, seeded):
     p = subprocess.run([sys.executable, "-m", "mla_doctor", "static", "--host", "h11", "--python", VENV_PY,
                         "--ssh-config", str(fleet.ssh_config)], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
-    assert "vLLM 0.33.0" in p.stdout and "MLAAttention.forward_impl" in p.stdout and "forward_mha" in p.stdout
+    assert "vLLM 0.33.0" in p.stdout and "MLAAttention.forward_impl" in p.stdout and "forward_mha" in p.stdout, p.stdout
 
 
 def test_located_from_running_server_process(fleet, seeded):
