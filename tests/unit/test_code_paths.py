@@ -332,3 +332,13 @@ def test_live_verdict_expects_the_family_path_never_forward_mha():
     exp = expected_path(ev, ev.prompts[0])
     assert exp["prefill"] == "mha" and "_forward_prefill_fused" in exp["why"] and "never forward_mha" in exp["why"]
     assert rule_path_unexpected(ev) == []
+
+
+def test_a_layer_that_only_calls_impl_forward_is_not_an_mla_layer():
+    # MiniMax M3's block-sparse attention calls self.impl.forward and names MLA only in passing: counting it as
+    # MLA made every stock 0.24+ audit warn that the families table lacks "minimax_m3" (a family that is no MLA)
+    from mla_doctor.agent.facts.resolve import _mla_call
+
+    assert not _mla_call({"call": "self.impl.forward", "via": "impl", "role": "dispatch"})
+    assert _mla_call({"call": "self.impl.forward_mqa", "via": "impl", "role": "dispatch"})
+    assert _mla_call({"call": "self.forward_impl", "via": "self", "target": {"symbol": "MLAAttention.forward_impl"}})

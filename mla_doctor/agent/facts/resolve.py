@@ -646,7 +646,14 @@ class Resolver(object):
                 taken = "any"
         return {"architecture": arch, "family": fam, "registry": entry, "module_file": rel,
                 "branches": branches, "platform_taken": taken,
-                "mla": any(lp["calls"] for b in branches for lp in b["layers"])}
+                "mla": any(_mla_call(c) for b in branches for lp in b["layers"] for c in lp["calls"])}
+
+
+def _mla_call(c):
+    """A call that makes the layer an MLA one: anything but a plain `impl.forward` (a non-MLA backend's entry,
+    e.g. MiniMax M3's block-sparse attention, which only names MLA in passing)."""
+    return not (c.get("via") == "impl" and str(c.get("call", "")).rsplit(".", 1)[-1] == "forward"
+                and not c.get("target"))
 
 
 _MLA_HINT = re.compile(r"kv_lora_rank|MLAAttention|forward_mqa|MultiHeadLatentAttention")
