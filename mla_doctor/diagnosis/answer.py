@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from mla_doctor.threshold_text import fmt_threshold, table_values
 from mla_doctor.diagnosis.knowledge import Knowledge, load_knowledge
 from mla_doctor.diagnosis.routing import CONDITION_NAMES, known_from_host, route, routes
 from mla_doctor.results import HostReport, host_to_dict
@@ -58,28 +59,8 @@ def _short(symbol: str | None) -> str:
     return (symbol or "?").rsplit(".", 1)[-1]
 
 
-def _table_values(value: dict) -> list[int]:
-    out = []
-    for v in value.values():
-        if isinstance(v, dict):
-            out += _table_values(v)
-        elif isinstance(v, int) and not isinstance(v, bool):
-            out.append(v)
-    return out
 
 
-def fmt_threshold(value: Any) -> str:
-    """A decode threshold for people: `128`, or `128–1024 (by local heads)` for a head-dependent table."""
-    if isinstance(value, bool) or value is None:
-        return "?"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, dict):
-        nums = _table_values(value)
-        if nums:
-            lo, hi = min(nums), max(nums)
-            return (str(lo) if lo == hi else f"{lo}–{hi}") + " (by local heads)"
-    return str(value)
 
 
 def resolve_threshold(value: Any, h: dict) -> Any:
@@ -187,7 +168,7 @@ def host_answer(h: dict, kb: Knowledge | None = None) -> HostAnswer | None:
     else:
         thr_values = [resolve_threshold(thresholds[n], h) for n in (candidates or names) if n in thresholds
                       and "SPARSE" not in n]
-    nums = sorted({n for t in thr_values for n in ([t] if isinstance(t, int) else _table_values(t)
+    nums = sorted({n for t in thr_values for n in ([t] if isinstance(t, int) else table_values(t)
                                                     if isinstance(t, dict) else [])})
     if len(thr_values) == 1 and not isinstance(thr_values[0], int):
         a.threshold = fmt_threshold(thr_values[0])

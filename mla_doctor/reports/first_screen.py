@@ -31,29 +31,8 @@ def _short(symbol: str | None) -> str:
     return (symbol or "?").rsplit(".", 1)[-1]
 
 
-def fmt_threshold(value: Any) -> str:
-    """A decode threshold for people (the `-v` tables): `128`, or `128–1024 (by local heads)` for a head-dependent
-    table. (diagnosis/answer.py says the same for the answer it stores; a writer imports no diagnosis.)"""
-    if isinstance(value, bool) or value is None:
-        return "?"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, dict):
-        nums = _table_values(value)
-        if nums:
-            lo, hi = min(nums), max(nums)
-            return (str(lo) if lo == hi else f"{lo}–{hi}") + " (by local heads)"
-    return str(value)
 
 
-def _table_values(value: dict) -> list[int]:
-    out = []
-    for v in value.values():
-        if isinstance(v, dict):
-            out += _table_values(v)
-        elif isinstance(v, int) and not isinstance(v, bool):
-            out.append(v)
-    return out
 
 
 @dataclass

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 
+from mla_doctor.threshold_text import fmt_threshold
 from mla_doctor import terminal
 from mla_doctor.reports import first_screen
 from mla_doctor.results import HostReport, HostStatus, RunReport
@@ -32,15 +33,15 @@ def _same(a: object, b: object) -> bool:
 def _threshold_lines(s: dict) -> list[str]:
     """The decode thresholds of the knowledge beside those the agent read from the installed code."""
     th, code = s.get("decode_thresholds") or {}, s.get("threshold_code") or {}
-    out = ["   decode thresholds: " + ", ".join(f"{k}={first_screen.fmt_threshold(v)}"
+    out = ["   decode thresholds: " + ", ".join(f"{k}={fmt_threshold(v)}"
                                                 for k, v in sorted(th.items()))] if th else []
     if not code:
         return out
     out.append("   decode thresholds (knowledge | installed code):")
     for name in sorted(set(th) | set(code)):
         c = code.get(name) or {}
-        know = first_screen.fmt_threshold(th[name]) if name in th else "-"
-        got = first_screen.fmt_threshold(c["value"]) if "value" in c else "not read"
+        know = fmt_threshold(th[name]) if name in th else "-"
+        got = fmt_threshold(c["value"]) if "value" in c else "not read"
         flag = "" if name not in th or "value" not in c or _same(th[name], c["value"]) else "  DIFFERS"
         ref = str(c.get("ref") or "").rsplit("/", 1)[-1]  # file:line Class: the directory is in the decode list
         out.append(f"     {name:<26} {know} | {got}{'  ' + ref if ref else ''}{flag}")

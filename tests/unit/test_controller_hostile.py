@@ -87,7 +87,7 @@ def test_host_names_and_ip_literals_pass(tmp_path, address):
 
 def test_inventory_user_and_name_as_target_are_checked(tmp_path):
     p = tmp_path / "inv.yaml"
-    p.write_text("hosts:\n  gpu-1:\n    address: 10.0.0.1\n    user: '-oProxyCommand=id'\n")
+    p.write_text("hosts:\n  gpu-1:\n    address: 192.0.2.1\n    user: '-oProxyCommand=id'\n")
     with pytest.raises(ConfigFileError, match=rf"^{p}:\d+: .*user .*not a user name"):
         inventory.load(str(p))
     ini = tmp_path / "inv.ini"
@@ -269,7 +269,7 @@ def test_progress_lines_and_live_table_show_host_strings_escaped():
 
 def test_dry_run_plan_shows_inventory_values_escaped(tmp_path):
     inv = tmp_path / "inv.yaml"
-    inv.write_text('hosts:\n  gpu-1:\n    address: 10.0.0.1\n    python: "/opt/v\\e]52;c;eA==\\a/bin/python"\n')
+    inv.write_text('hosts:\n  gpu-1:\n    address: 192.0.2.1\n    python: "/opt/v\\e]52;c;eA==\\a/bin/python"\n')
     p = _cli("audit", "-i", str(inv), "--dry-run")
     assert p.returncode == 0, p.stderr
     assert "\x1b" not in p.stdout and "\x07" not in p.stdout and "\\x1b]52;c;eA==\\x07" in p.stdout

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from mla_doctor import threshold_text
 from mla_doctor.diagnosis.answer import resolve_threshold
 from mla_doctor.diagnosis.knowledge import load_knowledge
 from mla_doctor.host.answer import attach
@@ -162,8 +163,8 @@ def test_verdict_cell_live_and_static(run_report, answer, kb):
 
 def test_threshold_tables_read_as_ranges():
     table = {"sm100": {"8": 128, "128": 1024, "default": 1024}, "other": {"16": 128, "128": 256, "default": 256}}
-    assert first_screen.fmt_threshold(table) == "128–1024 (by local heads)"
-    assert first_screen.fmt_threshold(512) == "512"
+    assert threshold_text.fmt_threshold(table) == "128–1024 (by local heads)"
+    assert threshold_text.fmt_threshold(512) == "512"
     h = {"model": {"config": {"num_attention_heads": 128}}, "server": {"tensor_parallel_size": 1},
          "gpu": {"present": True, "gpus": [{"compute_cap": "9.0"}]}}
     assert resolve_threshold(table, h) == 256

@@ -19,13 +19,13 @@ from mla_doctor.results import HostReport, HostStatus
 def test_host_vars_override_the_command_lines_defaults_in_the_one_builder():
     cli = connect_options({"user": "cli", "port": 22, "identity": ("/cli-key",), "ssh_config": "/cfg",
                            "known_hosts": "/kh", "connect_timeout": 5.0, "command_timeout": 60.0, "sudo": True})
-    t = target_from_vars("h1", "10.0.0.1", {"user": "ops", "port": 2222, "identity": ["/k1"], "sudo": False,
+    t = target_from_vars("h1", "192.0.2.1", {"user": "ops", "port": 2222, "identity": ["/k1"], "sudo": False,
                                             "command_timeout": 7, "ssh_config": "/not-from-vars",
                                             "python": "/opt/py"}, cli)
     c = t.conn
     assert (c.user, c.port, c.identity, c.sudo, c.command_timeout) == ("ops", 2222, ("/k1",), False, 7.0)
     assert (c.connect_timeout, c.ssh_config, c.known_hosts, c.local) == (5.0, "/cfg", "/kh", False)
-    assert t.python == "/opt/py" and t.address == "10.0.0.1" and t.name == "h1"
+    assert t.python == "/opt/py" and t.address == "192.0.2.1" and t.name == "h1"
     # what a host leaves unset (or sets empty) the command line fills in
     d = target_from_vars("h2", "h2", {"identity": []}, cli, python="/cli/py")
     assert d.conn == dataclasses.replace(cli, local=False) and d.python == "/cli/py"
