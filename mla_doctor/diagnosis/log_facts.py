@@ -133,7 +133,9 @@ def _any(patterns: Any) -> "re.Pattern[str]":
     return re.compile("|".join(one(p) for p in patterns))
 
 
-def _cg_value(raw: Optional[str]) -> Optional[str]:
+def cg_mode(raw: Optional[str]) -> Optional[str]:
+    """A mode as a line prints it (``PIECEWISE``, ``CUDAGraphMode.FULL``, ``<CUDAGraphMode.NONE: 0>``, ``2``)
+    as its name; None when it does not look like a mode."""
     if not raw:
         return None
     val = raw.strip().strip("'\"")
@@ -141,6 +143,12 @@ def _cg_value(raw: Optional[str]) -> Optional[str]:
     if m:
         return m.group(1)
     val = _CG_VALUES.get(re.sub(r"\s+", "", val).replace(",", ", "), val)
+    return val if re.match(r"^[A-Z][A-Z_]*$", val) else None
+
+
+def _cg_value(raw: Optional[str]) -> Optional[str]:
+    """cg_mode, and only the modes vLLM has."""
+    val = cg_mode(raw)
     return val if val in _MODES else None
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Pattern, Sequence, Tuple
 
 
+from mla_doctor.diagnosis.log_facts import cg_mode
 from mla_doctor.diagnosis.knowledge import load_data, load_knowledge, parse_version
 from mla_doctor.diagnosis.log_normalise import clean_line, normalise, split_record
 from mla_doctor.diagnosis.log_runs import (ProcessRun, load_run_starts, numbered, run_start_patterns,  # noqa: F401
@@ -602,7 +603,6 @@ class LogReading:
                 "crashed_backend": self.crashed_backend.to_dict() if self.crashed_backend is not None else None}
 
 
-_CG_VALUES = {"0": "NONE", "1": "PIECEWISE", "2": "FULL", "[2, 0]": "FULL_DECODE_ONLY", "[2, 1]": "FULL_AND_PIECEWISE"}
 MAX_STEPS = 16_000_000   # matcher work per log (characters scanned + formats tried): beyond it, the read stops
 
 
@@ -677,17 +677,6 @@ def _value(match: Match, aliases: Optional[Dict[str, str]]) -> Optional[str]:
     return raw.strip() if isinstance(raw, str) else raw
 
 
-def _cg_mode(raw: Optional[str]) -> Optional[str]:
-    """A mode as a line prints it (``PIECEWISE``, ``CUDAGraphMode.FULL``, ``<CUDAGraphMode.NONE: 0>``, ``2``)
-    as its name; None when it is not a mode."""
-    if not raw:
-        return None
-    val = raw.strip().strip("'\"")
-    m = re.match(r"^<?CUDAGraphMode\.([A-Z_]+)", val)
-    if m:
-        return m.group(1)
-    val = _CG_VALUES.get(re.sub(r"\s+", "", val).replace(",", ", "), val)
-    return val if re.match(r"^[A-Z][A-Z_]*$", val) else None
 
 
 def _newest(sites: Dict[str, Any]) -> str:
@@ -809,7 +798,7 @@ def _read(lines: Sequence[Any], version: Optional[str], distribution: Optional[s
         if kind == "fatal" and fmt.raised and m.exc:
             value = m.exc
         if kind == "cudagraph":  # the mode stated (text or placeholder), else the one the format implies (sets)
-            value = _cg_mode(value) or dict(mean.sets).get("cudagraph_mode")
+            value = cg_mode(value) or dict(mean.sets).get("cudagraph_mode")
         fact = Fact(r.n, r.text, kind, value, fmt.text, "vllm/%s:%d" % (file, line),
                     [k for k in shipped_releases() + ["installed"] if k in fmt.sites], r.tags[-1] if r.tags else None,
                     m.partial, list(r.ns), None, None, mean.engine, dict(mean.sets), list(m.groups),
