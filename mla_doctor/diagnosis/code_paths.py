@@ -30,6 +30,7 @@ class LayerPath:
     prefill_refs: List[str]
     dispatch: List[str]
     generic: bool                    # the shared MLA layer (MLAAttention / Attention): the knowledge's path applies
+    through: Optional[str] = None    # a VL wrapper's language model: "Arch (vllm/file:line)", the registry call
 
     @property
     def decode_symbol(self) -> str:
@@ -54,6 +55,9 @@ class FamilyPath:
     module: str
     platform_taken: Optional[str]
     layers: List[LayerPath] = field(default_factory=list)
+    # the branch the host takes builds no attention layer (a stub that raises: DeepSeek V4's VL model and MTP
+    # draft on CPU): "Class (vllm/file:line)"; then nothing of another branch runs
+    taken_builds_none: Optional[str] = None
 
     @property
     def platforms(self) -> List[str]:
@@ -61,6 +65,8 @@ class FamilyPath:
 
     def running(self) -> List[LayerPath]:
         """The layers of the branch the host takes, or every branch's when that is unknown."""
+        if self.taken_builds_none:
+            return []
         if self.platform_taken:
             mine = [lp for lp in self.layers if lp.platform == self.platform_taken]
             if mine:
@@ -80,9 +86,11 @@ class FamilyPath:
         return {"architecture": self.architecture, "family": self.family, "private": self.private,
                 "registry": self.registry, "module": self.module, "platform_taken": self.platform_taken,
                 "platforms": self.platforms, "prefill": self.prefill, "generic": self.generic,
+                "taken_builds_none": self.taken_builds_none,
                 "layers": [{"platform": lp.platform, "class": lp.cls, "ref": "vllm/%s:%s" % (lp.file, lp.line),
                             "when": lp.when, "prefill": lp.prefill, "decode": lp.decode,
-                            "prefill_entries": lp.prefill_refs, "dispatch": lp.dispatch, "generic": lp.generic}
+                            "prefill_entries": lp.prefill_refs, "dispatch": lp.dispatch, "generic": lp.generic,
+                            "through": lp.through}
                            for lp in self.layers]}
 
 
@@ -109,10 +117,14 @@ def _layer(platform: str, lp: dict) -> LayerPath:
         else:
             disp.append(ref)
     generic = str(lp.get("file") or "").startswith(_SHARED)
+    # resolve.py's via for a wrapped model: [Wrapper, "Arch (file:line)", Arch, ...]
+    via = [str(v) for v in lp.get("via") or []]
+    through = next((v.replace(" (", " (vllm/", 1) for v in via[1:2] if v.endswith(")") and " (" in v), None)
     return LayerPath(platform=platform, cls=str(lp.get("class")), file=str(lp.get("file")),
                      line=int(lp.get("line") or 0),
                      when=lp.get("when"), prefill=str(lp.get("prefill") or "?"), decode=list(dict.fromkeys(decode)),
-                     prefill_refs=list(dict.fromkeys(pre)), dispatch=list(dict.fromkeys(disp)), generic=generic)
+                     prefill_refs=list(dict.fromkeys(pre)), dispatch=list(dict.fromkeys(disp)), generic=generic,
+                     through=through)
 
 
 def family_paths(resolution: Optional[dict]) -> List[FamilyPath]:
@@ -128,6 +140,9 @@ def family_paths(resolution: Optional[dict]) -> List[FamilyPath]:
         for b in a.get("branches") or []:
             for lp in b.get("layers") or []:
                 fp.layers.append(_layer(str(b.get("platform")), lp))
+            m = b.get("model") or {}
+            if fp.platform_taken and b.get("platform") == fp.platform_taken and not b.get("layers"):
+                fp.taken_builds_none = "%s (vllm/%s:%s)" % (m.get("class"), m.get("file"), m.get("line"))
         out.append(fp)
     return out
 
@@ -136,7 +151,7 @@ def served_path(resolution: Optional[dict], config: Optional[dict]) -> Optional[
     """The family path of the served model's architecture (config.json's first), when the code was read."""
     archs = _archs(config)
     for fp in family_paths(resolution):
-        if fp.architecture in archs and fp.layers:
+        if fp.architecture in archs and fp.running():
             return fp
     return None
 
@@ -180,7 +195,7 @@ def code_paths_section(facts: Any, resolution: Optional[dict], config: Optional[
             "served": served.to_dict() if served is not None else None,
             "route_family": family_route(served),
             "architectures": [fp.to_dict() for fp in fps], "unknown_architectures": resolution.get("unknown") or [],
-            "not_resolved": resolution.get("not_resolved") or [],  # past the agent's time budget (no model given)
+            "not_resolved": resolution.get("not_resolved") or [],  # past the agent's module bound (no model given)
             "probe_targets": probe_target_list(resolution),
             "backends": [{k: b.get(k) for k in ("name", "file", "class", "line", "enum", "kind", "decode", "note")}
                          for b in resolution.get("backends") or [] if isinstance(b, dict)],

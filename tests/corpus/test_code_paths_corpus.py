@@ -197,3 +197,107 @@ def test_hand_written_expectations(dist, version, arch, platform, layer, layer_r
         assert any(_matches(c, prefill_ref) for c in top if c["role"] == "prefill"), (prefill_ref, top)
     if prefill == "none":
         assert not any(c["entry"] in ("forward_mha", "forward_impl") for c in top), top
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# HAND-WRITTEN, wrappers and drafts: a VL model builds its language model through the registry
+# (`init_vllm_registered_model(..., architectures=[...])`, the call site named in the layer's `via`); an MTP draft
+# builds the target's decoder layer itself. Columns as EXPECT, plus the wrapper's call site ("Arch (file:line)",
+# or None for a draft) and a class the chain must pass through.
+WRAPPED = [
+    # Kimi-VL: kimi_vl.py:336 init_vllm_registered_model(..., architectures=["DeepseekV2ForCausalLM"]) (:340)
+    ("vllm", "0.33.0", "KimiVLForConditionalGeneration", "any",
+     "DeepseekV2ForCausalLM (model_executor/models/kimi_vl.py:336)", "DeepseekV2MLAAttention", "MLAAttention",
+     "model_executor/layers/attention/mla_attention.py:426",
+     "impl.forward_mqa@model_executor/layers/attention/mla_attention.py:1134", "forward_mha",
+     "impl.forward_mha@model_executor/layers/attention/mla_attention.py:1019"),
+    ("vllm", "0.24.0", "KimiVLForConditionalGeneration", "any",
+     "DeepseekV2ForCausalLM (model_executor/models/kimi_vl.py:337)", "DeepseekV2MLAAttention", "MLAAttention",
+     "model_executor/layers/attention/mla_attention.py:339",
+     "impl.forward_mqa@model_executor/layers/attention/mla_attention.py:812", "forward_mha",
+     "impl.forward_mha@model_executor/layers/attention/mla_attention.py:728"),
+    # DeepSeek-VL2 0.9.2: `architectures = ["DeepseekV3ForCausalLM"]` (:366, noaux_tc) ... passed at :372
+    ("vllm", "0.9.2", "DeepseekVLV2ForCausalLM", "any",
+     "DeepseekV3ForCausalLM (model_executor/models/deepseek_vl2.py:372)", "DeepseekV2MLAAttention", "Attention",
+     "attention/layer.py:27", "impl.forward@attention/layer.py:235", "forward_mha", None),
+    # DeepSeek V4's VL model: common/vl_model.py:183 (architectures=["DeepseekV4ForCausalLM"] :187), nvidia branch
+    ("vllm", "0.33.0", "DeepseekV4ForConditionalGeneration", "nvidia",
+     "DeepseekV4ForCausalLM (models/deepseek_v4/common/vl_model.py:183)", "DeepseekV4DecoderLayer",
+     "DeepseekV4FlashMLAAttention", "models/deepseek_v4/nvidia/flashmla.py:51",
+     "DeepseekV4FlashMLAAttention.forward_mqa@models/deepseek_v4/nvidia/flashmla.py:87", "none", None),
+    # MTP drafts: deepseek_mtp.py:106 self.mtp_block = DeepseekV2DecoderLayer(...) (0.33.0)
+    ("vllm", "0.33.0", "DeepSeekMTPModel", "any", None, "DeepseekV2MLAAttention", "MLAAttention",
+     "model_executor/layers/attention/mla_attention.py:426",
+     "impl.forward_mqa@model_executor/layers/attention/mla_attention.py:1134", "forward_mha",
+     "impl.forward_mha@model_executor/layers/attention/mla_attention.py:1019"),
+    ("vllm", "0.9.2", "DeepSeekMTPModel", "any", None, "DeepseekV2MLAAttention", "Attention",
+     "attention/layer.py:27", "impl.forward@attention/layer.py:235", "forward_mha", None),
+    # deepseek_v4/nvidia/mtp.py:139 self.mtp_block = DeepseekV4DecoderLayer(...): the target's own layer
+    ("vllm", "0.33.0", "DeepSeekV4MTPModel", "nvidia", None, "DeepseekV4DecoderLayer", "DeepseekV4FlashMLAAttention",
+     "models/deepseek_v4/nvidia/flashmla.py:51",
+     "DeepseekV4FlashMLAAttention.forward_mqa@models/deepseek_v4/nvidia/flashmla.py:87", "none", None),
+    ("vllm", "0.33.0", "KimiK3MTPModel", "nvidia", None, "KimiDecoderLayer", "MultiHeadLatentAttention",
+     "models/kimi_k3/nvidia/mla.py:127", "impl.forward_mqa@models/kimi_k3/nvidia/mla.py:719", "own",
+     "MultiHeadLatentAttention._forward_prefill_fused@models/kimi_k3/nvidia/mla.py:980"),
+]
+
+
+def _check_layer(lp, layer_ref, decode, prefill, prefill_ref):
+    assert "%s:%s" % (lp["file"], lp["line"]) == layer_ref
+    top = [c for c in lp["calls"] if not c.get("inside")]
+    assert any(_matches(c, decode) for c in top if c["role"] in ("decode", "dispatch")), (decode, top)
+    assert lp["prefill"] == prefill, (lp["prefill"], top)
+    if prefill_ref:
+        assert any(_matches(c, prefill_ref) for c in top if c["role"] == "prefill"), (prefill_ref, top)
+    if prefill == "none":
+        assert not any(c["entry"] in ("forward_mha", "forward_impl") for c in top), top
+
+
+@pytest.mark.parametrize("dist, version, arch, platform, through, passes, layer, layer_ref, decode, prefill, "
+                         "prefill_ref", [pytest.param(*e, id="%s-%s-%s-%s" % (e[0], e[1], e[2], e[3]))
+                                         for e in WRAPPED])
+def test_wrappers_and_drafts_reach_the_language_models_layer(dist, version, arch, platform, through, passes, layer,
+                                                             layer_ref, decode, prefill, prefill_ref):
+    res = _answer(dist, version, [arch])
+    (a,) = res["architectures"]
+    assert a["mla"], a["architecture"]
+    branches = [b for b in a["branches"] if platform in b["platform"].split("+")]
+    assert branches, (arch, [b["platform"] for b in a["branches"]])
+    layers = [lp for b in branches for lp in b["layers"] if lp["class"] == layer and passes in lp["via"]
+              and (through is None or through in lp["via"])]
+    assert layers, (arch, platform, [(lp["class"], lp["via"]) for b in branches for lp in b["layers"]])
+    _check_layer(layers[0], layer_ref, decode, prefill, prefill_ref)
+    if through:
+        inner, site = through.split(" (")
+        wraps = [w for b in branches for w in b.get("wraps", [])]
+        assert {"architecture": inner, "file": site.rsplit(":", 1)[0], "line": int(site[:-1].rsplit(":", 1)[1]),
+                "from": "code"} in wraps, wraps
+
+
+def test_a_wrapper_whose_code_leaves_the_model_to_the_config_takes_the_served_text_config():
+    """0.33.0 DeepSeek-VL2 calls init_vllm_registered_model(hf_config=self.text_config) with no architectures=
+    (deepseek_vl2.py:407): without a config it names no model (never a guess); with the served config's
+    language_config architectures it follows those."""
+    tree = str(corpus.ensure("vllm", "0.33.0") / "vllm")
+    (a,) = resolve_paths(tree, ["DeepseekVLV2ForCausalLM"], {}, {})["architectures"]
+    assert a["branches"][0]["wraps"] == [{"architecture": None, "file": "model_executor/models/deepseek_vl2.py",
+                                          "line": 407, "from": "code"}]
+    assert not a["mla"] and not a["branches"][0]["layers"]
+    (a,) = resolve_paths(tree, ["DeepseekVLV2ForCausalLM"], {}, {},
+                         text_architectures=["DeepseekV2ForCausalLM"])["architectures"]
+    (b,) = a["branches"]
+    assert b["wraps"][0]["architecture"] == "DeepseekV2ForCausalLM" and b["wraps"][0]["from"] == "config"
+    assert [lp["class"] for lp in b["layers"]] == ["MLAAttention"] and a["mla"]
+
+
+def test_the_all_mla_scope_includes_the_wrappers_and_drafts():
+    """Without a model: the VL wrappers and MTP drafts of an MLA model are MLA architectures too (their modules
+    name no MLA themselves: the hint follows their imports), on a new and an old release."""
+    for version, want in (("0.33.0", {"KimiVLForConditionalGeneration", "DeepSeekMTPModel", "DeepSeekV4MTPModel",
+                                      "DeepseekV4ForConditionalGeneration"}),
+                          ("0.9.2", {"KimiVLForConditionalGeneration", "DeepSeekMTPModel",
+                                     "DeepseekVLV2ForCausalLM"})):
+        res = _answer("vllm", version, None)
+        got = {a["architecture"] for a in res["architectures"]}
+        assert want <= got, (version, want - got)
+        assert not res["not_resolved"], res["bound"]

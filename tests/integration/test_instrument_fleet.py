@@ -120,10 +120,10 @@ def expected_files(dist: str, version: str) -> set[str]:
 
 def family_files(dist: str, version: str) -> set[str]:
     """The vllm-relative files of the model-private families' own methods (issue 19), resolved by the agent's
-    resolver on the corpus tree with no time budget: every file a patch without a model may add as a family
-    probe. A host resolves within its budget (private families first), so its set is a subset of this one."""
+    resolver on the corpus tree with no module bound: every file a patch without a model may add as a family
+    probe. A host resolves within its bound (private families first), so its set is a subset of this one."""
     from mla_doctor.agent.facts import resolve as resolver
-    out = resolver.resolve_paths(str(corpus.ensure(dist, version) / "vllm"), budget_s=None)
+    out = resolver.resolve_paths(str(corpus.ensure(dist, version) / "vllm"), max_modules=10 ** 6)
     return {t["file"] for t in out["probe_targets"] if t.get("family")}
 
 

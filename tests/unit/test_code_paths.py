@@ -342,3 +342,77 @@ def test_a_layer_that_only_calls_impl_forward_is_not_an_mla_layer():
     assert not _mla_call({"call": "self.impl.forward", "via": "impl", "role": "dispatch"})
     assert _mla_call({"call": "self.impl.forward_mqa", "via": "impl", "role": "dispatch"})
     assert _mla_call({"call": "self.forward_impl", "via": "self", "target": {"symbol": "MLAAttention.forward_impl"}})
+    # <= 0.15 the shared MLA layer's dispatch is impl.forward: MLA by the layer's (or the chain's) MLA name
+    assert _mla_call({"call": "self.impl.forward", "via": "impl"}, {"class": "MLAAttention", "via": []})
+    assert _mla_call({"call": "self.impl.forward", "via": "impl"},
+                     {"class": "Attention", "via": ["DeepseekV3ForCausalLM", "DeepseekV2MLAAttention", "Attention"]})
+    assert not _mla_call({"call": "self.impl.forward", "via": "impl"},
+                         {"class": "MiniMaxM3SparseAttention", "via": ["MiniMaxM3Model", "MiniMaxM3SparseAttention"]})
+
+
+def _many_families(tmp_path, n):
+    """A tree of n flat MLA models, each in its own module with its own layer module (two modules apiece)."""
+    v = tmp_path / "vllm"
+    files = {"model_executor/models/registry.py":
+             "_M = {\n%s}\n" % "".join('    "M%dForCausalLM": ("m%d", "M%dForCausalLM"),\n' % (i, i, i)
+                                      for i in range(n))}
+    for i in range(n):
+        files["model_executor/models/m%d.py" % i] = (
+            "from vllm.model_executor.models.m%d_attn import M%dAttn\n\n"
+            "class M%dForCausalLM:\n    def __init__(self):\n        self.attn = M%dAttn()\n" % (i, i, i, i))
+        files["model_executor/models/m%d_attn.py" % i] = (
+            "class M%dAttn:\n    kv_lora_rank = 512\n\n    def forward(self, q):\n"
+            "        return self.impl.forward_mqa(q)\n" % i)
+    for rel, text in files.items():
+        p = v / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return v
+
+
+def test_the_resolve_bound_counts_modules_never_seconds(tmp_path):
+    """Without a model, resolution stops taking architectures once max_modules modules are parsed: the rest is
+    named in not_resolved, and the same tree gives the same answer every time (no clock in it)."""
+    import json
+
+    v = _many_families(tmp_path, 6)
+    full = resolve_paths(str(v), None, {}, {})
+    assert len(full["architectures"]) == 6 and full["not_resolved"] == []
+    assert full["bound"]["modules_parsed"] == 1 + 2 * 6  # the registry, then a model and a layer module each
+    # registry + 2 families = 5 modules: the third family starts at 5 >= 5 and is not taken
+    part = resolve_paths(str(v), None, {}, {}, max_modules=5)
+    assert [a["architecture"] for a in part["architectures"]] == ["M0ForCausalLM", "M1ForCausalLM"]
+    assert part["not_resolved"] == ["M%dForCausalLM" % i for i in range(2, 6)]
+    again = [json.dumps(resolve_paths(str(v), None, {}, {}, max_modules=5), sort_keys=True) for _ in range(3)]
+    assert again == [json.dumps(part, sort_keys=True)] * 3
+    # a served model is resolved whatever the bound says about the all-MLA scope's first architecture
+    one = resolve_paths(str(v), ["M5ForCausalLM"], {}, {}, max_modules=1)
+    assert [a["architecture"] for a in one["architectures"]] == ["M5ForCausalLM"]
+
+
+def test_a_wrapper_reaches_the_language_models_layer_through_the_registry(tree):
+    """A VL wrapper builds its language model with init_vllm_registered_model(architectures=[...]): followed to
+    that architecture's layer (the branch of its family the wrapper's platform takes), the call site named."""
+    v = tree
+    reg = v / "model_executor/models/registry.py"
+    reg.write_text(reg.read_text().replace('_OTHER = {', '_OTHER = {"WrapVL": ("wrap_vl", "WrapVL"), '))
+    (v / "model_executor/models/wrap_vl.py").write_text(textwrap.dedent('''
+        from .utils import init_vllm_registered_model
+
+        class WrapVL:
+            def __init__(self, cfg):
+                if cfg.flat:  # as deepseek_vl2.py in 0.9.2
+                    architectures = ["FlatForCausalLM"]
+                else:
+                    architectures = ["FamForCausalLM"]
+                self.language_model = init_vllm_registered_model(vllm_config=cfg, architectures=architectures)
+    '''))
+    a = _arch(resolve_paths(str(v), ["WrapVL"], {}, {}), "WrapVL")
+    (b,) = a["branches"]
+    assert [(w["architecture"], w["line"]) for w in b["wraps"]] == [("FlatForCausalLM", 10), ("FamForCausalLM", 10)]
+    got = {(lp["class"], lp["via"][1]) for lp in b["layers"]}
+    assert ("MLAAttention", "FlatForCausalLM (model_executor/models/wrap_vl.py:10)") in got
+    assert {"FamFlashAttention", "FamRocmAttention"} <= {c for c, _v in got}  # the wrapper is "any": every branch
+    assert a["mla"]
+    res = resolve_paths(str(v), None, {}, {})
+    assert "WrapVL" in {x["architecture"] for x in res["architectures"]}  # the hint follows architectures=[...]

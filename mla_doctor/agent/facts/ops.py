@@ -35,6 +35,16 @@ def _architectures(model):
     return [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else None
 
 
+def _text_architectures(model):
+    """A VL wrapper's language model, where its code leaves the choice to the config (DeepSeek-VL2)."""
+    cfg = (model or {}).get("config") or {}
+    for key in ("text_config", "language_config"):
+        archs = (cfg.get(key) or {}).get("architectures") if isinstance(cfg.get(key), dict) else None
+        if isinstance(archs, list):
+            return [a for a in archs if isinstance(a, str)] or None
+    return None
+
+
 def op_static(plan):
     t0 = _now()
     errors = []
@@ -76,7 +86,8 @@ def op_static(plan):
     if loc.get("dir") and isinstance(plan.get("resolve"), dict):  # the attention code that runs, from the files
         result["resolution"] = _step(errors, "resolution", resolve_paths, loc["dir"],
                                      plan["resolve"].get("architectures") or _architectures(result.get("model")),
-                                     result.get("vllm"), result.get("gpu"), 64, plan["resolve"].get("budget_s", 4))
+                                     result.get("vllm"), result.get("gpu"), 64, plan["resolve"].get("max_modules"),
+                                     _text_architectures(result.get("model")))
     for s in servers:
         s.pop("_raw_env", None)
         s.pop("_argv", None)

@@ -31,6 +31,9 @@ _EXPAND = ("model_executor/models/", "models/", "model_executor/layers/mla.py", 
 _SKIP_NAME = re.compile(r"(MoE|MLP|Experts?|Norm|Embedding|Linear|RotaryEmbedding|Rope|LogitsProcessor|Sampler|Router|"
                         r"Gate|Head|Conv\w*|Tower|Encoder|Processor|Config|Pooler|PPMissingLayer)$")
 _MAX_CLASSES = 300
+# modules parsed before resolve_paths stops taking architectures (no model known): 0.33.0 parses 139 for its
+# 43 MLA architectures (VL wrappers, MTP drafts included); twice that leaves room and still bounds a pathological tree
+_MAX_MODULES = 320
 
 
 _PLAT_CALLS = {"is_rocm": "amd", "is_xpu": "xpu", "is_cpu": "cpu", "is_cuda": "nvidia", "is_cuda_alike": "nvidia+amd",
@@ -385,8 +388,9 @@ def _ref(m, owner, fn):
 
 
 class Resolver(object):
-    def __init__(self, vdir):
+    def __init__(self, vdir, text_architectures=None):
         self.src = Source(vdir)
+        self.text_architectures = text_architectures  # the served config's text_config/language_config ones
         self.layer_memo = {}
         self._is_layer, self._inst, self._paths = {}, {}, {}
 
@@ -623,21 +627,80 @@ class Resolver(object):
                           "none" if "decode" in roles else "?")
         return out
 
+    # ---------------------------------------------------------------- wrappers (VL models, drafts)
+    def _registry(self):
+        if not hasattr(self, "_reg"):
+            self._reg = self.registry()
+        return self._reg
+
+    def wrapped(self, m, cls):
+        """The inner models a wrapper builds through the registry (`self.language_model =
+        init_vllm_registered_model(..., architectures=[...])`, DeepSeek-VL2, Kimi-VL, DeepSeek V4's VL model):
+        [{architecture, file, line, entry}]; `architecture` None where the list comes from the served config
+        (no `architectures=` at the call: the text config's own architectures decide)."""
+        out = []
+        for mm, c in self.src.mro(m, cls)[:4]:
+            for fn in c.body:
+                if not (isinstance(fn, ast.FunctionDef) and fn.name == "__init__"):
+                    continue
+                lists = {}  # name -> [list literal] assigned in this __init__ (if/elif chains: each branch)
+                for n in ast.walk(fn):
+                    if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name) \
+                            and isinstance(n.value, (ast.List, ast.Tuple)):
+                        lists.setdefault(n.targets[0].id, []).append(n.value)
+                for n in ast.walk(fn):
+                    ch = _chain(n.func) if isinstance(n, ast.Call) else None
+                    if not ch or ch[-1] != "init_vllm_registered_model":
+                        continue
+                    kw = next((k.value for k in n.keywords if k.arg == "architectures"), None)
+                    seqs = [kw] if isinstance(kw, (ast.List, ast.Tuple)) else \
+                        lists.get(kw.id, []) if isinstance(kw, ast.Name) else []
+                    names = [e.value for q in seqs for e in q.elts
+                             if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+                    src = "code"
+                    if not names and kw is None and self.text_architectures:
+                        names, src = list(self.text_architectures), "config"  # the served text config's
+                    for a in names or [None]:
+                        out.append({"architecture": a, "file": mm.rel, "line": n.lineno, "from": src,
+                                    "entry": self._registry().get(a) if a else None})
+        return out
+
+    def model_layers(self, plat, m, cls, depth=0):
+        """[(layer paths)] a model class builds: its own layers, then those of the inner models it wraps
+        (the branch of the inner family that this platform takes), with the wrapper named in `via`."""
+        layers = []
+        for lm, lc, via, when in self.layers(m, cls):
+            lp = self.layer_paths(lm, lc)
+            lp["via"] = via
+            if when:
+                lp["when"] = when
+            layers.append(lp)
+        wraps = self.wrapped(m, cls) if depth < 2 else []
+        for w in wraps:
+            if not w["entry"]:
+                continue
+            mine = set(plat.split("+")) if plat != "any" else None
+            for ip, im, ic in self.model_classes(w["entry"]):
+                theirs = set(ip.split("+")) if ip != "any" else None
+                if mine is not None and theirs is not None and not mine & theirs:
+                    continue  # the inner family's branch for another platform
+                inner, _w = self.model_layers(ip, im, ic, depth + 1)
+                for lp in inner:
+                    lp["via"] = [cls.name, "%s (%s:%s)" % (w["architecture"], w["file"], w["line"])] + lp["via"]
+                    layers.append(lp)
+        return layers, [{k: v for k, v in w.items() if k != "entry"} for w in wraps]
+
     def architecture(self, arch, entry, host_platform):
         classes = self.model_classes(entry)
         rel = self.src.rel_of(entry["module"]) or ""
         fam = entry["module"].split(".")[2] if entry["private"] else rel.rsplit("/", 1)[-1][:-3]
         branches = []
         for plat, m, cls in classes:
-            layers = []
-            for lm, lc, via, when in self.layers(m, cls):
-                lp = self.layer_paths(lm, lc)
-                lp["via"] = via
-                if when:
-                    lp["when"] = when
-                layers.append(lp)
-            branches.append({"platform": plat, "model": {"file": m.rel, "class": cls.name, "line": cls.lineno},
-                             "layers": layers})
+            layers, wraps = self.model_layers(plat, m, cls)
+            b = {"platform": plat, "model": {"file": m.rel, "class": cls.name, "line": cls.lineno}, "layers": layers}
+            if wraps:
+                b["wraps"] = wraps
+            branches.append(b)
         plats = [b["platform"] for b in branches]
         taken = None
         if host_platform:
@@ -646,20 +709,34 @@ class Resolver(object):
                 taken = "any"
         return {"architecture": arch, "family": fam, "registry": entry, "module_file": rel,
                 "branches": branches, "platform_taken": taken,
-                "mla": any(_mla_call(c) for b in branches for lp in b["layers"] for c in lp["calls"])}
+                "mla": any(_mla_call(c, lp) for b in branches for lp in b["layers"] for c in lp["calls"])}
 
 
-def _mla_call(c):
+_MLA_CLASS = re.compile(r"MLA|Mla|LatentAttention")
+
+
+def _mla_call(c, layer=None):
     """A call that makes the layer an MLA one: anything but a plain `impl.forward` (a non-MLA backend's entry,
-    e.g. MiniMax M3's block-sparse attention, which only names MLA in passing)."""
-    return not (c.get("via") == "impl" and str(c.get("call", "")).rsplit(".", 1)[-1] == "forward"
-                and not c.get("target"))
+    e.g. MiniMax M3's block-sparse attention, which only names MLA in passing) -- unless the layer or a class on
+    the way to it is named MLA: <= 0.15 the shared MLA layer's dispatch *is* `impl.forward` (`MLACommonImpl.forward`
+    splits into _forward_prefill/_forward_decode), reached via `DeepseekV2MLAAttention`."""
+    if not (c.get("via") == "impl" and str(c.get("call", "")).rsplit(".", 1)[-1] == "forward"
+            and not c.get("target")):
+        return True
+    names = [(layer or {}).get("class") or ""] + list((layer or {}).get("via") or [])
+    return any(_MLA_CLASS.search(n) for n in names)
 
 
 _MLA_HINT = re.compile(r"kv_lora_rank|MLAAttention|forward_mqa|MultiHeadLatentAttention")
 
 
-def _family_has_hint(src, rel):
+_SIBLING = re.compile(r"^from (\.+\w+|vllm\.model_executor\.models\.\w+|vllm\.models\.[\w.]+) import", re.M)
+
+
+_ARCH_LIST = re.compile(r"architectures\s*=\s*\[([^\]]*)\]")
+
+
+def _family_has_hint(src, rel, reg=None, depth=0):
     """A cheap pre-filter for "every MLA architecture": the module (or its package) mentions MLA."""
     paths = [rel]
     if rel.endswith("__init__.py"):
@@ -669,12 +746,29 @@ def _family_has_hint(src, rel):
             for f in files:
                 if f.endswith(".py"):
                     paths.append(os.path.relpath(os.path.join(d, f), src.vdir))
+    texts = []
     for p in paths:
         try:
-            if _MLA_HINT.search(_read_regular(os.path.join(src.vdir, p)).decode("utf-8", "replace")):
-                return True
+            texts.append((p, _read_regular(os.path.join(src.vdir, p)).decode("utf-8", "replace")))
         except OSError:
             pass
+    if any(_MLA_HINT.search(t) for _p, t in texts):
+        return True
+    if depth:
+        return False
+    # a wrapper (VL model, MTP draft) names no MLA itself: the model module it imports or builds does
+    for p, t in texts:
+        rels = []
+        for mod in _SIBLING.findall(t):
+            rels.append(src.rel_of(mod.lstrip("."), p, len(mod) - len(mod.lstrip("."))) if mod.startswith(".")
+                        else src.rel_of(mod))
+        for names in _ARCH_LIST.findall(t):  # init_vllm_registered_model(..., architectures=["X"])
+            for a in re.findall(r"[\"'](\w+)[\"']", names):
+                e = (reg or {}).get(a)
+                rels.append(src.rel_of(e["module"]) if e else None)
+        for rel in rels:
+            if rel and rel != p and rel.startswith(_EXPAND) and _family_has_hint(src, rel, None, 1):
+                return True
     return False
 
 
@@ -690,14 +784,16 @@ def host_platform(ident, gpu):
     return None
 
 
-def resolve_paths(vdir, architectures=None, ident=None, gpu=None, limit=64, budget_s=None):
+def resolve_paths(vdir, architectures=None, ident=None, gpu=None, limit=64, max_modules=None,
+                  text_architectures=None):
     """The static answer's `resolution` section. Without a model, every MLA architecture: the model-private
-    families first, then the flat modules, until `budget_s` (what is left is named in `not_resolved`)."""
-    import time
-
-    t0 = time.time()
-    r = Resolver(vdir)
-    reg = r.registry()
+    families first, then the flat modules, while fewer than `max_modules` modules have been parsed (what is
+    left is named in `not_resolved`; a served model's architectures are always resolved). A count, never a
+    clock: the same tree always gives the same answer, however loaded the host. `text_architectures`: the
+    served config's text_config ones (a VL wrapper's model)."""
+    bound = _MAX_MODULES if max_modules is None else max_modules
+    r = Resolver(vdir, text_architectures)
+    reg = r._registry()
     plat = host_platform(ident, gpu)
     out = {"registry_file": REGISTRY, "registry_entries": len(reg), "host_platform": plat,
            "architectures": [], "unknown": []}
@@ -713,13 +809,13 @@ def resolve_paths(vdir, architectures=None, ident=None, gpu=None, limit=64, budg
             if rel is None:
                 continue
             if rel not in hint:
-                hint[rel] = _family_has_hint(r.src, rel)
+                hint[rel] = _family_has_hint(r.src, rel, reg)
             if hint[rel]:
                 wanted.append(a)
         wanted.sort(key=lambda a: (not reg[a]["private"], a))
     out["not_resolved"] = []
     for i, a in enumerate(wanted[:limit]):
-        if budget_s is not None and time.time() - t0 > budget_s:
+        if out["scope"] == "all_mla" and len(r.src.mods) >= bound:
             out["not_resolved"] = wanted[i:limit]
             break
         e = reg.get(a)
@@ -730,6 +826,7 @@ def resolve_paths(vdir, architectures=None, ident=None, gpu=None, limit=64, budg
         if out["scope"] == "all_mla" and not res["mla"]:
             continue
         out["architectures"].append(res)
+    out["bound"] = {"max_modules": bound, "modules_parsed": len(r.src.mods)}
     out["probe_targets"] = probe_targets(out["architectures"])
     from .backends import backends  # every MLA backend class and its decode entry
 
