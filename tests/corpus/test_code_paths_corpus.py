@@ -267,6 +267,11 @@ def test_wrappers_and_drafts_reach_the_language_models_layer(dist, version, arch
               and (through is None or through in lp["via"])]
     assert layers, (arch, platform, [(lp["class"], lp["via"]) for b in branches for lp in b["layers"]])
     _check_layer(layers[0], layer_ref, decode, prefill, prefill_ref)
+    for b in branches:  # a platform branch holds only its own platform's layers (the inner family's branch)
+        others = {"nvidia", "amd", "xpu", "cpu"} - set(b["platform"].split("+"))
+        wrong = [lp["file"] for lp in b["layers"] if b["platform"] != "any"
+                 and any("/%s/" % o in lp["file"] for o in others)]
+        assert not wrong, (b["platform"], wrong)
     if through:
         inner, site = through.split(" (")
         wraps = [w for b in branches for w in b.get("wraps", [])]
@@ -301,3 +306,23 @@ def test_the_all_mla_scope_includes_the_wrappers_and_drafts():
         got = {a["architecture"] for a in res["architectures"]}
         assert want <= got, (version, want - got)
         assert not res["not_resolved"], res["bound"]
+
+
+def test_the_no_model_answer_is_the_same_under_load():
+    """The all-MLA resolution of a release with model-private families, computed again while a process burns
+    the CPU, is identical to the first (the bound counts modules, not seconds: a loaded host once lost
+    architectures to `not_resolved` at random). 0.24.0, not 0.33.0: the same code path at a fifth of the cost."""
+    import json
+    import subprocess
+    import sys
+
+    first = _answer("vllm", "0.24.0", None)
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])]
+    try:
+        again = resolve_paths(str(corpus.ensure("vllm", "0.24.0") / "vllm"), None, {"distribution": "vllm"}, {})
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    assert not first["not_resolved"] and first["bound"]["modules_parsed"] < first["bound"]["max_modules"]
+    assert json.dumps(again, sort_keys=True) == json.dumps(first, sort_keys=True)

@@ -416,3 +416,33 @@ def test_a_wrapper_reaches_the_language_models_layer_through_the_registry(tree):
     assert a["mla"]
     res = resolve_paths(str(v), None, {}, {})
     assert "WrapVL" in {x["architecture"] for x in res["architectures"]}  # the hint follows architectures=[...]
+
+
+def test_a_taken_branch_that_builds_no_layer_runs_nothing_of_another_branch():
+    # DeepSeek V4's VL model on CPU is a stub that raises (vl_stub.py): the cpu branch has no layer, and the
+    # nvidia branch's layers must not stand in for it
+    res = {"scope": "model", "architectures": [{
+        "architecture": "VLForConditionalGeneration", "family": "fam", "module_file": "models/fam/__init__.py",
+        "registry": {"file": "r.py", "line": 1, "dict": "_M", "private": True}, "platform_taken": "cpu",
+        "branches": [{"platform": "cpu", "model": {"file": "models/fam/vl_stub.py", "class": "VL", "line": 8},
+                      "layers": []},
+                     {"platform": "nvidia", "model": {"file": "models/fam/vl.py", "class": "VL", "line": 3},
+                      "layers": [{"class": "FamFlash", "file": "models/fam/nvidia/flash.py", "line": 5,
+                                  "prefill": "none", "calls": []}]}]}]}
+    (fp,) = cp.family_paths(res)
+    assert fp.taken_builds_none == "VL (vllm/models/fam/vl_stub.py:8)" and fp.running() == []
+    assert cp.served_path(res, {"architectures": ["VLForConditionalGeneration"]}) is None
+    res["architectures"][0]["platform_taken"] = "nvidia"
+    (fp,) = cp.family_paths(res)
+    assert fp.taken_builds_none is None and [lp.cls for lp in fp.running()] == ["FamFlash"]
+
+
+def test_the_agent_passes_a_vl_configs_text_architectures():
+    from mla_doctor.agent.facts.ops import _text_architectures
+
+    assert _text_architectures({"config": {"architectures": ["DeepseekVLV2ForCausalLM"],
+                                           "language_config": {"architectures": ["DeepseekV2ForCausalLM"]}}}) \
+        == ["DeepseekV2ForCausalLM"]
+    assert _text_architectures({"config": {"text_config": {"architectures": ["DeepseekV3ForCausalLM"]}}}) \
+        == ["DeepseekV3ForCausalLM"]
+    assert _text_architectures({"config": {"architectures": ["X"]}}) is None and _text_architectures(None) is None
