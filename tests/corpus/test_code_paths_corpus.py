@@ -38,7 +38,7 @@ def _answer(dist, version, archs=None):
 def test_every_family_architecture_resolves_to_a_layer_with_entries(dist, version):
     tree = corpus.ensure(dist, version) / "vllm"
     r = Resolver(str(tree))
-    # the text models (VL wrappers and MTP drafts: WRAPPED below; a DSpark draft has no layer of its own)
+    # the text models (VL wrappers and MTP drafts: WRAPPED below)
     archs = sorted(a for a, e in r.registry().items()
                    if e["private"] and e["module"].split(".")[2] in MLA_FAMILIES and a.endswith("ForCausalLM")
                    and not a.startswith("DSpark") and "MTP" not in a and "Draft" not in a)
