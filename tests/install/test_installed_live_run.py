@@ -6,6 +6,7 @@ the install, exactly as `make demo` does."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,8 +18,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_installed_wheel_runs_the_live_diagnosis_and_restores(installed):
-    # the sandbox's sshd logs in as this user, so their real home; everything else as the install's user sees it
-    env = installed.env(MLA_DOCTOR_BIN=str(installed.exe), HOME=str(Path.home()))
+    # the sandbox's sshd logs in as this user, so their real home; everything else as the install's user sees it;
+    # the vLLM venv and model where the suite keeps them (installed.env drops every MLA_DOCTOR_* variable)
+    keep = {k: os.environ[k] for k in ("MLA_DOCTOR_VLLM_VENV", "MLA_DOCTOR_TINY_MLA") if k in os.environ}
+    env = installed.env(MLA_DOCTOR_BIN=str(installed.exe), HOME=str(Path.home()), **keep)
     p = subprocess.run([sys.executable, "demo/sandbox.py", "--format", "json"], cwd=ROOT, capture_output=True,
                        text=True, timeout=1200, stdin=subprocess.DEVNULL, env=env)
     assert p.returncode == 0, p.stderr[-3000:]

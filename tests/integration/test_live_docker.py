@@ -80,10 +80,11 @@ def run_container(fleet) -> None:
     env = vllm_cpu.server_env("/tmp", base={"PATH": "/usr/bin:/bin", "HOME": "/root"})
     env["PYTHONPATH"] = APP_SITE
     argv = vllm_cpu.server_argv(str(vllm_cpu.model_dir()), 8000)
-    cache = str(vllm_cpu.venv_dir().parent)
+    # the venv and the model, each where the suite keeps it ($MLA_DOCTOR_VLLM_VENV / $MLA_DOCTOR_TINY_MLA)
+    mounts = [x for d in (vllm_cpu.venv_dir(), vllm_cpu.model_dir()) for x in ("-v", f"{d}:{d}:ro")]
     # vLLM's engine needs more /dev/shm than docker's default 64 MiB (as every real deployment does)
     cmd = (["docker", "run", "-d", "--name", NAME, "--network", "host", "--restart", "unless-stopped",
-            "--shm-size", "1g", "-v", "/usr:/usr:ro", "-v", f"{cache}:{cache}:ro", "-w", "/app"]
+            "--shm-size", "1g", "-v", "/usr:/usr:ro", *mounts, "-w", "/app"]
            + [x for k, v in sorted(env.items()) for x in ("-e", f"{k}={v}")] + [IMAGE] + argv)
     r = ssh(fleet, " ".join(shlex.quote(a) for a in cmd))
     assert r.returncode == 0, r.stderr
