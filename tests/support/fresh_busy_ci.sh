@@ -11,7 +11,8 @@
 # The venv and the model live under /opt (fleet hosts have a private /root and /opt/ml-env, but see /opt), in a
 # world-readable directory (the fleet's service users run the server). Every other MLA_DOCTOR_* variable, and
 # XDG_CACHE_HOME / PIP_CACHE_DIR / HF_HOME, are unset so nothing leads back to a warm cache. PIP_FIND_LINKS
-# (/opt/wheels: the machine image's torch CPU wheel, not a cache) is kept.
+# (/opt/wheels: the machine image's torch CPU wheel, not a cache) and pip's user config (the machine's local
+# package index) are kept.
 #
 # The run holds the fleet, vLLM and users locks (in that order, as HELPER_RULES says) for its whole length: it
 # brings up the fleet, starts real servers and creates system users.
@@ -63,6 +64,10 @@ trap 'exit 143' TERM
 
 git clone -q "$REPO" "$TMP/clone" || exit 1
 mkdir -p "$TMP/home"
+# pip's user config is the machine's set-up (its local package index), not a cache: the fresh HOME keeps it
+for f in .config/pip/pip.conf .pip/pip.conf; do
+  if [ -f "$HOME/$f" ]; then mkdir -p "$(dirname "$TMP/home/$f")" && cp "$HOME/$f" "$TMP/home/$f"; fi
+done
 
 # Everything that could lead back to a warm cache goes; then the four variables the suite honours.
 for v in $(env | sed -n 's/^\(MLA_DOCTOR_[A-Z0-9_]*\)=.*/\1/p'); do unset "$v"; done
@@ -81,7 +86,8 @@ if [ "$SETUP_ONLY" = 1 ]; then
   .venv/bin/python tests/support/corpus.py vllm==0.33.0 || exit 1
   ok=1
   [ -f "$MLA_DOCTOR_CACHE/vllm-src/vllm-0.33.0/.complete" ] || { echo "FAIL: corpus not under $MLA_DOCTOR_CACHE" >&2; ok=0; }
-  [ -d "$HOME/.cache/pip" ] || { echo "FAIL: pip's cache not under the fresh HOME" >&2; ok=0; }
+  got=$(.venv/bin/python -m pip cache dir)
+  case "$got" in "$HOME"/*) ;; *) echo "FAIL: pip's cache is $got, not under the fresh HOME" >&2; ok=0 ;; esac
   got=$(.venv/bin/python -c 'import sys; sys.path.insert(0, "tests/support"); import vllm_cpu, corpus
 print(vllm_cpu.venv_dir(), vllm_cpu.model_dir(), corpus.cache_root())')
   want="$MLA_DOCTOR_VLLM_VENV $MLA_DOCTOR_TINY_MLA $MLA_DOCTOR_CACHE"
@@ -100,12 +106,13 @@ done
 echo "busy loops: ${BUSY[*]} (one per core, $(nproc) cores); log $LOG; timings $TIMES" >&2
 
 # The run, its output tee'd to the log; a line "=== tier X" (the Makefile's) starts a tier: the time between two
-# such lines is the earlier tier's wall time, and before the first is the set-up (venv, system packages, lint,
-# unit-data).
+# such lines is the earlier tier's wall time; "lock-wait" is the wait for the locks, "setup" the make test set-up
+# (venv, system packages, lint, unit-data).
 start=$(date +%s)
 : > "$TIMES"
-flock /tmp/mla-fleet.lock flock /tmp/mla-vllm.lock flock /tmp/mla-users.lock bash .ci/run 2>&1 | {
-  tier=setup
+flock /tmp/mla-fleet.lock flock /tmp/mla-vllm.lock flock /tmp/mla-users.lock \
+  bash -c 'echo "=== tier setup (locks held)"; exec bash .ci/run' 2>&1 | {
+  tier=lock-wait
   t0=$(date +%s)
   while IFS= read -r line; do
     printf '%s\n' "$line"
