@@ -26,7 +26,7 @@ from mla_doctor.errors import UsageError
 from mla_doctor.exit_codes import ExitStatus
 from mla_doctor.fleet import inventory as inv_mod
 from mla_doctor.fleet import playbook as pb_mod
-from mla_doctor.fleet.job import execute_host
+from mla_doctor.fleet.job import execute_host, fleet_undo
 from mla_doctor.fleet.playbook import catalog
 from mla_doctor.fleet.scheduler import Events, FleetHostReport, run_fleet
 from mla_doctor.redact import redact_tree
@@ -168,8 +168,13 @@ def audit_cmd(inventory_path, limit, playbook_name, forks, serial, max_fail_perc
             lambda name, cancel, step: execute_host(plans[name], defaults, cancel, step, None, kw.get("python")),
             limit=limit_n, max_fail_percent=mfp,
             timeout_for=lambda name: float(plans[name].host.vars.get("host_timeout") or default_timeout),
-            events=events)
-        meta.update(peak_running=sched.peak, stopped_early=sched.stopped)
+            events=events,
+            # Ctrl-C / SIGTERM: a runbook that changes hosts puts each running host back before the report
+            undo=fleet_undo(plans, defaults, kw.get("python")) if pb.changes else None)
+        meta.update(peak_running=sched.peak, stopped_early=sched.stopped and not sched.interrupted)
+        if sched.interrupted:
+            interrupted = True
+            meta.update(interrupted=True)
     except KeyboardInterrupt:
         # Ctrl-C: the finished hosts' report and the retry file are still written; the rest count as not run.
         interrupted = True

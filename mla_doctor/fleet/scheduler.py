@@ -8,6 +8,11 @@
   others; a host past its timeout gets its connection closed and is reported as timed out.
 One host's job (its one connection, the playbook's steps) is `fleet.job.execute_host` → `host.execute`;
 its `Cancel` (mla_doctor/cancel.py) is fired on a host timeout.
+* Ctrl-C / SIGTERM (mla_doctor/interrupts.py) fires every running host's cancel, so their jobs end at once. With
+  an `Undo` (a runbook that changes hosts: fleet/job.py's `fleet_undo`), `run_fleet` then puts back what each
+  host's job left changed — all in parallel, over a new connection each, with progress — and returns every
+  host's report: hosts not started are reported as not run. A second signal stops the restores; each host's
+  report (and stderr) says what is left and the exact revert.
 Progress is reported through callbacks; nothing here prints.
 """
 from __future__ import annotations
@@ -63,6 +68,7 @@ class Scheduler:
         self.finished: list[str] = []
         self.failed: list[str] = []
         self.stopped = False
+        self.interrupted: str | None = None  # the signal's name, when Ctrl-C / SIGTERM stopped the run
         self.peak = 0  # most hosts running at once, ever
 
     def next(self) -> str | None:
@@ -104,11 +110,27 @@ class Events:
 
 Job = Callable[[str, Cancel, Callable[[str], None]], HostReport]
 
+# How long an interrupted host's job may take to come back once its connection is closed: its next agent call or
+# read fails at once, a readiness wait within one tick (3 s). Generous for a loaded machine; a job not back by
+# then is reported as such, with what may be left and how to look.
+JOB_END_S = 20.0
+
+
+@dataclass
+class Undo:
+    """How an interrupted fleet run puts back what a host's job left changed (fleet/job.py's `fleet_undo`)."""
+
+    needed: Callable[[str, HostReport], bool]  # does this host's report leave something changed on it?
+    restore: Callable[[str, HostReport, Cancel, Callable[[str], None]], HostReport]  # put back; the report
+    left: Callable[[str, Optional[HostReport]], str]  # what is left on the host and the command that undoes it
+    bound_s: float  # the most one host's restore may take (they run in parallel)
+
 
 def run_fleet(hosts: list[str], job: Job, limit: int, max_fail_percent: float | None = None,
               timeout_for: Callable[[str], float | None] = lambda h: None,
-              events: Events | None = None) -> tuple[dict[str, HostReport], Scheduler]:
-    """Run ``job(host, cancel, step)`` for every host under the scheduler; never raises for a host."""
+              events: Events | None = None, undo: Undo | None = None) -> tuple[dict[str, HostReport], Scheduler]:
+    """Run ``job(host, cancel, step)`` for every host under the scheduler; never raises for a host. Interrupted
+    (Ctrl-C, SIGTERM): without `undo` the interrupt propagates; with it, see the module's docstring."""
     events = events or Events()
     sched = Scheduler(hosts, limit, max_fail_percent)
     results: dict[str, HostReport] = {}
@@ -117,12 +139,36 @@ def run_fleet(hosts: list[str], job: Job, limit: int, max_fail_percent: float | 
     cancels: dict[str, Cancel] = {}
     started_at: dict[str, float] = {}
 
+    try:
+        _loop(sched, job, done_q, results, deadlines, cancels, started_at, timeout_for, events)
+    except KeyboardInterrupt as e:
+        if undo is None:
+            raise
+        sched.stopped = True
+        sched.interrupted = str(e) if isinstance(e, interrupts.Interrupted) else "SIGINT"
+        _put_back(sched, hosts, undo, done_q, results, cancels, events)
+    for h in sched.not_run:
+        if sched.interrupted:
+            report = FleetHostReport(host=h, status=HostStatus.ERROR, error_kind="NotRun",
+                                     error=f"not run: interrupted ({sched.interrupted}) before it started")
+        else:
+            pct = sched.max_fail_percent
+            report = FleetHostReport(host=h, status=HostStatus.ERROR, error_kind="NotRun",
+                                     error=f"not run: stopped after {len(sched.failed)} of {sched.total} hosts "
+                                           f"failed (more than --max-fail-percent {pct:g})")
+        results[h] = report
+        events.done(h, report)
+    return results, sched
+
+
+def _loop(sched: Scheduler, job: Job, done_q: queue.Queue, results: dict, deadlines: dict, cancels: dict,
+          started_at: dict, timeout_for: Callable[[str], float | None], events: Events) -> None:
     def worker(host: str, cancel: Cancel) -> None:
         try:
             report = job(host, cancel, lambda msg: events.step(host, msg))
         except BaseException as e:  # noqa: BLE001 - one host's bug never stops the others
             report = FleetHostReport(host=host, status=HostStatus.ERROR, error_kind=type(e).__name__,
-                                error=f"internal error on this host's job: {type(e).__name__}: {e}")
+                                     error=f"internal error on this host's job: {type(e).__name__}: {e}")
         done_q.put((host, report))
 
     while not sched.done:
@@ -163,11 +209,101 @@ def run_fleet(hosts: list[str], job: Job, limit: int, max_fail_percent: float | 
         results[host] = report
         sched.finish(host, job_failed(report))
         events.done(host, report)
-    for h in sched.not_run:
-        pct = sched.max_fail_percent
-        report = FleetHostReport(host=h, status=HostStatus.ERROR, error_kind="NotRun",
-                            error=f"not run: stopped after {len(sched.failed)} of {sched.total} hosts failed "
-                                  f"(more than --max-fail-percent {pct:g})")
+
+
+# ------------------------------------------------------------------------- after an interrupt
+
+def _put_back(sched: Scheduler, hosts: list[str], undo: Undo, done_q: queue.Queue, results: dict[str, HostReport],
+              cancels: dict[str, Cancel], events: Events) -> None:
+    """The running hosts' jobs end (their connections are closed); each that left something changed is put
+    back over a new connection, all at once, while a first signal does not stop it (interrupts.restoring)."""
+    waiting = [h for h in hosts if h in sched.running and h not in results]  # in the inventory's order
+    if not waiting:
+        return
+    for h in waiting:
+        if h in cancels:
+            cancels[h].fire()  # the signal fired them already; again, in case a host started since
+    why = sched.interrupted
+    back: dict[str, HostReport] = {}  # a job's report once it came back
+    restoring: dict[str, Cancel] = {}  # hosts being put back, each with its own connection's cancel
+    restored_q: queue.Queue = queue.Queue()
+
+    def left() -> str:
+        rest = [h for h in waiting if h not in results]
+        return "left on the hosts:\n" + "\n".join(f"  {undo.left(h, back.get(h))}" for h in rest) if rest \
+            else "nothing is left on the hosts"
+
+    def restorer(h: str, report: HostReport, cancel: Cancel) -> None:
+        try:
+            out = undo.restore(h, report, cancel, lambda msg: events.step(h, msg))
+        except BaseException as e:  # noqa: BLE001 - one host's bug never stops the others
+            out = report
+            out.status, out.error_kind = HostStatus.ERROR, "NotRestored"
+            out.error = f"interrupted ({why}); putting the host back failed: {type(e).__name__}: {e}"
+            out.exit_override = ExitStatus.NOT_RESTORED
+        restored_q.put((h, out))
+
+    def finish(h: str, report: HostReport) -> None:
         results[h] = report
+        if h in sched.running:
+            sched.finish(h, job_failed(report))
         events.done(h, report)
-    return results, sched
+
+    label = f"{len(waiting)} running host(s) ({', '.join(waiting[:4])}{', …' if len(waiting) > 4 else ''})"
+    body_done = False
+    try:
+        with interrupts.restoring(label, left, JOB_END_S + undo.bound_s):
+            deadline = time.monotonic() + JOB_END_S
+            while any(h not in back for h in waiting) and time.monotonic() < deadline:
+                try:
+                    h, report = done_q.get(timeout=max(0.01, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if h not in waiting or h in back:
+                    continue
+                back[h] = report
+                if undo.needed(h, report):
+                    restoring[h] = Cancel()
+                    threading.Thread(target=restorer, args=(h, report, restoring[h]), daemon=True,
+                                     name=f"mla-doctor restore {h}").start()
+                else:
+                    if report.status != HostStatus.OK:
+                        report.error_kind = "Interrupted"
+                        report.error = f"interrupted ({why}): {report.error}"
+                    finish(h, report)
+            for h in waiting:
+                if h not in back:
+                    finish(h, FleetHostReport(host=h, status=HostStatus.ERROR, error_kind="Interrupted",
+                                              error=f"interrupted ({why}): its job did not end within "
+                                                    f"{JOB_END_S:g}s of its connection closing; "
+                                                    + undo.left(h, None)))
+            deadline = time.monotonic() + undo.bound_s
+            while any(h not in results for h in restoring) and time.monotonic() < deadline:
+                try:
+                    h, out = restored_q.get(timeout=max(0.01, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                finish(h, out)
+            for h, cancel in restoring.items():
+                if h not in results:
+                    cancel.fire()
+                    finish(h, _not_restored(back[h], why, f"putting it back took over {undo.bound_s:g}s; "
+                                            + undo.left(h, back[h])))
+            body_done = True
+    except KeyboardInterrupt:  # interrupts.Interrupted, or a plain Ctrl-C where no handler is installed
+        if not body_done:  # a second signal: the restores stop; each host says what is left (so did stderr)
+            for h in waiting:
+                if h not in results:
+                    if h in restoring:
+                        restoring[h].fire()
+                    finish(h, _not_restored(back.get(h) or FleetHostReport(host=h), why,
+                                            "the restore was stopped (a second interrupt); "
+                                            + undo.left(h, back.get(h))))
+        # else: the interrupt being handled, raised again by restoring() once the restore is done
+
+
+def _not_restored(report: HostReport, why: str | None, text: str) -> HostReport:
+    report.status, report.error_kind, report.exit_override = HostStatus.ERROR, "NotRestored", ExitStatus.NOT_RESTORED
+    report.error = f"interrupted ({why}): {text}"
+    report.restored = False
+    return report

@@ -89,6 +89,7 @@ LOCAL: dict[str, object] = {
     "speed_equivalence": {"static_local_json_is_what_it_was_before_the_levers"},
     "static_reads": {"a_huge_sparse_source_file_is_refused_without_reading_it"},
     "transport_sshd": ALL,  # one real sshd (the module fixture) for every test of the file
+    "fleet_interrupt_restore": ALL,  # one real sshd, the real agent patching real sources
 }
 
 
