@@ -253,6 +253,13 @@ def _put_back(sched: Scheduler, hosts: list[str], undo: Undo, done_q: queue.Queu
     body_done = False
     try:
         with interrupts.restoring(label, left, JOB_END_S + undo.bound_s):
+            for h in waiting:
+                if h in cancels and cancels[h].transport is None:
+                    # not connected yet (connect, banner, auth: nothing can be changed without the connection,
+                    # and the job does nothing once connected: its cancel closes it): not waited for
+                    back[h] = FleetHostReport(host=h, status=HostStatus.ERROR, error_kind="Interrupted",
+                                              error=f"interrupted ({why}) while connecting: nothing was changed")
+                    finish(h, back[h])
             deadline = time.monotonic() + JOB_END_S
             while any(h not in back for h in waiting) and time.monotonic() < deadline:
                 try:

@@ -174,6 +174,42 @@ def _silent_server():
     return s, s.getsockname()[1]
 
 
+def test_ctrl_c_in_a_live_fleet_run_ends_the_running_host_and_starts_no_other(tmp_path):
+    """A runbook that changes hosts (live steps, one at a time): Ctrl-C ends the running host's job, puts back
+    what it changed (nothing yet: it never got past the banner), never starts the next host, and writes the
+    report and the retry file (tests/unit/test_fleet_interrupt_restore.py: hosts with changes in place)."""
+    srv, port = _silent_server()
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(f"hosts:\n  stuck: {{address: 127.0.0.1, port: {port}}}\n"
+                   f"  later: {{address: 127.0.0.1, port: {port}}}\n")
+    out, retry = tmp_path / "r.json", tmp_path / "failed.retry"
+    proc = subprocess.Popen([sys.executable, "-m", "mla_doctor", "audit", "-i", str(inv), "--playbook", "mla-path",
+                             "--yes", "--connect-timeout", "60", "--progress", "plain", "--format", "json",
+                             "-o", str(out), "--retry-file", str(retry), "--known-hosts", str(tmp_path / "kh")],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "HOME": str(tmp_path)})
+    try:
+        err = ""
+        while "stuck: connect" not in err and proc.poll() is None:  # the event: the host's job is connecting
+            err += os.read(proc.stderr.fileno(), 65536).decode()
+        assert "stuck: connect" in err, err
+        proc.send_signal(signal.SIGINT)
+        _, rest = proc.communicate(timeout=60)  # ends in a second or two; generous for a loaded machine
+    finally:
+        proc.kill()
+        srv.close()
+    assert proc.returncode == ExitStatus.INTERRUPTED, rest
+    assert "interrupted: restoring 1 running host(s) (stuck) before exiting" in rest
+    doc = json.loads(out.read_text())
+    hosts = {h["host"]: h for h in doc["hosts"]}
+    assert hosts["stuck"]["error_kind"] == "Interrupted" and hosts["stuck"]["error"] == \
+        "interrupted (SIGINT) while connecting: nothing was changed", hosts["stuck"]
+    assert hosts["later"]["error_kind"] == "NotRun" and "interrupted (SIGINT) before it started" in \
+        hosts["later"]["error"]
+    assert doc["fleet"]["interrupted"] is True and doc["exit_status"] == 130
+    assert sorted(retry.read_text().split()) == ["later", "stuck"]
+
+
 def test_ctrl_c_in_a_fleet_audit_writes_finished_hosts_and_the_retry_file(tmp_path):
     srv, port = _silent_server()
     refused = socket.socket()
