@@ -109,7 +109,7 @@ def left_text(target: HostTarget, run_root: str, report: HostReport | None) -> s
     """What an interrupted host may still have changed, and the exact command that undoes it."""
     rid = changed_run(report) if report is not None else None
     if report is not None and rid is None:
-        return f"{target.name}: nothing changed"
+        return f"{target.name}: nothing left changed"
     undo = revert_command(target.address, target.conn, target.python, rid, run_root)
     if rid is None:  # its job never came back: which run it made is not known here
         return (f"{target.name}: not known (its job did not answer); to see its runs: {undo} --dry-run, "
@@ -139,8 +139,8 @@ def restore_host(target: HostTarget, run_root: str, report: HostReport, cancel: 
     if cancel is not None:
         cancel.attach(c.transport)
     try:
-        tr, conn = c.inside(target.container)
-        rev = revert_host(tr, target.name, conn, rid, False, run_root)
+        # on the host itself, as the printed undo does: a docker run's host side reverts inside its container
+        rev = revert_host(c.transport, target.name, c.conn, rid, False, run_root)
     finally:
         c.close()
     if rev.error_kind == "RunNotFound":  # the patch never landed: nothing was changed
