@@ -8,6 +8,8 @@ agent's answer, HTTP through the tunnel) end at once instead of at their timeout
 Inside `restoring(...)` (a live run putting its host back) a signal does not interrupt: the first says that the
 restore goes on, how long it may take, and that another Ctrl-C stops it; the second stops it, saying what is left
 on the host and how to undo it. Once the restore is done, the interrupt that came during it is raised.
+A fleet run (fleet/scheduler.py) puts its running hosts back the same way: one `restoring(...)` in the main
+thread around all of them, the restores themselves in parallel threads, each over a new connection.
 
 A last guard: `GUARD_S` seconds after an interrupt outside a restore the process exits (status 130) even if
 something still blocks, so Ctrl-C always gives the prompt back. Stdlib only; nothing here prints but the two
