@@ -103,7 +103,7 @@ def test_a_late_answer_ends_the_session(vdir, monkeypatch):
         t0 = time.monotonic()
         with pytest.raises(RemoteError, match="no answer within"):
             s.run_agent(index_plan(vdir), timeout=0.5)
-        assert time.monotonic() - t0 < 5
+        assert time.monotonic() - t0 < 30  # generous for a loaded machine: the bug waits for a stopped agent
         assert s.state == "one-shot"
         assert s.run_agent(index_plan(vdir), timeout=60)["op"] == "index"
     finally:

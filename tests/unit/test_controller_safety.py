@@ -214,7 +214,7 @@ def test_alias_bomb_fails_fast_with_file_and_line(tmp_path):
     t0 = time.monotonic()
     with pytest.raises(ConfigFileError, match=rf"^{p}:1: YAML anchor &a is not supported"):
         yamlfile.load(str(p))
-    assert time.monotonic() - t0 < 1
+    assert time.monotonic() - t0 < 10  # milliseconds; generous for a loaded machine (the bomb: 9**9 nodes)
 
 
 def test_alias_bomb_via_the_real_cli_inventory_and_playbook(tmp_path):
@@ -418,7 +418,7 @@ def sshd(tmp_path):
                    f"AuthorizedKeysFile {d / 'authorized_keys'}\nPasswordAuthentication no\n"
                    "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n")
     proc = subprocess.Popen([exe, "-D", "-e", "-f", str(cfg)], stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # generous: a loaded machine; sshd's port answering is the event
     while time.monotonic() < deadline:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
