@@ -174,7 +174,8 @@ def _silent_server():
     return s, s.getsockname()[1]
 
 
-def test_ctrl_c_in_a_live_fleet_run_ends_the_running_host_and_starts_no_other(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_in_a_live_fleet_run_ends_the_running_host_and_starts_no_other(tmp_path, sig):
     """A runbook that changes hosts (live steps, one at a time): Ctrl-C ends the running host's job, puts back
     what it changed (nothing yet: it never got past the banner), never starts the next host, and writes the
     report and the retry file (tests/unit/test_fleet_interrupt_restore.py: hosts with changes in place)."""
@@ -193,7 +194,7 @@ def test_ctrl_c_in_a_live_fleet_run_ends_the_running_host_and_starts_no_other(tm
         while "stuck: connect" not in err and proc.poll() is None:  # the event: the host's job is connecting
             err += os.read(proc.stderr.fileno(), 65536).decode()
         assert "stuck: connect" in err, err
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         _, rest = proc.communicate(timeout=60)  # ends in a second or two; generous for a loaded machine
     finally:
         proc.kill()
@@ -203,8 +204,8 @@ def test_ctrl_c_in_a_live_fleet_run_ends_the_running_host_and_starts_no_other(tm
     doc = json.loads(out.read_text())
     hosts = {h["host"]: h for h in doc["hosts"]}
     assert hosts["stuck"]["error_kind"] == "Interrupted" and hosts["stuck"]["error"] == \
-        "interrupted (SIGINT) while connecting: nothing was changed", hosts["stuck"]
-    assert hosts["later"]["error_kind"] == "NotRun" and "interrupted (SIGINT) before it started" in \
+        f"interrupted ({sig.name}) while connecting: nothing was changed", hosts["stuck"]
+    assert hosts["later"]["error_kind"] == "NotRun" and f"interrupted ({sig.name}) before it started" in \
         hosts["later"]["error"]
     assert doc["fleet"]["interrupted"] is True and doc["exit_status"] == 130
     assert sorted(retry.read_text().split()) == ["later", "stuck"]
