@@ -23,8 +23,9 @@
 #   --keep        keep the temp dirs (clone, HOME, /opt dir) at exit, for a look afterwards
 #   --repo DIR    what to clone (default /work/main)
 #   --log FILE    the run's log (default /tmp/fresh-busy-ci-<time>.log); the timings go to FILE.times
-# Takes about 60-75 min on 2 busy cores (the suite's ~40 min, plus the corpus and the venv built from nothing,
-# slowed by the busy loops). Exit status: the suite's.
+# Takes about 60-90 min on 2 busy cores: the suite's ~39 min warm, plus what a warm machine has cached (the
+# corpus's first fetch ~4.5 min / 10 GB downloaded, its derived answers ~3 min, the vLLM venv ~95 s), all slowed
+# by the busy loops; plus any wait for the locks (timed apart). Exit status: the suite's.
 set -uo pipefail
 
 REPO=/work/main
