@@ -108,7 +108,7 @@ def _handler(signum: int, frame) -> None:
         if _S.pending is None:
             _S.pending = signum
             _say(f"interrupted ({signal.Signals(signum).name}): still restoring {host} (up to ~{expected:.0f}s; "
-                 "progress above); Ctrl-C again to stop restoring and leave the host as it is now")
+                 f"progress above); Ctrl-C again to stop restoring and leave {host} as it is now")
             return
         _say(f"interrupted again: the restore of {host} is stopped. {left()}")
         _arm_guard()
@@ -167,7 +167,7 @@ def restoring(host: str, left: Callable[[], str], expected_s: float) -> Iterator
         return
     if _S.signum is not None:  # the interrupt that led here: say that the host is put back first
         _say(f"interrupted: restoring {host} before exiting (up to ~{expected_s:.0f}s; progress below); "
-             "Ctrl-C again to stop restoring and leave the host as it is now")
+             f"Ctrl-C again to stop restoring and leave {host} as it is now")
         _S.pending = _S.signum
     _S.restore.append((host, left, expected_s))
     try:
