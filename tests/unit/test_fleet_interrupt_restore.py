@@ -8,7 +8,7 @@ copy of vLLM 0.33.0's real sources (cut down: tests/support/small_vllm.py) and i
 the executor's real steps over its one connection: `patch` (the real agent edits the files), then a command that
 blocks (as a live step's server wait does). The SIGINT is sent when every running host has reached that command
 (an event: its progress line), never after a sleep. Files are checked against the wheel's RECORD hashes and their
-modes and mtimes; the runs' leases, locks and watchdogs must be gone. About 15 s."""
+modes and mtimes; the runs' locks and watchdogs must be gone. About 30 s for the three tests."""
 from __future__ import annotations
 
 import base64
@@ -219,3 +219,34 @@ def test_a_second_ctrl_c_stops_the_restores_and_the_printed_revert_puts_the_file
         assert p.returncode == 0, p.stderr
         assert record_mismatches(fleet.sites[h]) == [] and tree_state(fleet.sites[h]) == fleet.before[h]
         assert fleet.state(h, r)["state"] == "reverted"
+
+
+def test_the_cli_undo_reverts_a_live_run_in_its_runbooks_run_root(fleet, tmp_path):
+    """What `mla-doctor audit` builds (fleet_undo, from the inventory and the runbook): a live step's run left on a
+    host (here made by a real patch) is found in the runbook's own run root and reverted over a new connection."""
+    from mla_doctor.cancel import Cancel
+    from mla_doctor.fleet import inventory, playbook
+    from mla_doctor.fleet.job import fleet_undo
+    from mla_doctor.fleet.scheduler import FleetHostReport
+
+    root = str(tmp_path / "live-runs")
+    pb = tmp_path / "pb.yaml"
+    pb.write_text(f"name: t\nsteps:\n  - live: {{run_root: {root}}}\n")
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(f"hosts:\n  h1: {{address: 127.0.0.1, port: {fleet.sshd.port}, user: {fleet.sshd.user}, "
+                   f"python: {fleet.targets['h1'].python}}}\n")
+    host = inventory.load(str(inv)).hosts["h1"]
+    plans = {"h1": playbook.plan(playbook.load(str(pb)), host)}
+    left = execute(fleet.targets["h1"], [Patch.make(ttl=600, run_root=root, name="patch")])
+    rid = left.patch["run_id"]
+    assert left.patch["outcome"] == "patched" and record_mismatches(fleet.sites["h1"])
+    undo = fleet_undo(plans, fleet.sshd.options(command_timeout=120, connect_timeout=30))
+    report = FleetHostReport(host="h1", live={"run_id": rid})  # a live run cut off after its patch
+    assert undo.needed("h1", report)
+    assert f"--run-root {root} --run {rid}" in undo.left("h1", report)
+    steps = []
+    out = undo.restore("h1", report, Cancel(), steps.append)
+    assert out.restored is True, out.error
+    assert steps == [f"interrupted: restoring run {rid} (revert files, server as found)", f"restored run {rid}"]
+    assert record_mismatches(fleet.sites["h1"]) == [] and tree_state(fleet.sites["h1"]) == fleet.before["h1"]
+    assert not undo.needed("h1", out)
