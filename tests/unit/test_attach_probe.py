@@ -40,14 +40,14 @@ IMPL = textwrap.dedent('''
 
 # the target: calls both entries in a loop and checks every result, as vLLM would see them
 TARGET = textwrap.dedent('''
-    import json, sys, time
+    import json, os, sys, time
     sys.path.insert(0, sys.argv[1])
     import fakemla
     impl, out, bad = fakemla.CPUMLAImpl(), open(sys.argv[2], "a"), 0
     orig = fakemla.MLACommonImpl.__dict__["forward_mqa"]
     out.write("ready\\n"); out.flush()
     deadline = time.time() + float(sys.argv[3])
-    while time.time() < deadline:
+    while time.time() < deadline and not os.path.exists(sys.argv[4]):
         if impl.forward_mqa([1, 2, 3], None, None, None) != ("mqa", 3):
             bad += 1
         try:
@@ -86,17 +86,23 @@ def render(run_dir: Path, ttl: float, targets=None, plant=None) -> bytes:
     return src.encode()
 
 
-def start_target(tmp: Path, seconds: float = 30.0):
+def start_target(tmp: Path, seconds: float = 300.0):
+    """The target, calling both entries until `stop(tmp)` (an event: the test has seen what it waits for, however
+    slow a loaded machine made gdb's attach) or, as a cap, `seconds`."""
     (tmp / "fakemla.py").write_text(IMPL)
     (tmp / "target.py").write_text(TARGET)
     log = tmp / "target.out"
-    p = subprocess.Popen([PY, str(tmp / "target.py"), str(tmp), str(log), str(seconds)], cwd=tmp,
+    p = subprocess.Popen([PY, str(tmp / "target.py"), str(tmp), str(log), str(seconds), str(tmp / "stop")], cwd=tmp,
                          stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60  # generous: a loaded machine
     while not (log.exists() and "ready" in log.read_text()):
         assert time.monotonic() < deadline and p.poll() is None, "target did not start"
         time.sleep(0.05)
     return p, log
+
+
+def stop(tmp: Path) -> None:
+    (tmp / "stop").touch()
 
 
 def records(run_dir: Path) -> list[dict]:
@@ -106,7 +112,7 @@ def records(run_dir: Path) -> list[dict]:
     return out
 
 
-def wait_for(pred, timeout=20.0, what="condition"):
+def wait_for(pred, timeout=60.0, what="condition"):  # generous: only a hang fails it
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         v = pred()
@@ -125,7 +131,7 @@ def write_probe(run_dir: Path, data: bytes) -> Path:
 
 def test_injected_probe_records_returns_raises_unchanged_and_restores_when_the_lease_ends(tmp_path):
     gdb = gdb_or_fail()
-    p, log = start_target(tmp_path, seconds=8)
+    p, log = start_target(tmp_path)
     try:
         data = render(tmp_path / "run", ttl=3.0)
         path = write_probe(tmp_path / "run", data)
@@ -133,8 +139,9 @@ def test_injected_probe_records_returns_raises_unchanged_and_restores_when_the_l
         ok, detail = inject.inject(gdb, p.pid, code)
         assert ok, detail
         recs = wait_for(lambda: [r for r in records(tmp_path / "run") if r["event"] == "detached"] and
-                        records(tmp_path / "run"), timeout=15, what="the probe's detached record")
+                        records(tmp_path / "run"), what="the probe's detached record")
     finally:
+        stop(tmp_path)
         p.wait(30)
     by = {}
     for r in recs:
@@ -157,7 +164,7 @@ def test_injected_probe_records_returns_raises_unchanged_and_restores_when_the_l
 
 def test_a_second_injection_of_the_same_run_does_not_wrap_twice(tmp_path):
     gdb = gdb_or_fail()
-    p, log = start_target(tmp_path, seconds=30)
+    p, log = start_target(tmp_path)
     run = tmp_path / "run"
     try:
         data = render(run, ttl=60.0)
@@ -184,7 +191,7 @@ def test_the_bootstrap_runs_only_the_exact_probe_file_the_agent_wrote(tmp_path, 
     """A local user racing the probe file: changed bytes, a symlink swapped in, a loosened mode, another
     owner — the interpreter runs none of them."""
     gdb = gdb_or_fail()
-    p, _log = start_target(tmp_path, seconds=6)
+    p, _log = start_target(tmp_path)
     marker = tmp_path / "ran"
     good = ("open(%r, 'w').write('good')\n" % str(marker)).encode()
     evil = ("open(%r, 'w').write('evil')\n" % str(marker)).encode()
@@ -209,6 +216,7 @@ def test_the_bootstrap_runs_only_the_exact_probe_file_the_agent_wrote(tmp_path, 
         assert inject.inject(gdb, p.pid, "open(%r, 'w').close()" % str(after))[0]
         wait_for(after.exists, what="the pending calls to run")
     finally:
+        stop(tmp_path)
         p.wait(30)
     assert not marker.exists()
     assert p.returncode == 0
@@ -217,7 +225,7 @@ def test_the_bootstrap_runs_only_the_exact_probe_file_the_agent_wrote(tmp_path, 
 def test_the_untampered_bootstrap_does_run(tmp_path):
     """The control for the test above: the same file, untouched, runs."""
     gdb = gdb_or_fail()
-    p, _log = start_target(tmp_path, seconds=3)
+    p, _log = start_target(tmp_path)
     marker = tmp_path / "ran"
     good = ("open(%r, 'w').write('good')\n" % str(marker)).encode()
     (tmp_path / "run").mkdir()
@@ -227,6 +235,7 @@ def test_the_untampered_bootstrap_does_run(tmp_path):
                                                           os.geteuid()))[0]
         wait_for(marker.exists, what="the probe file to run")
     finally:
+        stop(tmp_path)
         p.wait(30)
     assert marker.read_text() == "good"
 
@@ -234,7 +243,7 @@ def test_the_untampered_bootstrap_does_run(tmp_path):
 def test_a_probe_error_restores_and_never_reaches_the_caller(tmp_path):
     """The probe's own failure (here: its record() raises) detaches it; the target sees nothing."""
     gdb = gdb_or_fail()
-    p, log = start_target(tmp_path, seconds=4)
+    p, log = start_target(tmp_path)
     try:
         head = 'def record(target, role, function, loc, caller=None):\n'
         data = render(tmp_path / "run", ttl=60.0, plant=(head, head + '    raise RuntimeError("probe bug")\n'))
@@ -243,6 +252,7 @@ def test_a_probe_error_restores_and_never_reaches_the_caller(tmp_path):
                                                           os.geteuid()))[0]
         det = wait_for(lambda: [r for r in records(tmp_path / "run") if r["event"] == "detached"], what="detached")
     finally:
+        stop(tmp_path)
         p.wait(30)
     assert det[0]["reason"] == "probe error" and "probe bug" in det[0]["error"] and det[0]["still_wrapped"] == []
     assert json.loads(log.read_text().splitlines()[-1]) == {"bad": 0, "restored": True, "attached": None}
