@@ -241,7 +241,7 @@ def test_read_text_refuses_a_fifo_or_device_without_blocking(tmp_path):
 
     t = threading.Thread(target=read, daemon=True)
     t.start()
-    t.join(5)
+    t.join(30)  # returns at once; generous for a loaded machine (the bug blocks for ever)
     if t.is_alive():  # unblock the reader so the test run itself does not hang
         with open(fifo, "wb"):
             pass
@@ -276,7 +276,7 @@ def test_a_fifo_in_the_vllm_tree_or_at_the_log_path_cannot_hang_the_audit(tmp_pa
 
     t = threading.Thread(target=audit, daemon=True)
     t.start()
-    t.join(10)
+    t.join(60)  # a tiny tree: well under a second; generous for a loaded machine (the bug blocks for ever)
     for fifo in (vdir / "trap.py", tmp_path / "server.log"):
         if t.is_alive():  # unblock a reader blocked in open() so the run itself ends
             try:

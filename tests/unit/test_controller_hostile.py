@@ -453,7 +453,7 @@ def test_changed_host_key_is_refused_when_ssh_config_says_strict_no(sshd, tmp_pa
     cfg = tmp_path / "ssh_config"
     cfg.write_text(f"Host *\n  StrictHostKeyChecking no\n  UserKnownHostsFile {kh}\n")
     with pytest.raises(HostKeyError, match="HOST KEY CHANGED"):
-        SSHTransport("127.0.0.1", ConnectOptions(port=port, identity=("/nonexistent",), connect_timeout=5,
+        SSHTransport("127.0.0.1", ConnectOptions(port=port, identity=("/nonexistent",), connect_timeout=30,
                                                  ssh_config=str(cfg)))
 
 

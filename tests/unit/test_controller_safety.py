@@ -438,7 +438,7 @@ def sshd(tmp_path):
 
 def _connect(port, kh, policy, identity="/nonexistent"):
     return SSHTransport("127.0.0.1", ConnectOptions(port=port, known_hosts=str(kh), host_key_policy=policy,
-                                                    identity=(identity,), connect_timeout=5,
+                                                    identity=(identity,), connect_timeout=30,
                                                     ssh_config="/dev/null"))
 
 

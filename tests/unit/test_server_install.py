@@ -52,7 +52,7 @@ def _serve(argv: list[str], env: dict | None = None):
     """A process whose command line is a vLLM server's (it only sleeps)."""
     p = subprocess.Popen(argv + ["-c", "import time; time.sleep(60)", "vllm.entrypoints.openai.api_server",
                                  "--model", "/models/none"], env=env, stdin=subprocess.DEVNULL)
-    deadline = time.time() + 10
+    deadline = time.time() + 60  # generous: a loaded machine; the process seen in the scan is the event
     while time.time() < deadline:
         found = [s for s in find_servers() if s["pid"] == p.pid]
         if found:
