@@ -15,6 +15,7 @@ from mla_doctor import __version__
 from mla_doctor.errors import UnreachableError
 from mla_doctor.exit_codes import ExitStatus, worst
 from mla_doctor.redact import redact_text, redact_tree
+from mla_doctor.report_sections import LogSection, ModelSection, Section, ServerSection, StaticSection
 
 
 class Severity(str, enum.Enum):
@@ -45,10 +46,11 @@ class HostReport:
     error: str | None = None
     error_kind: str | None = None
     vllm: dict[str, Any] | None = None
-    static: dict[str, Any] | None = None
-    server: dict[str, Any] | None = None
-    model: dict[str, Any] | None = None
-    log: dict[str, Any] | None = None
+    # typed where the report is built (report_sections.py); a dict assigned here reads and renders alike
+    static: StaticSection | None = None
+    server: ServerSection | None = None
+    model: ModelSection | None = None
+    log: LogSection | None = None
     gpu: dict[str, Any] | None = None
     findings: list[Finding] = field(default_factory=list)
     patch: dict[str, Any] | None = None
@@ -83,6 +85,8 @@ class HostReport:
             if f.name == "findings":
                 v = [dataclasses.replace(x, summary=redact_text(x.summary), evidence=redact_tree(list(x.evidence)),
                                          action=redact_text(x.action)) for x in v]
+            elif isinstance(v, Section):
+                v = type(v).from_dict(redact_tree(v.to_dict(), f.name))
             elif isinstance(v, (dict, list, tuple, str)):
                 v = redact_tree(v, f.name)
             setattr(r, f.name, v)
@@ -154,6 +158,8 @@ def _plain(obj: Any) -> Any:
     t = type(obj)
     if t in _SCALARS:
         return obj
+    if isinstance(obj, Section):  # a typed report section: its JSON, exactly as it was built or read
+        return _plain(obj.to_dict())
     names = _FIELDS.get(t)
     if names is None and dataclasses.is_dataclass(t) and not isinstance(obj, type):
         names = _FIELDS[t] = tuple(f.name for f in dataclasses.fields(t))

@@ -20,6 +20,7 @@ from mla_doctor.diagnosis.symbol_needs import symbol_needs
 from mla_doctor.errors import MlaDoctorError
 from mla_doctor.host.answer import attach
 from mla_doctor.remote.protocol import StaticRequest, call
+from mla_doctor.report_sections import LogSection, ModelSection, ServerSection, StaticSection
 from mla_doctor.results import HostReport, HostStatus, plain
 from mla_doctor.ssh.local import ConnectOptions, Transport
 
@@ -107,13 +108,14 @@ def build_static_report(name: str, raw: dict[str, Any], kb: Knowledge) -> HostRe
     report = HostReport(host=name)
     servers = raw.get("servers") or []
     server = servers[0] if servers else None
-    report.server = {"running": bool(server), **(server or {})}
+    srv: dict[str, Any] = {"running": bool(server), **(server or {})}
     if len(servers) > 1:
-        report.server["others"] = [{"pid": s["pid"], "port": s.get("port")} for s in servers[1:]]
+        srv["others"] = [{"pid": s["pid"], "port": s.get("port")} for s in servers[1:]]
     if raw.get("lookalikes"):  # look like vLLM, not the server (another user's, not listening, no install)
-        report.server["lookalikes"] = raw["lookalikes"]
+        srv["lookalikes"] = raw["lookalikes"]
     if raw.get("server_error"):
-        report.server["server_error"] = raw["server_error"]
+        srv["server_error"] = raw["server_error"]
+    report.server = ServerSection.from_dict(srv)
     report.gpu = raw.get("gpu")
     loc = raw.get("locate") or {}
     agent_errors = raw.get("errors") or []
@@ -151,17 +153,16 @@ def build_static_report(name: str, raw: dict[str, Any], kb: Knowledge) -> HostRe
     static["py_files"] = scan.get("py_files")
     static["integrity"] = "checked" if ident.get("install_kind") == "wheel" else "unknown"
     static.update(raw.get("side_code") or {})
-    report.static = static
     model_raw = raw.get("model")
     log_raw = raw.get("log") or {}
     other = other_install(loc, ident, server)
     if other is not None:
         # the server runs another install: its model and log are that install's evidence, never this one's
-        model_raw, log_raw = _apart(report, other, facts, kb, model_raw, log_raw)
+        model_raw, log_raw, apart = _apart(other, facts, kb, model_raw, log_raw)
+        report.server = report.server.with_(other_install=apart)
     model_class = None
     if model_raw:
         model_class = classify_model(facts, model_raw.get("config"))
-        report.model = {**model_raw, "classification": plain(model_class)}
     # the attention code that runs, as the installed files state it (agent/facts/resolve.py)
     code_paths = code_paths_section(facts, raw.get("resolution"), (model_raw or {}).get("config"))
     if code_paths is not None:
@@ -170,24 +171,27 @@ def build_static_report(name: str, raw: dict[str, Any], kb: Knowledge) -> HostRe
         if model_class is not None and served and not served.get("generic"):
             # the table's routing text is the shared split's (deepseek_v2.py's is_v32 gate...): not this model's code
             model_class.routing = family_routing_text(served)
-            report.model["classification"] = plain(model_class)
+    if model_raw:
+        report.model = ModelSection.from_dict({**model_raw, "classification": plain(model_class)})
+    report.static = StaticSection.from_dict(static)
     log_ev = None
     if log_raw.get("found"):
         harvested = records_of(log_raw.get("formats"))  # the installed vllm/'s own formats
         log_ev = parse_log(facts, log_raw.get("lines", []), harvested=harvested, version=version,
                            distribution=ident.get("distribution"))
-        report.log = {"source": log_raw.get("source"), "total_lines": log_raw.get("total_lines"),
-                      "evidence": plain(log_ev)}
+        log: dict[str, Any] = {"source": log_raw.get("source"), "total_lines": log_raw.get("total_lines"),
+                               "evidence": plain(log_ev)}
         if log_raw.get("read_via"):  # the server's stdout: read through its descriptor, named as it is called
-            report.log["read_via"] = log_raw["read_via"]
+            log["read_via"] = log_raw["read_via"]
         if harvested is not None:  # kept for this host's live run (it reads its log with them too)
-            remember_installed(static, harvested)
-            report.log["formats"] = {"from": "installed", "sites": len(harvested),
-                                     "harvest_s": (log_raw.get("formats") or {}).get("elapsed_s")}
+            remember_installed(report.static, harvested)
+            log["formats"] = {"from": "installed", "sites": len(harvested),
+                              "harvest_s": (log_raw.get("formats") or {}).get("elapsed_s")}
         elif log_raw.get("formats_error"):
-            report.log["formats"] = {"from": "shipped", "error": log_raw["formats_error"]}
+            log["formats"] = {"from": "shipped", "error": log_raw["formats_error"]}
+        report.log = LogSection.from_dict(log)
     else:
-        report.log = {"source": None, "reason": log_raw.get("reason")}
+        report.log = LogSection(source=None, reason=log_raw.get("reason"), keys_=("source", "reason"))
     report.findings = rules.static_findings(
         facts=facts, audit=audit, scan=scan, ident=ident, side=raw.get("side_code") or {}, server=server,
         model=model_raw, model_class=model_class, log=log_ev, log_raw=log_raw, agent_errors=agent_errors,
@@ -195,11 +199,11 @@ def build_static_report(name: str, raw: dict[str, Any], kb: Knowledge) -> HostRe
     return attach(report, kb)
 
 
-def _apart(report: HostReport, other: OtherInstall, facts: Any, kb: Knowledge, model_raw: dict | None,
-           log_raw: dict) -> tuple[dict | None, dict]:
-    """Report the server's model and log under ``server.other_install``, read with the server's own release
-    (never with the formats harvested from the audited install); return what is left for the audited one:
-    only what the user named (--model, --log)."""
+def _apart(other: OtherInstall, facts: Any, kb: Knowledge, model_raw: dict | None,
+           log_raw: dict) -> tuple[dict | None, dict, dict[str, Any]]:
+    """The server's model and log, for ``server.other_install``, read with the server's own release (never
+    with the formats harvested from the audited install); and what is left for the audited one: only what the
+    user named (--model, --log)."""
     theirs = kb.for_version(other.server.version) if other.server.version else facts
     apart: dict[str, Any] = plain(other)
     label = f"the server's install ({describe_install(other.server)})"
@@ -213,5 +217,4 @@ def _apart(report: HostReport, other: OtherInstall, facts: Any, kb: Knowledge, m
                         "evidence": plain(ev)}
         log_raw = {"found": False, "reason": f"the server's log is {label}'s evidence (server.other_install.log); "
                                              "pass --log PATH for this install's own server log"}
-    report.server["other_install"] = apart
-    return model_raw, log_raw
+    return model_raw, log_raw, apart

@@ -128,10 +128,15 @@ def test_static_on_sends_the_recorded_plan_and_reports(monkeypatch, kb):
 
 
 def _plain_as_it_was(obj):
-    """results._plain before its per-class field cache (the oracle for the faster one)."""
+    """results._plain before its per-class field cache (the oracle for the faster one); a typed report section
+    (report_sections.py) is the dict it was before it was typed."""
     import dataclasses
     import enum
 
+    from mla_doctor.report_sections import Section
+
+    if isinstance(obj, Section):
+        return _plain_as_it_was(obj.to_dict())
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: _plain_as_it_was(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, enum.Enum):

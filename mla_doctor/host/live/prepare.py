@@ -15,6 +15,7 @@ from mla_doctor.host.patch import audit_for_patch
 from mla_doctor.host.runtimes import runtime
 from mla_doctor.remote.http import HostHTTP
 from mla_doctor.remote.protocol import DockerFindRequest, call
+from mla_doctor.report_sections import ServerSection
 from mla_doctor.results import HostReport, HostStatus
 from mla_doctor.diagnosis.knowledge import Knowledge
 from mla_doctor.ssh.container import inside
@@ -93,10 +94,11 @@ def find_server(run: LiveRun, container: dict[str, Any] | None) -> None:
     report, ropts = run.report, run.ropts
     server = run.server = refusals.the_server(run.raw.get("servers") or [], run.raw.get("server_error"))
     if container is not None:  # seen from inside, a container's server looks like a plain process
-        server["supervisor"] = report.server["supervisor"] = {
+        server["supervisor"] = {
             "kind": "docker", "container": container["id"], "name": container.get("name"),
             "image": container.get("image"), "restart_policy": container.get("restart_policy"),
             "network_mode": container.get("network_mode")}
+        report.server = ServerSection.of(report.server).with_(supervisor=server["supervisor"])
         server["process_runtime_refusal"] = None
         server["python"] = (report.vllm or {}).get("python")  # the interpreter inside the container
     if ropts.method != "attach":  # attach restarts nothing: no runtime needs to be able to

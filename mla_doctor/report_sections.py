@@ -1,0 +1,189 @@
+"""Typed sections of a host's report (`static`, `model`, `server`, `log`), built where the report is built.
+
+Each is a frozen dataclass: the keys readers use are attributes (with the fallback a reader wants when the key is
+absent or not of its kind: `{}`, `[]`, None), and `to_dict()` gives back the JSON section exactly as it was made
+or read (same keys, same order, same values, the same keys left out): `keys_` is every key present, in order,
+and `extra_` holds the keys the type does not name and any typed key whose stored value is not of its kind
+(a saved report's `null` where a dict belongs), as given. `from_dict` reads the agent's answer or a saved report
+and never raises on a missing key; `of` is `from_dict` that gives an empty section for a missing one.
+
+A section also reads as the JSON it serialises to (a read-only Mapping: `s["key"]`, `s.get`, `in`, `dict(s)`,
+`==` with a dict), so a saved report's dict and a built report's section read alike."""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+S = TypeVar("S", bound="Section")
+_FIELDS: dict[type, tuple[tuple[str, Any], ...]] = {}  # typed key -> its default's kind (dict, list or None)
+
+
+class Section(Mapping):
+    __slots__ = ()
+    extra_: dict[str, Any]
+    keys_: tuple[str, ...]
+
+    @classmethod
+    def _typed(cls) -> tuple[tuple[str, Any], ...]:
+        got = _FIELDS.get(cls)
+        if got is None:
+            got = _FIELDS[cls] = tuple(
+                (f.name, f.default_factory if f.default_factory in (dict, list) else None)
+                for f in dataclasses.fields(cls) if f.name not in ("extra_", "keys_"))
+        return got
+
+    @classmethod
+    def from_dict(cls: type[S], d: Mapping[str, Any] | None) -> S | None:
+        """The section of an agent's answer or a saved report (None stays None: the section is absent)."""
+        if d is None or isinstance(d, cls):
+            return d
+        d = dict(d)
+        typed, extra = {}, {}
+        kinds = dict(cls._typed())
+        for k, v in d.items():
+            if k in kinds and (kinds[k] is None or isinstance(v, kinds[k])):
+                typed[k] = v
+            else:
+                extra[k] = v
+        return cls(**typed, extra_=extra, keys_=tuple(d))
+
+    @classmethod
+    def of(cls: type[S], d: Mapping[str, Any] | None) -> S:
+        """The section, or an empty one when there is none (a host that was not audited, a saved report)."""
+        got = cls.from_dict(d)
+        return got if got is not None else cls()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: self[k] for k in self.keys_}
+
+    def with_(self: S, **values: Any) -> S:
+        """A copy with `values` set (new keys go last, as a dict's would)."""
+        return type(self).from_dict({**self.to_dict(), **values})
+
+    # ---- a read-only Mapping: the JSON this section serialises to
+    def __getitem__(self, key: str) -> Any:
+        if key in self.extra_:
+            return self.extra_[key]
+        if key in self.keys_:
+            return getattr(self, key)
+        raise KeyError(key)
+
+    def __iter__(self):
+        return iter(self.keys_)
+
+    def __len__(self) -> int:
+        return len(self.keys_)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.to_dict()!r})"
+
+
+def _d() -> Any:
+    return field(default_factory=dict)
+
+
+def _l() -> Any:
+    return field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
+class StaticSection(Section):
+    """What the installed sources state (diagnosis/static_facts.py's StaticAudit), the files checked against the
+    wheel's RECORD, the side code (.pth, plugins) and the attention code that runs (code_paths)."""
+    version: str | None = None
+    distribution: str | None = None
+    known: bool | None = None
+    nearest: str | None = None
+    engine: Any = None  # {"default": "V1", ...} (a release's), or a name
+    dispatch: dict[str, Any] | None = None  # symbol refs: {"symbol", "file", "line", ...}
+    prefill_entry: dict[str, Any] | None = None
+    decode_entry: dict[str, Any] | None = None
+    decode_entries: list[dict[str, Any]] = _l()
+    prefill_overrides: list[dict[str, Any]] = _l()
+    other_engine_entries: list[dict[str, Any]] = _l()
+    sparse_gate: dict[str, Any] = _d()
+    decode_thresholds: dict[str, Any] = _d()  # backend -> int, or {platform: {heads: n}}
+    threshold_refs: dict[str, Any] = _d()
+    full_cudagraph_decode_default: dict[str, Any] = _d()
+    backend_forcing: dict[str, Any] = _d()
+    metadata_split: dict[str, Any] | None = None
+    never_patch: list[dict[str, Any]] = _l()
+    unconfirmed: list[str] = _l()
+    threshold_code: dict[str, Any] = _d()
+    threshold_mismatches: list[dict[str, Any]] = _l()
+    modified_files: list[str] = _l()
+    instrumented_files: list[str] = _l()
+    missing_files: list[str] = _l()
+    unrecorded_files: list[str] = _l()
+    unreadable_files: list[str] = _l()
+    py_files: int | None = None
+    integrity: str | None = None  # checked (a wheel's RECORD) | unknown
+    code_paths: dict[str, Any] | None = None
+    extra_: dict[str, Any] = _d()  # the side code's keys (pth_files, plugins), and whatever else the answer holds
+    keys_: tuple[str, ...] = ()
+
+    def symbol(self, key: str) -> str | None:
+        """The symbol of a ref (`dispatch`, `prefill_entry`, `decode_entry`, `metadata_split`), if any."""
+        ref = getattr(self, key)
+        return ref.get("symbol") if isinstance(ref, dict) else None
+
+    @property
+    def served(self) -> dict[str, Any]:
+        """code_paths.served: the layer the model's architecture resolves to ({} when not resolved)."""
+        got = (self.code_paths or {}).get("served")
+        return got if isinstance(got, dict) else {}
+
+
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
+class ModelSection(Section):
+    """The model's config as the agent found it (the server's argv, --model) and its classification."""
+    source: str | None = None  # "server argv" | "--model" | ...
+    argument: str | None = None
+    config: dict[str, Any] = _d()
+    config_path: str | None = None
+    resolved_by: str | None = None
+    tried: list[Any] = _l()
+    classification: dict[str, Any] = _d()  # static_facts.ModelClass as data: is_mla, is_sparse, reason, ...
+    extra_: dict[str, Any] = _d()
+    keys_: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
+class ServerSection(Section):
+    """The vLLM server the agent found (its process, settings, install), or `running: False`."""
+    running: bool = False
+    pid: int | None = None
+    port: int | None = None
+    user: str | None = None
+    uid: int | None = None
+    argv: list[str] = _l()
+    env: dict[str, Any] = _d()
+    supervisor: dict[str, Any] = _d()
+    tensor_parallel_size: int | None = None
+    install: dict[str, Any] = _d()
+    others: list[dict[str, Any]] = _l()  # more servers: {pid, port}
+    lookalikes: list[Any] = _l()
+    server_error: str | None = None
+    other_install: dict[str, Any] = _d()  # the server runs another install than the audited one
+    extra_: dict[str, Any] = _d()
+    keys_: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
+class LogSection(Section):
+    """The server log read: where from, and its evidence (diagnosis/static_facts.py's LogEvidence as data); or
+    `source: None` and why not."""
+    source: str | None = None
+    total_lines: int | None = None
+    evidence: dict[str, Any] = _d()
+    read_via: str | None = None
+    formats: dict[str, Any] = _d()  # the formats read with: {"from": "installed" | "shipped", ...}
+    reason: str | None = None
+    extra_: dict[str, Any] = _d()
+    keys_: tuple[str, ...] = ()
+
+
+SECTIONS: dict[str, type[Section]] = {"static": StaticSection, "model": ModelSection, "server": ServerSection,
+                                      "log": LogSection}
