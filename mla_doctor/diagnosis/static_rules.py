@@ -6,8 +6,11 @@ JSON contract; add new ones, never rename.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from typing import Any
 
+from mla_doctor.diagnosis.knowledge import ReleaseFacts
+from mla_doctor.diagnosis.static_facts import LogEvidence, ModelClass, OtherInstall, StaticAudit
 from mla_doctor.results import Finding, Severity
 
 INFO, WARN, FAIL = Severity.INFO, Severity.WARN, Severity.FAIL
@@ -24,20 +27,38 @@ def _ref(r: Any) -> str:
     return f"{r.file}{line} {r.symbol}"
 
 
-def static_findings(*, facts, audit, scan, ident, side, server, model, model_class, log, log_raw,
-                    agent_errors, other_install=None, code_paths=None) -> list[Finding]:
+@dataclass(frozen=True)
+class StaticEvidence:
+    """What one static audit knows, for its rules (as LiveEvidence is for the live ones): built in
+    host/audit.py from the agent's answer."""
+    facts: ReleaseFacts
+    audit: StaticAudit
+    ident: dict[str, Any]  # the agent's `vllm`: version, distribution, install_kind, dist_info...
+    scan: dict[str, Any] = field(default_factory=dict)  # the RECORD check: modified, instrumented, missing...
+    side: dict[str, Any] = field(default_factory=dict)  # the side code: pth_files, plugins
+    server: dict[str, Any] | None = None  # the agent's first server, None when none runs
+    model: dict[str, Any] | None = None  # the agent's model (None: none, or the server's other install's)
+    model_class: ModelClass | None = None
+    log: LogEvidence | None = None
+    log_raw: dict[str, Any] = field(default_factory=dict)  # the agent's log (found, reason, lines...)
+    agent_errors: list[dict[str, Any]] = field(default_factory=list)
+    other_install: OtherInstall | None = None
+    code_paths: dict[str, Any] | None = None
+
+
+def static_findings(ev: StaticEvidence) -> list[Finding]:
     out: list[Finding] = []
-    version = ident.get("version") or "unknown"
-    out += version_rules(facts, version, ident)
-    out += integrity_rules(scan, ident, version)
-    out += side_code_rules(side, ident)
-    out += knowledge_rules(audit)
-    out += server_rules(server, facts)
-    out += other_install_rules(other_install)
-    out += model_rules(model, model_class, facts)
-    out += log_rules(log, log_raw, model_class)
-    out += code_path_rules(code_paths)
-    for e in agent_errors:
+    version = ev.ident.get("version") or "unknown"
+    out += version_rules(ev.facts, version, ev.ident)
+    out += integrity_rules(ev.scan, ev.ident, version)
+    out += side_code_rules(ev.side, ev.ident)
+    out += knowledge_rules(ev.audit)
+    out += server_rules(ev.server, ev.facts)
+    out += other_install_rules(ev.other_install)
+    out += model_rules(ev.model, ev.model_class, ev.facts)
+    out += log_rules(ev.log, ev.log_raw, ev.model_class)
+    out += code_path_rules(ev.code_paths)
+    for e in ev.agent_errors:
         out.append(Finding("AGENT_STEP_FAILED", WARN, f"the agent could not complete step {e.get('step')!r}",
                            [str(e.get("error"))], "re-run with --sudo if this is a permission problem"))
     return out

@@ -192,10 +192,10 @@ def build_static_report(name: str, raw: dict[str, Any], kb: Knowledge) -> HostRe
         report.log = LogSection.from_dict(log)
     else:
         report.log = LogSection(source=None, reason=log_raw.get("reason"), keys_=("source", "reason"))
-    report.findings = rules.static_findings(
-        facts=facts, audit=audit, scan=scan, ident=ident, side=raw.get("side_code") or {}, server=server,
+    report.findings = rules.static_findings(rules.StaticEvidence(
+        facts=facts, audit=audit, ident=ident, scan=scan, side=raw.get("side_code") or {}, server=server,
         model=model_raw, model_class=model_class, log=log_ev, log_raw=log_raw, agent_errors=agent_errors,
-        other_install=other, code_paths=code_paths)
+        other_install=other, code_paths=code_paths))
     return attach(report, kb)
 
 
