@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 S = TypeVar("S", bound="Section")
-_FIELDS: dict[type, tuple[tuple[str, Any], ...]] = {}  # typed key -> its default's kind (dict, list or None)
+_FIELDS: dict[type, tuple[tuple[str, Any], ...]] = {}  # typed key -> the kind it holds (dict, list; None: any)
 
 
 class Section(Mapping):
@@ -30,7 +30,7 @@ class Section(Mapping):
         got = _FIELDS.get(cls)
         if got is None:
             got = _FIELDS[cls] = tuple(
-                (f.name, f.default_factory if f.default_factory in (dict, list) else None)
+                (f.name, {dict: dict, list: (list, tuple)}.get(f.default_factory))
                 for f in dataclasses.fields(cls) if f.name not in ("extra_", "keys_"))
         return got
 

@@ -11,6 +11,7 @@ from typing import Any
 from mla_doctor.threshold_text import fmt_threshold, table_values
 from mla_doctor.diagnosis.knowledge import Knowledge, load_knowledge
 from mla_doctor.diagnosis.routing import CONDITION_NAMES, known_from_host, route, routes
+from mla_doctor.report_sections import LogSection, ModelSection, ServerSection, StaticSection
 from mla_doctor.results import HostReport, host_to_dict
 
 LONG_TOKENS = 4096  # the long prompt the static answer speaks of
@@ -67,9 +68,9 @@ def resolve_threshold(value: Any, h: dict) -> Any:
     """A head-dependent table resolved for this host when its heads, TP and GPU are known; else as is."""
     if not isinstance(value, dict):
         return value
-    cfg = ((h.get("model") or {}).get("config") or {})
+    cfg = ModelSection.of(h.get("model")).config
     heads = cfg.get("num_attention_heads")
-    tp = (h.get("server") or {}).get("tensor_parallel_size") or 1
+    tp = ServerSection.of(h.get("server")).tensor_parallel_size or 1
     gpus = (h.get("gpu") or {}).get("gpus") or []
     if not isinstance(heads, int) or not isinstance(tp, int) or tp < 1:
         return value
@@ -124,17 +125,17 @@ def host_answer(h: dict, kb: Knowledge | None = None) -> HostAnswer | None:
         return None
     a = HostAnswer()
     v = h.get("vllm") or {}
-    st = h.get("static") or {}
+    st = StaticSection.of(h.get("static"))
     version = v.get("version")
     facts = (kb or load_knowledge()).for_version(version) if version else None
     findings = h.get("findings") or []
     # ---- backend: the log (static) or the run's evidence, else the platform's choice for this release
     live_ev = h.get("evidence") if isinstance(h.get("evidence"), dict) else {}
-    log_ev = (h.get("log") or {}).get("evidence") or {}
-    thresholds = st.get("decode_thresholds") or {}
-    names = [e.get("backend") for e in st.get("decode_entries") or [] if e.get("backend")]
+    log_ev = LogSection.of(h.get("log")).evidence
+    thresholds = st.decode_thresholds
+    names = [e.get("backend") for e in st.decode_entries if e.get("backend")]
     names = list(dict.fromkeys(names + [n for n in thresholds if n not in names]))
-    release_engine = st.get("engine")
+    release_engine = st.engine
     if isinstance(release_engine, dict):
         release_engine = release_engine.get("default")
     engine = log_ev.get("engine") or live_ev.get("engine") or release_engine
@@ -158,11 +159,11 @@ def host_answer(h: dict, kb: Knowledge | None = None) -> HostAnswer | None:
     if engine:
         a.backend += f"; engine {engine}"
     # ---- what a 1-token and a long prompt do
-    pre = (st.get("prefill_entry") or {}).get("symbol")
-    dec = (st.get("decode_entry") or {}).get("symbol")
-    by_backend = {e.get("backend"): e.get("symbol") for e in st.get("decode_entries") or []}
+    pre = st.symbol("prefill_entry")
+    dec = st.symbol("decode_entry")
+    by_backend = {e.get("backend"): e.get("symbol") for e in st.decode_entries}
     dec = by_backend.get(a.backend_name) or dec  # the selected backend's own decode entry, when known
-    a.dispatch = (st.get("dispatch") or {}).get("symbol")
+    a.dispatch = st.symbol("dispatch")
     if a.backend_name and a.backend_name in thresholds:
         thr_values = [resolve_threshold(thresholds[a.backend_name], h)]
     else:
@@ -175,7 +176,8 @@ def host_answer(h: dict, kb: Knowledge | None = None) -> HostAnswer | None:
     elif nums:
         a.threshold = str(nums[0]) if len(nums) == 1 else f"{nums[0]}–{nums[-1]} (by backend)"
     thr_of = f" of {a.backend_name}" if a.backend_name and len(thr_values) == 1 else ""
-    cls = (h.get("model") or {}).get("classification") or {}
+    model = ModelSection.of(h.get("model"))
+    cls = model.classification
     a.model_sparse = cls.get("is_sparse") if cls.get("is_mla") is not False else False
     mode = facts.sparse_mode if facts is not None else "none"
     a.entry_short, a.entry_long = dec, pre
@@ -194,7 +196,7 @@ def host_answer(h: dict, kb: Knowledge | None = None) -> HostAnswer | None:
         a.entry_short = pre
     elif fam is not None:
         one, long, name = fam
-        served = (st.get("code_paths") or {}).get("served") or {}
+        served = st.served
         a.dispatch = None  # the shared MLAAttention.forward_impl split is not what this family runs
         if served.get("layers"):
             mine = [lp for lp in served["layers"] if lp.get("platform") == served.get("platform_taken")]
@@ -205,7 +207,7 @@ def host_answer(h: dict, kb: Knowledge | None = None) -> HostAnswer | None:
         a.entry_short, a.entry_long = one.symbol, long.symbol
     elif a.model_sparse:
         a.one_token = f"→ {dec} (sparse top-k MQA: a 1-token query is a decode)"
-        topk = ((h.get("model") or {}).get("config") or {}).get("index_topk")
+        topk = model.config.get("index_topk")
         if mode == "mha_if_short" and facts is not None:
             r = route(facts, known_from_host(h, facts), LONG_TOKENS)  # what it cannot resolve stays a condition
             a.long_prompt = (f"{LONG_TOKENS} tokens → {r.text()} "

@@ -14,6 +14,7 @@ from mla_doctor.diagnosis.knowledge import ReleaseFacts
 from mla_doctor.diagnosis.log_reading import installed_records
 from mla_doctor.diagnosis.routing import family_of, kv_dtype_from_argv, model_dims
 from mla_doctor.diagnosis.static_facts import LogEvidence, classify_model, parse_log
+from mla_doctor.report_sections import StaticSection
 
 __all__ = ["build_live_evidence", "resolve_threshold", "text_config"]
 
@@ -72,12 +73,12 @@ def _ref(file: str | None, line: Any, symbol: str | None) -> str:
     return f"{f}{':' + str(line) if line else ''} {symbol or ''}".strip()
 
 
-def _static_ref(static: dict | None, key: str) -> dict | None:
-    r = (static or {}).get(key)
+def _static_ref(static: StaticSection, key: str) -> dict | None:
+    r = getattr(static, key)
     return r if isinstance(r, dict) and r.get("file") else None
 
 
-def _entry_refs(facts: ReleaseFacts, static: dict | None, backend: str | None) -> dict[str, str]:
+def _entry_refs(facts: ReleaseFacts, static: StaticSection, backend: str | None) -> dict[str, str]:
     out: dict[str, str] = {}
     for role, key, entry in (("dispatch", "dispatch", facts.dispatch), ("prefill", "prefill_entry", facts.prefill),
                              ("decode", "decode_entry", facts.decode_common)):
@@ -88,7 +89,7 @@ def _entry_refs(facts: ReleaseFacts, static: dict | None, backend: str | None) -
             out[role] = _ref(entry.def_path, None, entry.symbol)
     b = facts.backend(backend) if backend else None
     if b is not None:
-        found = [r for r in (static or {}).get("decode_entries") or []
+        found = [r for r in static.decode_entries
                  if isinstance(r, dict) and r.get("backend") == backend and r.get("file")]
         if found:
             out["backend_decode"] = _ref(found[0]["file"], found[0].get("line"), found[0].get("symbol"))
@@ -104,7 +105,8 @@ def _records_with_calls(records: list[dict]) -> list[dict]:
 
 
 def build_live_evidence(*, facts: ReleaseFacts, version: str | None, model_config: dict | None,
-                        static: dict | None, server: dict | None, gpu: dict | None, log_lines: list[Any],
+                        static: StaticSection | dict | None, server: dict | None, gpu: dict | None,
+                        log_lines: list[Any],
                         records_armed: list[dict], prompts: list[tuple[PromptObservation, list[dict]]],
                         configuration: str = "production", settings: dict | None = None, method: str = "patch",
                         expectations: dict | None = None, server_started: bool = True,
@@ -120,6 +122,7 @@ def build_live_evidence(*, facts: ReleaseFacts, version: str | None, model_confi
     server = server or {}
     # the formats the static audit harvested from the installed vllm/ (this process), else the shipped ones
     harvested = installed_records(static)
+    st = StaticSection.of(static)
     log = _parse(facts, log_lines or [], harvested, version)
     cfg = text_config(model_config)
     mc = classify_model(facts, model_config) if model_config else None
@@ -191,7 +194,7 @@ def build_live_evidence(*, facts: ReleaseFacts, version: str | None, model_confi
         local = (ev.num_attention_heads // max(1, ev.tensor_parallel_size)) if ev.num_attention_heads else None
         value, how = resolve_threshold(b.threshold.value, local_heads=local, compute_cap=ev.compute_capability)
         ev.decode_threshold = value
-        tref = ((static or {}).get("threshold_refs") or {}).get(b.name)
+        tref = st.threshold_refs.get(b.name)
         if isinstance(tref, dict) and tref.get("file"):
             ev.decode_threshold_ref = _ref(tref["file"], tref.get("line"), tref.get("symbol"))
         else:
@@ -203,9 +206,9 @@ def build_live_evidence(*, facts: ReleaseFacts, version: str | None, model_confi
         ev.decode_threshold_note = "; ".join(notes) or None
     ev.backend_cudagraph_support = b.cudagraph if b is not None else None
     ev.full_cudagraph_decode = _full_decode(facts, ev)
-    ev.entry_refs = _entry_refs(facts, static, ev.decode_backend)
-    ev.family = family_of((static or {}).get("code_paths"), facts, model_config)
-    ev.modified_files = list((static or {}).get("modified_files") or [])
+    ev.entry_refs = _entry_refs(facts, st, ev.decode_backend)
+    ev.family = family_of(st.code_paths, facts, model_config)
+    ev.modified_files = list(st.modified_files)
 
     # the run
     ev.server_started, ev.start_error = server_started, start_error

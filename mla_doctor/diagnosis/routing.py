@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from mla_doctor.diagnosis.knowledge import ReleaseFacts
+from mla_doctor.report_sections import LogSection, ModelSection, ServerSection, StaticSection
 
 __all__ = ["Known", "Condition", "Branch", "Route", "route", "routes", "kv_kind", "sm_major", "PATH_SYMBOLS",
            "Resolution", "resolve", "consistent", "known_from_live", "PREFILL_OF"]
@@ -581,12 +582,12 @@ def family_of(code_paths: Optional[dict], facts: ReleaseFacts, config: Optional[
 
 def known_from_host(h: dict, facts: ReleaseFacts) -> Known:
     """For the static report of one host: its server argv (TP, KV dtype), GPUs, model config and log."""
-    model = h.get("model") or {}
-    config = model.get("config") if isinstance(model.get("config"), dict) else None
+    model = ModelSection.of(h.get("model"))
+    config = model.config  # {} when there is none: read as none
     cfg = text_config(config)
-    cls = model.get("classification") or {}
-    server = h.get("server") or {}
-    log_ev = (h.get("log") or {}).get("evidence") or {}
+    cls = model.classification
+    server = ServerSection.of(h.get("server"))
+    log_ev = LogSection.of(h.get("log")).evidence
     gpus = (h.get("gpu") or {}).get("gpus") or []
     texts = [str((ln or {}).get("text", "")) for ln in (log_ev.get("sparse_lines") or []) if isinstance(ln, dict)]
     backend = log_ev.get("decode_backend")
@@ -595,11 +596,11 @@ def known_from_host(h: dict, facts: ReleaseFacts) -> Known:
               heads=_int(cfg.get("num_attention_heads")), index_topk=_int(cfg.get("index_topk")),
               dims=model_dims(config), kv=kv_from_lines(texts))
     srcs = {"backend": "the server log", "heads": "config.json", "index_topk": "config.json", "dims": "config.json"}
-    if server.get("running") or server.get("argv"):
-        k.tp = _int(server.get("tensor_parallel_size")) or 1
+    if server.running or server.argv:
+        k.tp = _int(server.tensor_parallel_size) or 1
         srcs["tp"] = "the server's argv"
         if k.kv is None:
-            k.kv = kv_from_argv(server.get("argv"))
+            k.kv = kv_from_argv(server.argv)
             srcs["kv"] = "the server's argv"
     if gpus and isinstance(gpus[0], dict) and gpus[0].get("compute_cap") is not None:
         k.sm = sm_major(gpus[0].get("compute_cap"))
@@ -607,7 +608,7 @@ def known_from_host(h: dict, facts: ReleaseFacts) -> Known:
     no_dense, no_backend = mqa_only_from_lines(texts)
     k.force_mqa = True if no_dense else None
     k.no_prefill_backend = no_backend
-    k.family = family_of((h.get("static") or {}).get("code_paths"), facts, config)
+    k.family = family_of(StaticSection.of(h.get("static")).code_paths, facts, config)
     k.sources = srcs
     return k
 
