@@ -188,7 +188,7 @@ plain = _plain
 def backend_of(report: HostReport | dict) -> str | None:
     """The decode backend the server selected, from its log (static) or the live evidence."""
     d = report if isinstance(report, dict) else {"log": report.log, "evidence": report.evidence}
-    ev = ((d.get("log") or {}).get("evidence") or {})
+    ev = LogSection.of(d.get("log")).evidence
     got = ev.get("decode_backend")
     if not got:
         lev = d.get("evidence") or {}

@@ -7,6 +7,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from mla_doctor.diagnosis.live_verdict import EXPECT_VALUES
+from mla_doctor.report_sections import StaticSection
 from mla_doctor.results import Finding, HostReport, Severity, backend_of
 
 # what `expect:` (inventory, runbook) may check; prefill/decode take EXPECT_VALUES
@@ -20,7 +21,7 @@ def check_expectations(report: HostReport, exp: dict[str, Any]) -> list[Finding]
         return []
     met, unmet, later = [], [], []
     v = report.vllm or {}
-    st = report.static or {}
+    st = StaticSection.of(report.static)
     for key, want in exp.items():
         if key == "vllm":
             got = v.get("version")
@@ -33,12 +34,12 @@ def check_expectations(report: HostReport, exp: dict[str, Any]) -> list[Finding]
             got = v.get("distribution")
             (met if got == want else unmet).append(f"distribution {want} (found {got})")
         elif key == "integrity":
-            bad = list(st.get("modified_files") or []) + list(st.get("missing_files") or [])
+            bad = list(st.modified_files) + list(st.missing_files)
             if want == "clean":
                 (met if not bad else unmet).append(
                     "integrity clean" + (f" (modified/missing: {', '.join(bad[:5])})" if bad else ""))
         elif key == "sparse":
-            got = bool((st.get("sparse_gate") or {}).get("present"))
+            got = bool(st.sparse_gate.get("present"))
             (met if got == bool(want) else unmet).append(f"sparse {str(want).lower()} (found {str(got).lower()})")
         elif key == "backend":
             got = backend_of(report)

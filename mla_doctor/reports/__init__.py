@@ -14,6 +14,7 @@ from typing import Any
 from mla_doctor.errors import UsageError
 from mla_doctor.exit_codes import ExitStatus, worst
 from mla_doctor.redact import redact_tree
+from mla_doctor.report_sections import ModelSection, StaticSection
 from mla_doctor.results import HostReport, RunReport, backend_of
 
 FORMATS = ("text", "json", "junit", "markdown", "html")
@@ -93,8 +94,8 @@ def summary(hosts: list[dict]) -> dict[str, Any]:
                                      key=lambda kv: _version_key(kv[0]))),
         "backends": dict(sorted(Counter(host_backend(h) or "not observed" for h in hosts
                                         if h.get("status") == "ok").items())),
-        "modified_files": {h["host"]: (h.get("static") or {}).get("modified_files") for h in hosts
-                           if (h.get("static") or {}).get("modified_files")},
+        "modified_files": {h["host"]: StaticSection.of(h.get("static")).get("modified_files") for h in hosts
+                           if StaticSection.of(h.get("static")).modified_files},
         "unreachable": sorted(h["host"] for h in hosts if h.get("status") == "unreachable"),
         "not_run": sorted(h["host"] for h in hosts if h.get("error_kind") == "NotRun"),
     }
@@ -251,24 +252,24 @@ def host_rows(doc: dict) -> list[dict[str, Any]]:
     from mla_doctor.reports import first_screen
     rows = []
     for h in doc["hosts"]:
-        st = h.get("static") or {}
+        st = StaticSection.of(h.get("static"))
         fails = [f["code"] for f in h.get("findings") or [] if f.get("severity") == "fail"]
         warns = [f["code"] for f in h.get("findings") or [] if f.get("severity") == "warn"]
-        cls = ((h.get("model") or {}).get("classification") or {})
+        cls = ModelSection.of(h.get("model")).classification
         rows.append({
             "host": h["host"], "verdict": h.get("verdict"), "exit": h.get("exit_status"),
             "version": host_version(h), "backend": host_backend(h) or "-",
-            "prefill": ((st.get("prefill_entry") or {}).get("symbol") or "-"),
-            "decode": ((st.get("decode_entry") or {}).get("symbol") or "-"),
+            "prefill": st.symbol("prefill_entry") or "-",
+            "decode": st.symbol("decode_entry") or "-",
             # sparse about the served model (DSA or not), not about the release's gate
             "sparse": "-" if cls.get("is_sparse") is None else ("yes" if cls["is_sparse"] else "no"),
-            "sparse_gate": "yes" if (st.get("sparse_gate") or {}).get("present") else ("no" if st else "-"),
+            "sparse_gate": "yes" if st.sparse_gate.get("present") else ("no" if st else "-"),
             "warns": warns,
             # the problem column: the error, else the failures, then the warnings
             "problem": h.get("error") or ", ".join(fails + [f"warn {w}" for w in warns]),
             # the answer: the live verdict per prompt where the host ran one, else the static one
             "path_verdict": first_screen.verdict_cell(h),
-            "modified": list(st.get("modified_files") or []),
+            "modified": list(st.modified_files),
             "error": h.get("error"), "fails": fails, "groups": h.get("groups") or [],
         })
     return rows

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mla_doctor import terminal
+from mla_doctor.report_sections import ModelSection, ServerSection
 from mla_doctor.results import HostReport, host_to_dict
 
 LABEL = 11  # the left column: "  " + label padded + " "
@@ -125,9 +126,9 @@ def answer(host: HostReport | dict) -> Answer:
     a.problems = [Problem(p.get("severity", "?"), p.get("code", "?"), p.get("summary", ""), p.get("action") or "")
                   for p in stored.get("problems") or []]
     # ---- the served model
-    cls = (h.get("model") or {}).get("classification") or {}
-    model = h.get("model") or {}
-    what = model.get("argument") or model.get("config_path")
+    model = ModelSection.of(h.get("model"))
+    cls = model.classification
+    what = model.argument or model.config_path
     if cls:
         kind_txt = ("not MLA" if cls.get("is_mla") is False else
                     "MLA, SPARSE (DSA)" if cls.get("is_sparse") else "MLA, not sparse")
@@ -137,11 +138,11 @@ def answer(host: HostReport | dict) -> Answer:
     else:
         a.model = ("not found (no running server, no --model): sparse or not cannot be told — give --model"
                    if not model else f"{what}: not classified")
-    srv = h.get("server") or {}
-    if srv.get("running"):
-        sup = (srv.get("supervisor") or {}).get("kind")
-        a.server = (f"pid {srv.get('pid')} as {srv.get('user')} under {sup}, port {srv.get('port')}, "
-                    f"tp {srv.get('tensor_parallel_size') or 1}")
+    srv = ServerSection.of(h.get("server"))
+    if srv.running:
+        sup = srv.supervisor.get("kind")
+        a.server = (f"pid {srv.pid} as {srv.user} under {sup}, port {srv.port}, "
+                    f"tp {srv.tensor_parallel_size or 1}")
     else:
         a.server = "no vLLM server running"
     # ---- a live run: the verdict per prompt, then the restore

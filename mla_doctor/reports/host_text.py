@@ -11,6 +11,7 @@ import shutil
 from mla_doctor.threshold_text import fmt_threshold
 from mla_doctor import terminal
 from mla_doctor.reports import first_screen
+from mla_doctor.report_sections import ModelSection, ServerSection, StaticSection
 from mla_doctor.results import HostReport, HostStatus, RunReport
 
 _MARK = {"info": "  ", "warn": "! ", "fail": "X "}
@@ -30,9 +31,9 @@ def _same(a: object, b: object) -> bool:
     return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)  # int/str keys
 
 
-def _threshold_lines(s: dict) -> list[str]:
+def _threshold_lines(s: StaticSection) -> list[str]:
     """The decode thresholds of the knowledge beside those the agent read from the installed code."""
-    th, code = s.get("decode_thresholds") or {}, s.get("threshold_code") or {}
+    th, code = s.decode_thresholds, s.threshold_code
     out = ["   decode thresholds: " + ", ".join(f"{k}={fmt_threshold(v)}"
                                                 for k, v in sorted(th.items()))] if th else []
     if not code:
@@ -69,14 +70,14 @@ def render_host(h: HostReport) -> list[str]:
     v = h.vllm or {}
     out.append(f"   vLLM {v.get('version')} ({v.get('distribution')}, {v.get('install_kind')}) at {v.get('path')}")
     out.append(f"   python {v.get('python')} [{v.get('python_version')}], located by {v.get('located_by')}")
-    s = h.static or {}
-    eng = s.get("engine") or {}
+    s = StaticSection.of(h.static)
+    eng = s.engine or {}
     out.append(f"   engine: {eng.get('default') if isinstance(eng, dict) else eng}   nearest known release: "
                f"{v.get('knowledge_nearest')}" + ("" if v.get("known_version") else "  (UNKNOWN VERSION: best effort)"))
-    out.append(f"   dispatch:  {_sym(s.get('dispatch'))}")
-    out.append(f"   prefill:   {_sym(s.get('prefill_entry'))}")
-    out.append(f"   decode:    {_sym(s.get('decode_entry'))}")
-    served = (s.get("code_paths") or {}).get("served") or {}
+    out.append(f"   dispatch:  {_sym(s.dispatch)}")
+    out.append(f"   prefill:   {_sym(s.prefill_entry)}")
+    out.append(f"   decode:    {_sym(s.decode_entry)}")
+    served = s.served
     if served and not served.get("generic"):  # the served model's own layer, from the installed code
         branch = served.get("platform_taken") or "unknown: every branch"
         out.append(f"   family:    {served.get('family')} ({served.get('architecture')} -> "
@@ -87,23 +88,23 @@ def render_host(h: HostReport) -> list[str]:
             out.append(f"     - [{lp.get('platform')}] {lp.get('class')} {lp.get('ref')}: decode "
                        + "; ".join(lp.get("decode") or ["?"])
                        + ("; prefill " + "; ".join(lp["prefill_entries"]) if lp.get("prefill_entries") else ""))
-    for d in s.get("decode_entries") or []:
+    for d in s.decode_entries:
         out.append(f"     - {d.get('backend', ''):<22} {_sym(d)}")
-    gate = s.get("sparse_gate") or {}
+    gate = s.sparse_gate
     out.append(f"   sparse:    {'gate present' if gate.get('present') else 'no sparse (DSA) support'}"
                + (f" — {gate.get('routing')}" if gate.get("routing") else ""))
     out += _threshold_lines(s)
     out += _routing_lines(h)
-    out.append(f"   integrity: {s.get('integrity')}; modified {len(s.get('modified_files') or [])}, "
-               f"missing {len(s.get('missing_files') or [])}, unrecorded {len(s.get('unrecorded_files') or [])}")
-    srv = h.server or {}
-    if srv.get("running"):
-        sup = srv.get("supervisor") or {}
-        out.append(f"   server: pid {srv.get('pid')} user {srv.get('user')} port {srv.get('port')} "
-                   f"supervisor {sup.get('kind')} tp={srv.get('tensor_parallel_size') or 1}")
-    if h.model and h.model.get("classification"):
-        c = h.model["classification"]
-        out.append(f"   model: {h.model.get('argument')} type={c.get('model_type')} mla={c.get('is_mla')} "
+    out.append(f"   integrity: {s.integrity}; modified {len(s.modified_files)}, "
+               f"missing {len(s.missing_files)}, unrecorded {len(s.unrecorded_files)}")
+    srv = ServerSection.of(h.server)
+    if srv.running:
+        out.append(f"   server: pid {srv.pid} user {srv.user} port {srv.port} "
+                   f"supervisor {srv.supervisor.get('kind')} tp={srv.tensor_parallel_size or 1}")
+    model = ModelSection.of(h.model)
+    if model.classification:
+        c = model.classification
+        out.append(f"   model: {model.argument} type={c.get('model_type')} mla={c.get('is_mla')} "
                    f"sparse={c.get('is_sparse')}")
     if h.gpu and h.gpu.get("present"):
         out.append("   gpu: " + ", ".join(f"{g['name']} (sm {g['compute_cap']})" for g in h.gpu.get("gpus", [])))

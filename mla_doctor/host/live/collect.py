@@ -5,6 +5,7 @@ from mla_doctor.diagnosis.evidence_build import build_live_evidence
 from mla_doctor.diagnosis.live_verdict import expected_path, observed_path, routing_of, verdict
 from mla_doctor.host.live.session import LiveRun
 from mla_doctor.host.live.steps import Pass
+from mla_doctor.report_sections import ModelSection
 from mla_doctor.results import Finding, HostReport, Severity, plain
 
 # the static audit's integrity/model findings that the live rules do not restate
@@ -27,7 +28,7 @@ def evidence(run: LiveRun, p: Pass):
             settings["enforce_eager"] = True
     return build_live_evidence(
         facts=run.facts, version=(report.vllm or {}).get("version"),
-        model_config=(report.model or {}).get("config"), static=report.static, server=server,
+        model_config=ModelSection.of(report.model).config, static=report.static, server=server,
         gpu=report.gpu, log_lines=[ln["text"] for ln in run.log_lines[p.log_from:p.log_to]],
         records_armed=run.armed + [r for r in run.startup if r.get("event") != "armed"],
         prompts=p.prompts, configuration=p.configuration, settings=settings,

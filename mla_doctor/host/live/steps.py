@@ -18,6 +18,7 @@ from mla_doctor.host.live.session import EXCEPTION_LINE, LiveRun, PromptResults
 from mla_doctor.host.prompts import FILLER, chunked_prefill, fill_tokens, plan_prompts
 from mla_doctor.host.runtimes import runtime
 from mla_doctor.remote.http import HostHTTP
+from mla_doctor.report_sections import ModelSection, StaticSection
 from mla_doctor.remote.protocol import (
     CommandRestartRequest,
     DockerRestartRequest,
@@ -201,9 +202,9 @@ def send_prompts(run: LiveRun, model: dict[str, Any], configuration: str) -> Pro
     """The calibrated prompts, one at a time, each with the probe's records of its own window."""
     ropts, http, report = run.ropts, run.http, run.report
     assert http is not None
-    cfg = ((report.model or {}).get("config") or {})
+    cfg = ModelSection.of(report.model).config
     thresholds = []
-    for v in (report.static or {}).get("decode_thresholds", {}).values():
+    for v in StaticSection.of(report.static).decode_thresholds.values():
         if isinstance(v, int):
             thresholds.append(v)
         elif isinstance(v, dict):
