@@ -164,7 +164,7 @@ def build_static_report(name: str, raw: dict[str, Any], kb: Knowledge) -> HostRe
     if model_raw:
         model_class = classify_model(facts, model_raw.get("config"))
     # the attention code that runs, as the installed files state it (agent/facts/resolve.py)
-    code_paths = code_paths_section(facts, raw.get("resolution"), (model_raw or {}).get("config"))
+    code_paths = code_paths_section(facts, raw.get("resolution"), ModelSection.of(model_raw).config)
     if code_paths is not None:
         static["code_paths"] = code_paths
         served = code_paths.get("served") or {}
