@@ -1,4 +1,4 @@
-"""Typed sections of a host's report (`static`, `model`, `server`, `log`), built where the report is built.
+"""Typed sections of a host's report (`vllm`, `static`, `model`, `server`, `log`), built where the report is built.
 
 Each is a frozen dataclass: the keys readers use are attributes (with the fallback a reader wants when the key is
 absent or not of its kind: `{}`, `[]`, None), and `to_dict()` gives back the JSON section exactly as it was made
@@ -86,6 +86,24 @@ def _d() -> Any:
 
 def _l() -> Any:
     return field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True, eq=False, repr=False)
+class VllmSection(Section):
+    """The vLLM install audited: its identity and where it was found, and the knowledge it was read with."""
+    version: str | None = None
+    distribution: str | None = None
+    path: str | None = None  # the vllm/ directory
+    site_packages: str | None = None
+    python: str | None = None
+    python_version: str | None = None
+    located_by: str | None = None
+    install_kind: str | None = None  # wheel | editable | ...
+    version_source: str | None = None
+    knowledge_nearest: str | None = None
+    known_version: bool | None = None
+    extra_: dict[str, Any] = _d()
+    keys_: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, eq=False, repr=False)
@@ -185,5 +203,5 @@ class LogSection(Section):
     keys_: tuple[str, ...] = ()
 
 
-SECTIONS: dict[str, type[Section]] = {"static": StaticSection, "model": ModelSection, "server": ServerSection,
-                                      "log": LogSection}
+SECTIONS: dict[str, type[Section]] = {"vllm": VllmSection, "static": StaticSection, "model": ModelSection,
+                                      "server": ServerSection, "log": LogSection}

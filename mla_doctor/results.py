@@ -15,7 +15,7 @@ from mla_doctor import __version__
 from mla_doctor.errors import UnreachableError
 from mla_doctor.exit_codes import ExitStatus, worst
 from mla_doctor.redact import redact_text, redact_tree
-from mla_doctor.report_sections import LogSection, ModelSection, Section, ServerSection, StaticSection
+from mla_doctor.report_sections import LogSection, ModelSection, Section, ServerSection, StaticSection, VllmSection
 
 
 class Severity(str, enum.Enum):
@@ -45,7 +45,7 @@ class HostReport:
     status: HostStatus = HostStatus.OK
     error: str | None = None
     error_kind: str | None = None
-    vllm: dict[str, Any] | None = None
+    vllm: VllmSection | None = None
     # typed where the report is built (report_sections.py); a dict assigned here reads and renders alike
     static: StaticSection | None = None
     server: ServerSection | None = None

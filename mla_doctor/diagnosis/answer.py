@@ -11,7 +11,7 @@ from typing import Any
 from mla_doctor.threshold_text import fmt_threshold, table_values
 from mla_doctor.diagnosis.knowledge import Knowledge, load_knowledge
 from mla_doctor.diagnosis.routing import CONDITION_NAMES, known_from_host, route, routes
-from mla_doctor.report_sections import LogSection, ModelSection, ServerSection, StaticSection
+from mla_doctor.report_sections import LogSection, ModelSection, ServerSection, StaticSection, VllmSection
 from mla_doctor.results import HostReport, host_to_dict
 
 LONG_TOKENS = 4096  # the long prompt the static answer speaks of
@@ -95,7 +95,7 @@ def _log_text(line: Any) -> str:
 
 def _platform_backend(h: dict, names: list[str], version: str | None) -> tuple[str, list[str]]:
     """(what the platform would select, said as such; the candidate backends) when the log does not say."""
-    v = h.get("vllm") or {}
+    v = VllmSection.of(h.get("vllm"))
     gpu = h.get("gpu") or {}
     gpus = gpu.get("gpus") or []
     dense = [n for n in names if "SPARSE" not in n]
@@ -105,7 +105,7 @@ def _platform_backend(h: dict, names: list[str], version: str | None) -> tuple[s
         cap = gpus[0].get("compute_cap")
         return (f"not in the log: the CUDA platform picks at start (sm {cap}) among {', '.join(cuda) or '?'}"
                 " — give --log to know", cuda)
-    if "cpu" in str(v.get("distribution") or "").lower():
+    if "cpu" in str(v.distribution or "").lower():
         if not cpu:
             return f"none: vLLM {version} has no MLA backend for the CPU platform (MLA fails at start)", []
         pick = cpu[0] + (f" ({', '.join(cpu[1:])} where the CPU has AMX)" if cpu[1:] else "")
@@ -124,9 +124,8 @@ def host_answer(h: dict, kb: Knowledge | None = None) -> HostAnswer | None:
     if h.get("status") not in (None, "ok"):
         return None
     a = HostAnswer()
-    v = h.get("vllm") or {}
     st = StaticSection.of(h.get("static"))
-    version = v.get("version")
+    version = VllmSection.of(h.get("vllm")).version
     facts = (kb or load_knowledge()).for_version(version) if version else None
     findings = h.get("findings") or []
     # ---- backend: the log (static) or the run's evidence, else the platform's choice for this release

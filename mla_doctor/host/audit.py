@@ -20,7 +20,7 @@ from mla_doctor.diagnosis.symbol_needs import symbol_needs
 from mla_doctor.errors import MlaDoctorError
 from mla_doctor.host.answer import attach
 from mla_doctor.remote.protocol import StaticRequest, call
-from mla_doctor.report_sections import LogSection, ModelSection, ServerSection, StaticSection
+from mla_doctor.report_sections import LogSection, ModelSection, ServerSection, StaticSection, VllmSection
 from mla_doctor.results import HostReport, HostStatus, plain
 from mla_doctor.ssh.local import ConnectOptions, Transport
 
@@ -129,7 +129,7 @@ def build_static_report(name: str, raw: dict[str, Any], kb: Knowledge) -> HostRe
     ident = raw.get("vllm") or {}
     version = ident.get("version")
     facts = kb.for_version(version)
-    report.vllm = {
+    report.vllm = VllmSection.from_dict({
         "version": version,
         "distribution": ident.get("distribution"),
         "path": loc.get("dir"),
@@ -141,7 +141,7 @@ def build_static_report(name: str, raw: dict[str, Any], kb: Knowledge) -> HostRe
         "version_source": ident.get("version_source"),
         "knowledge_nearest": facts.nearest,
         "known_version": facts.known,
-    }
+    })
     scan = raw.get("scan") or {}
     audit = verify_static(facts, raw)
     static = plain(audit)

@@ -7,7 +7,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from mla_doctor.diagnosis.live_verdict import EXPECT_VALUES
-from mla_doctor.report_sections import StaticSection
+from mla_doctor.report_sections import StaticSection, VllmSection
 from mla_doctor.results import Finding, HostReport, Severity, backend_of
 
 # what `expect:` (inventory, runbook) may check; prefill/decode take EXPECT_VALUES
@@ -20,18 +20,18 @@ def check_expectations(report: HostReport, exp: dict[str, Any]) -> list[Finding]
     if not exp:
         return []
     met, unmet, later = [], [], []
-    v = report.vllm or {}
+    v = VllmSection.of(report.vllm)
     st = StaticSection.of(report.static)
     for key, want in exp.items():
         if key == "vllm":
-            got = v.get("version")
+            got = v.version
             try:
                 ok = got is not None and SpecifierSet(str(want)).contains(Version(got), prereleases=True)
             except InvalidVersion:
                 ok = False
             (met if ok else unmet).append(f"vllm {want} (found {got})")
         elif key == "distribution":
-            got = v.get("distribution")
+            got = v.distribution
             (met if got == want else unmet).append(f"distribution {want} (found {got})")
         elif key == "integrity":
             bad = list(st.modified_files) + list(st.missing_files)

@@ -14,7 +14,7 @@ from typing import Any
 from mla_doctor.errors import UsageError
 from mla_doctor.exit_codes import ExitStatus, worst
 from mla_doctor.redact import redact_tree
-from mla_doctor.report_sections import ModelSection, StaticSection
+from mla_doctor.report_sections import ModelSection, StaticSection, VllmSection
 from mla_doctor.results import HostReport, RunReport, backend_of
 
 FORMATS = ("text", "json", "junit", "markdown", "html")
@@ -65,11 +65,10 @@ def retry_hosts(doc: dict) -> list[str]:
 
 
 def host_version(h: dict) -> str:
-    v = h.get("vllm") or {}
-    if not v.get("version"):
+    v = VllmSection.of(h.get("vllm"))
+    if not v.version:
         return "-"
-    dist = v.get("distribution")
-    return v["version"] if dist in (None, "vllm") else f"{v['version']} ({dist})"
+    return v.version if v.distribution in (None, "vllm") else f"{v.version} ({v.distribution})"
 
 
 def host_backend(h: dict) -> str | None:

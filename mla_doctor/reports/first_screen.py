@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mla_doctor import terminal
-from mla_doctor.report_sections import ModelSection, ServerSection
+from mla_doctor.report_sections import ModelSection, ServerSection, VllmSection
 from mla_doctor.results import HostReport, host_to_dict
 
 LABEL = 11  # the left column: "  " + label padded + " "
@@ -109,13 +109,11 @@ def answer(host: HostReport | dict) -> Answer:
     if h.get("status") not in (None, "ok"):
         a.error = h.get("error")
         return a
-    v = h.get("vllm") or {}
-    version = v.get("version")
-    dist = v.get("distribution")
-    kind = v.get("install_kind")
+    v = VllmSection.of(h.get("vllm"))
+    version, dist, kind = v.version, v.distribution, v.install_kind
     a.install = (f"vLLM {version} ({', '.join(x for x in (dist, kind) if x)})"
-                 + ("" if v.get("known_version", True) else f" — unknown release, read as {v.get('knowledge_nearest')}")
-                 + f" at {v.get('path')}; python {v.get('python_version') or '?'} ({v.get('located_by')})")
+                 + ("" if v.get("known_version", True) else f" — unknown release, read as {v.knowledge_nearest}")
+                 + f" at {v.path}; python {v.python_version or '?'} ({v.located_by})")
     findings = h.get("findings") or []
     stored = h.get("answer") if isinstance(h.get("answer"), dict) else {}
     for name in _STORED:

@@ -11,7 +11,7 @@ import shutil
 from mla_doctor.threshold_text import fmt_threshold
 from mla_doctor import terminal
 from mla_doctor.reports import first_screen
-from mla_doctor.report_sections import ModelSection, ServerSection, StaticSection
+from mla_doctor.report_sections import ModelSection, ServerSection, StaticSection, VllmSection
 from mla_doctor.results import HostReport, HostStatus, RunReport
 
 _MARK = {"info": "  ", "warn": "! ", "fail": "X "}
@@ -67,13 +67,13 @@ def render_host(h: HostReport) -> list[str]:
     if h.status != HostStatus.OK:
         out.append(f"   {h.error}")
         return out
-    v = h.vllm or {}
-    out.append(f"   vLLM {v.get('version')} ({v.get('distribution')}, {v.get('install_kind')}) at {v.get('path')}")
-    out.append(f"   python {v.get('python')} [{v.get('python_version')}], located by {v.get('located_by')}")
+    v = VllmSection.of(h.vllm)
+    out.append(f"   vLLM {v.version} ({v.distribution}, {v.install_kind}) at {v.path}")
+    out.append(f"   python {v.python} [{v.python_version}], located by {v.located_by}")
     s = StaticSection.of(h.static)
     eng = s.engine or {}
     out.append(f"   engine: {eng.get('default') if isinstance(eng, dict) else eng}   nearest known release: "
-               f"{v.get('knowledge_nearest')}" + ("" if v.get("known_version") else "  (UNKNOWN VERSION: best effort)"))
+               f"{v.knowledge_nearest}" + ("" if v.known_version else "  (UNKNOWN VERSION: best effort)"))
     out.append(f"   dispatch:  {_sym(s.dispatch)}")
     out.append(f"   prefill:   {_sym(s.prefill_entry)}")
     out.append(f"   decode:    {_sym(s.decode_entry)}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 from mla_doctor import terminal
+from mla_doctor.report_sections import VllmSection
 
 
 def _case(suite: ET.Element, host: str, name: str, time_s: float = 0.0) -> ET.Element:
@@ -25,9 +26,9 @@ def render(doc: dict) -> str:
         total_s = float((h.get("timings") or {}).get("total_s") or 0.0)
         suite = ET.SubElement(root, "testsuite", name=name, hostname=name, timestamp=str(doc.get("started") or ""))
         props = ET.SubElement(suite, "properties")
-        v = h.get("vllm") or {}
+        v = VllmSection.of(h.get("vllm"))
         for k, val in (("verdict", h.get("verdict")), ("exit_status", h.get("exit_status")),
-                       ("vllm.version", v.get("version")), ("vllm.distribution", v.get("distribution")),
+                       ("vllm.version", v.version), ("vllm.distribution", v.distribution),
                        ("address", h.get("address")), ("groups", ",".join(h.get("groups") or []))):
             if val not in (None, ""):
                 ET.SubElement(props, "property", name=k, value=str(val))

@@ -13,7 +13,7 @@ import pytest
 from mla_doctor.diagnosis.knowledge import load_knowledge
 from mla_doctor.diagnosis.static_facts import verify_static
 from mla_doctor.host.audit import build_static_report
-from mla_doctor.report_sections import SECTIONS, LogSection, ModelSection, ServerSection, StaticSection
+from mla_doctor.report_sections import SECTIONS, LogSection, ModelSection, ServerSection, StaticSection, VllmSection
 from mla_doctor.results import HostReport, RunReport, host_to_dict, plain
 from tests.support.fake_agent import load
 
@@ -91,6 +91,7 @@ def test_the_sections_keys_are_in_the_order_the_report_is_built_in(kb):
                                                                      d["static"] else [])]
     assert list(d["server"]) == ["running", *ans["servers"][0], "others", "lookalikes", "server_error"]
     assert list(d["model"]) == [*ans["model"], "classification"]
+    assert list(d["vllm"]) == [f.name for f in dataclasses.fields(VllmSection)][:-2]
     assert list(d["log"])[:3] == ["source", "total_lines", "evidence"] and list(d["log"])[3:] == ["formats"]
     no_log = copy.deepcopy(ANSWERS["static_local[0] no log"])
     assert host_to_dict(build_static_report("gpu-1", no_log, kb))["log"] == {"source": None, "reason": "no log here"}
