@@ -42,6 +42,7 @@ class HostAnswer:
     backend_source: str = ""  # log | run | platform
     dispatch: str | None = None
     family_layer: str | None = None  # a model-private family's layer (code_paths), shown instead of the dispatch
+    family_backend: str | None = None  # the backend that layer names itself (backend_cls): wins over the platform's
     threshold: str | None = None
     one_token: str = ""
     long_prompt: str = ""
@@ -114,6 +115,27 @@ def _platform_backend(h: dict, names: list[str], version: str | None) -> tuple[s
             [n for n in dense])
 
 
+def _family_backend(fb: Any, generic: str) -> tuple[str, str | None] | None:
+    """(the line, the name) for a family layer that names its own backend (code_paths.family_backend): it wins
+    over the platform's generic selection. Without the host's branch known, each branch's is listed."""
+    by = (fb or {}).get("by_platform") if isinstance(fb, dict) else None
+    if not by:
+        return None
+    taken = fb.get("platform_taken")
+    pick = generic.split(" — ", 1)[0].split(" (", 1)[0]  # "CPU_MLA (AMX_MLA where ...)" -> CPU_MLA
+    if taken and by.get(taken):
+        got = by[taken]
+        where = "; ".join(f"{b['named_by'].split(' ', 1)[0]} {b['named_at']} ({b['layer'].split(' ', 1)[0]}), "
+                          f"get_name {b['get_name']}" for b in got)
+        others = sorted({o for b in got for o in b.get("others") or []})
+        more = f"; with {', '.join(others)}" if others else ""
+        return (f"{' / '.join(b['name'] for b in got)} (not the platform's {pick}) — the family layer's own: "
+                f"{where}{more}", got[0]["name"] if len(got) == 1 else None)
+    per = "; ".join(f"[{p}] " + " / ".join(b["name"] for b in bs) for p, bs in sorted(by.items()))
+    return (f"the family layer's own backend, per platform branch (no GPU seen): {per} — not the platform's "
+            "generic choice", None)
+
+
 def _route_line(label: str, r: dict) -> RouteLine:
     return RouteLine(label, r.get("text") or "", dict(r.get("resolved") or {}),
                      [CONDITION_NAMES.get(u, u) for u in r.get("unresolved") or []])
@@ -152,6 +174,9 @@ def host_answer(h: dict, kb: Knowledge | None = None) -> HostAnswer | None:
         a.backend, candidates = _platform_backend(h, names, version)
         if len(candidates) == 1:
             a.backend_name = candidates[0]
+        own = _family_backend((st.get("code_paths") or {}).get("family_backend"), a.backend)
+        if own:
+            a.backend, a.backend_name, a.family_backend = own[0], own[1] or a.backend_name, own[1]
     prefill_be = log_ev.get("prefill_backend") or live_ev.get("prefill_backend")
     if prefill_be:
         a.backend += f"; prefill kernel {prefill_be}"

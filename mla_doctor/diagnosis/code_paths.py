@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 __all__ = ["LayerPath", "FamilyPath", "family_paths", "served_path", "family_route", "knowledge_family",
-           "code_paths_section",
+           "code_paths_section", "family_backend", "not_on_platform",
            "compare_family", "backend_findings", "probe_target_list"]
 
 _SHARED = ("model_executor/layers/", "attention/", "v1/attention/")
@@ -31,6 +31,10 @@ class LayerPath:
     dispatch: List[str]
     generic: bool                    # the shared MLA layer (MLAAttention / Attention): the knowledge's path applies
     through: Optional[str] = None    # a VL wrapper's language model: "Arch (vllm/file:line)", the registry call
+    # the backend the layer names itself (`backend_cls = X`, `get_attn_backend()`): {name, class, ref, get_name,
+    # named_by, named_at}; it wins over the platform's generic selection (DeepSeek V4 on CPU: CPU_V4_MLA_SPARSE)
+    backend: Optional[Dict[str, Any]] = None
+    other_backends: List[Dict[str, Any]] = field(default_factory=list)  # its SWA cache's, indexer's
 
     @property
     def decode_symbol(self) -> str:
@@ -58,6 +62,7 @@ class FamilyPath:
     # the branch the host takes builds no attention layer (a stub that raises: DeepSeek V4's VL model and MTP
     # draft on CPU): "Class (vllm/file:line)"; then nothing of another branch runs
     taken_builds_none: Optional[str] = None
+    taken_raises: Optional[str] = None  # "NotImplementedError (vllm/file:line)": where that stub raises
 
     @property
     def platforms(self) -> List[str]:
@@ -86,11 +91,11 @@ class FamilyPath:
         return {"architecture": self.architecture, "family": self.family, "private": self.private,
                 "registry": self.registry, "module": self.module, "platform_taken": self.platform_taken,
                 "platforms": self.platforms, "prefill": self.prefill, "generic": self.generic,
-                "taken_builds_none": self.taken_builds_none,
+                "taken_builds_none": self.taken_builds_none, "taken_raises": self.taken_raises,
                 "layers": [{"platform": lp.platform, "class": lp.cls, "ref": "vllm/%s:%s" % (lp.file, lp.line),
                             "when": lp.when, "prefill": lp.prefill, "decode": lp.decode,
                             "prefill_entries": lp.prefill_refs, "dispatch": lp.dispatch, "generic": lp.generic,
-                            "through": lp.through}
+                            "through": lp.through, "backend": lp.backend, "other_backends": lp.other_backends}
                            for lp in self.layers]}
 
 
@@ -120,11 +125,22 @@ def _layer(platform: str, lp: dict) -> LayerPath:
     # resolve.py's via for a wrapped model: [Wrapper, "Arch (file:line)", Arch, ...]
     via = [str(v) for v in lp.get("via") or []]
     through = next((v.replace(" (", " (vllm/", 1) for v in via[1:2] if v.endswith(")") and " (" in v), None)
-    return LayerPath(platform=platform, cls=str(lp.get("class")), file=str(lp.get("file")),
+    return LayerPath(backend=_backend(lp.get("backend")),
+                     other_backends=[b for b in map(_backend, lp.get("other_backends") or []) if b],
+                     platform=platform, cls=str(lp.get("class")), file=str(lp.get("file")),
                      line=int(lp.get("line") or 0),
                      when=lp.get("when"), prefill=str(lp.get("prefill") or "?"), decode=list(dict.fromkeys(decode)),
                      prefill_refs=list(dict.fromkeys(pre)), dispatch=list(dict.fromkeys(disp)), generic=generic,
                      through=through)
+
+
+def _backend(b: Optional[dict]) -> Optional[Dict[str, Any]]:
+    """The agent's backend item, with vllm/ refs: the class's def, its get_name() return and where it is named."""
+    if not isinstance(b, dict) or not b.get("name"):
+        return None
+    return {"name": b["name"], "class": b.get("class"), "ref": "vllm/%s:%s" % (b.get("file"), b.get("line")),
+            "get_name": "vllm/%s:%s" % (b.get("get_name_file"), b.get("get_name_line")),
+            "named_by": b.get("named_by"), "named_at": "vllm/%s" % b.get("named_at")}
 
 
 def family_paths(resolution: Optional[dict]) -> List[FamilyPath]:
@@ -143,6 +159,9 @@ def family_paths(resolution: Optional[dict]) -> List[FamilyPath]:
             m = b.get("model") or {}
             if fp.platform_taken and b.get("platform") == fp.platform_taken and not b.get("layers"):
                 fp.taken_builds_none = "%s (vllm/%s:%s)" % (m.get("class"), m.get("file"), m.get("line"))
+                r = b.get("raises") or {}
+                if r.get("file"):
+                    fp.taken_raises = "%s (vllm/%s:%s)" % (r.get("exception"), r.get("file"), r.get("line"))
         out.append(fp)
     return out
 
@@ -200,7 +219,36 @@ def code_paths_section(facts: Any, resolution: Optional[dict], config: Optional[
             "backends": [{k: b.get(k) for k in ("name", "file", "class", "line", "enum", "kind", "decode", "note")}
                          for b in resolution.get("backends") or [] if isinstance(b, dict)],
             "backends_unknown_to_table": be["unknown"], "backend_decode_mismatch": be["mismatch"],
-            "disagreements": disagree}
+            "disagreements": disagree,
+            "family_backend": family_backend(served),
+            "served_not_on_platform": not_on_platform(fps, config)}
+
+
+def family_backend(fp: Optional[FamilyPath]) -> Optional[Dict[str, Any]]:
+    """The served family layer's own backend, per platform branch (the branch the host takes, or every branch
+    when that is unknown): {"platform_taken", "by_platform": {plat: [backend, ...]}}; None when no layer names
+    one (the shared layer: the platform's generic selection applies)."""
+    if fp is None:
+        return None
+    by: Dict[str, List[Dict[str, Any]]] = {}
+    for lp in fp.running():
+        if lp.backend:
+            got = by.setdefault(lp.platform, [])
+            if lp.backend["name"] not in [b["name"] for b in got]:
+                got.append(dict(lp.backend, layer="%s (vllm/%s:%s)" % (lp.cls, lp.file, lp.line),
+                                others=[o["name"] for o in lp.other_backends]))
+    return {"platform_taken": fp.platform_taken, "by_platform": by} if by else None
+
+
+def not_on_platform(fps: List[FamilyPath], config: Optional[dict]) -> Optional[Dict[str, Any]]:
+    """The served architecture's branch for this host's platform builds no layer (a stub that raises):
+    {architecture, family, platform, model, raises}; None otherwise."""
+    archs = _archs(config)
+    for fp in fps:
+        if fp.architecture in archs and fp.taken_builds_none:
+            return {"architecture": fp.architecture, "family": fp.family, "module": fp.module,
+                    "platform": fp.platform_taken, "model": fp.taken_builds_none, "raises": fp.taken_raises}
+    return None
 
 
 def family_routing_text(served: Dict[str, Any]) -> str:

@@ -296,7 +296,7 @@ def code_path_rules(cp: dict | None) -> list[Finding]:
     knowledge, and backends the table has never heard of."""
     if not cp:
         return []
-    out = []
+    out = family_not_on_platform(cp.get("served_not_on_platform"))
     served = cp.get("served")
     if served and not served.get("generic"):
         ev = [f"registry: {served['architecture']} -> {served['module']} ({served['registry']})"]
@@ -332,3 +332,19 @@ def code_path_rules(cp: dict | None) -> list[Finding]:
                            [f"knowledge: {m['knowledge']}", f"code: {m['code']} {m['ref']}"],
                            "update the backends table in diagnosis/knowledge/vllm_releases.yaml"))
     return out
+
+
+def family_not_on_platform(nop: dict | None) -> list[Finding]:
+    """The served architecture's branch for this host's platform builds no attention layer: a stub whose
+    __init__ raises (DeepSeek V4's VL model and MTP draft on CPU). No path is claimed for it."""
+    if not nop:
+        return []
+    raises = nop.get("raises") or "its __init__ (no raise found)"
+    return [Finding(
+        "FAMILY_NOT_ON_PLATFORM", WARN,
+        f"{nop.get('architecture')} ({nop.get('family')}) has no implementation on the {nop.get('platform')} "
+        f"branch: {nop.get('model')} builds no attention layer, it raises {raises}",
+        [f"family module: vllm/{nop.get('module')}, platform branch {nop.get('platform')}",
+         f"model class: {nop.get('model')}", f"raises: {raises}"],
+        "this model cannot start on this platform: serve it where the family has a branch that builds a layer "
+        "(another platform), or serve the text model")]

@@ -178,3 +178,95 @@ def _layer_decode(r, item):
                                     "inherited": owner.name != node.name,
                                     "layer": "%s (vllm/%s:%s)" % (node.name, m.rel, node.lineno)}
     return None
+
+
+def _backend_of_class(src, m, expr):
+    """The backend a class expression stands for: {name, class, file, line, get_name_line}, or None."""
+    for it in src.class_expr(m, expr, {}):
+        if it[0] != "class":
+            continue
+        found = src.method(it[1], it[2], "get_name")
+        name, line = _str_return(found[2]) if found else (None, None)
+        if name:
+            return {"name": name, "class": it[2].name, "file": it[1].rel, "line": it[2].lineno,
+                    "get_name_file": found[0].rel, "get_name_line": line}
+    return None
+
+
+def _named_backend(src, m, cls):
+    """(how, mod, expression, line) of the backend a class names: `backend_cls = X` or `get_attn_backend()`
+    returning X (or `self.<attr>`, then that class attribute), the most derived class of the MRO first."""
+    for mm, c in src.mro(m, cls):
+        for n in c.body:
+            if (isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
+                    and n.targets[0].id == "backend_cls"):
+                return "backend_cls", mm, n.value, n.lineno
+            if isinstance(n, ast.FunctionDef) and n.name == "get_attn_backend":
+                for ret, _cond in _returns(n.body, mm):
+                    if isinstance(ret, ast.Attribute) and isinstance(ret.value, ast.Name) and ret.value.id == "self":
+                        got = _attr_assign(src, m, cls, ret.attr)
+                        if got:
+                            return "get_attn_backend -> self.%s" % ret.attr, got[0], got[1], got[2]
+                        continue
+                    return "get_attn_backend", mm, ret, ret.lineno
+    return None
+
+
+def _attr_assign(src, m, cls, name):
+    """A class-level `name = Expr` (own or inherited, the most derived first): (mod, expr, line)."""
+    for mm, c in src.mro(m, cls):
+        for n in c.body:
+            if (isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
+                    and n.targets[0].id == name):
+                return mm, n.value, n.lineno
+    return None
+
+
+def layer_backends(src, m, cls):
+    """The family layer's own backend, read from its code: {"backend": {name, class, file, line, get_name_line,
+    named_by, named_at} or None, "other_backends": [...]}. Others: `*_backend_cls = X` class attributes (the SWA
+    cache's) and the classes its `__init__` swaps in (`self.indexer.k_cache.__class__ = C`, DeepSeek V4 on CPU)
+    that name a backend through `get_attn_backend()`."""
+    out = {"backend": None, "other_backends": []}
+    got = _named_backend(src, m, cls)
+    if got:
+        be = _backend_of_class(src, got[1], got[2])
+        if be:
+            out["backend"] = dict(be, named_by=got[0], named_at="%s:%s" % (got[1].rel, got[3]))
+    seen = {(out["backend"] or {}).get("class")}
+    for mm, c in src.mro(m, cls):
+        for n in c.body:
+            if (isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
+                    and n.targets[0].id.endswith("_backend_cls")):
+                be = _backend_of_class(src, mm, n.value)
+                if be and be["class"] not in seen:
+                    seen.add(be["class"])
+                    out["other_backends"].append(dict(be, named_by=n.targets[0].id,
+                                                      named_at="%s:%s" % (mm.rel, n.lineno)))
+            if not (isinstance(n, ast.FunctionDef) and n.name == "__init__"):
+                continue
+            for st in ast.walk(n):
+                t = st.targets[0] if isinstance(st, ast.Assign) and len(st.targets) == 1 else None
+                if not (isinstance(t, ast.Attribute) and t.attr == "__class__"):
+                    continue
+                for it in src.class_expr(mm, st.value, {}):
+                    nb = _named_backend(src, it[1], it[2]) if it[0] == "class" else None
+                    be = _backend_of_class(src, nb[1], nb[2]) if nb else None
+                    if be and be["class"] not in seen:
+                        seen.add(be["class"])
+                        target = ".".join((_chain_text(t.value), "__class__"))
+                        out["other_backends"].append(dict(
+                            be, named_by="%s (%s = %s, %s:%s)" % (nb[0], target, it[2].name, mm.rel, st.lineno),
+                            named_at="%s:%s" % (nb[1].rel, nb[3])))
+                    break
+    return out
+
+
+def _chain_text(e):
+    parts = []
+    while isinstance(e, ast.Attribute):
+        parts.append(e.attr)
+        e = e.value
+    if isinstance(e, ast.Name):
+        parts.append(e.id)
+    return ".".join(parts[::-1])

@@ -668,9 +668,12 @@ class Resolver(object):
     def model_layers(self, plat, m, cls, depth=0):
         """[(layer paths)] a model class builds: its own layers, then those of the inner models it wraps
         (the branch of the inner family that this platform takes), with the wrapper named in `via`."""
+        from .backends import layer_backends  # the layer's own backend (backend_cls / get_attn_backend)
+
         layers = []
         for lm, lc, via, when in self.layers(m, cls):
             lp = self.layer_paths(lm, lc)
+            lp.update(layer_backends(self.src, lm, lc))
             lp["via"] = via
             if when:
                 lp["when"] = when
@@ -700,6 +703,8 @@ class Resolver(object):
             b = {"platform": plat, "model": {"file": m.rel, "class": cls.name, "line": cls.lineno}, "layers": layers}
             if wraps:
                 b["wraps"] = wraps
+            if not layers:  # a stub branch (DeepSeek V4's VL model on CPU): where its __init__ raises
+                b["raises"] = _raises(self.src, m, cls)
             branches.append(b)
         plats = [b["platform"] for b in branches]
         taken = None
@@ -710,6 +715,18 @@ class Resolver(object):
         return {"architecture": arch, "family": fam, "registry": entry, "module_file": rel,
                 "branches": branches, "platform_taken": taken,
                 "mla": any(_mla_call(c, lp) for b in branches for lp in b["layers"] for c in lp["calls"])}
+
+
+def _raises(src, m, cls):
+    """{file, line, exception} of the first `raise` in a class's __init__ (own or inherited), or None."""
+    for mm, c in src.mro(m, cls)[:3]:
+        for fn in c.body:
+            if isinstance(fn, ast.FunctionDef) and fn.name == "__init__":
+                for n in ast.walk(fn):
+                    if isinstance(n, ast.Raise) and n.exc is not None:
+                        e = _chain(n.exc.func if isinstance(n.exc, ast.Call) else n.exc) or ["?"]
+                        return {"file": mm.rel, "line": n.lineno, "exception": e[-1]}
+    return None
 
 
 _MLA_CLASS = re.compile(r"MLA|Mla|LatentAttention")
