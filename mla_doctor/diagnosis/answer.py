@@ -210,7 +210,16 @@ def host_answer(h: dict, kb: Knowledge | None = None) -> HostAnswer | None:
         known = known_from_host(h, facts)
         if known.family:
             fam = (route(facts, known, 1), route(facts, known, LONG_TOKENS), known.family.get("family"))
-    if cls.get("is_mla") is False:
+    nop = (st.get("code_paths") or {}).get("served_not_on_platform")
+    if isinstance(nop, dict) and a.backend_source == "platform":
+        # the platform's branch of the family is a stub that raises: no layer, no path, no backend to claim
+        a.backend = (f"none: {nop.get('family')}'s {nop.get('platform')} branch is a stub that raises "
+                     f"{nop.get('raises') or '?'}")
+        a.backend_name = None
+        a.one_token = a.long_prompt = (f"no path: the server cannot build this model on the {nop.get('platform')} "
+                                       f"branch of {nop.get('family')} (see FAMILY_NOT_ON_PLATFORM)")
+        a.entry_short = a.entry_long = a.dispatch = None
+    elif cls.get("is_mla") is False:
         a.one_token = a.long_prompt = ("generic attention, not MLA: no forward_mha/forward_mqa split "
                                        f"({cls.get('reason')})")
         a.entry_short = a.entry_long = None

@@ -342,8 +342,8 @@ def family_not_on_platform(nop: dict | None) -> list[Finding]:
     raises = nop.get("raises") or "its __init__ (no raise found)"
     return [Finding(
         "FAMILY_NOT_ON_PLATFORM", WARN,
-        f"{nop.get('architecture')} ({nop.get('family')}) has no implementation on the {nop.get('platform')} "
-        f"branch: {nop.get('model')} builds no attention layer, it raises {raises}",
+        f"{nop.get('architecture')}: {nop.get('family')}'s {nop.get('platform')} branch builds no attention "
+        f"layer, it raises {raises}",
         [f"family module: vllm/{nop.get('module')}, platform branch {nop.get('platform')}",
          f"model class: {nop.get('model')}", f"raises: {raises}"],
         "this model cannot start on this platform: serve it where the family has a branch that builds a layer "
