@@ -123,6 +123,7 @@ def _family_backend(fb: Any, generic: str) -> tuple[str, str | None] | None:
         return None
     taken = fb.get("platform_taken")
     pick = generic.split(" — ", 1)[0].split(" (", 1)[0]  # "CPU_MLA (AMX_MLA where ...)" -> CPU_MLA
+    pick = pick if pick.replace("_", "").isalnum() else "generic choice"  # "none: ...", "not in the log: ..."
     if taken and by.get(taken):
         got = by[taken]
         where = "; ".join(f"{b['named_by'].split(' ', 1)[0]} {b['named_at']} ({b['layer'].split(' ', 1)[0]}), "
