@@ -390,7 +390,7 @@ def test_the_family_layers_own_backend(dist, version, arch, platform, layer, nam
         assert be is None, be
         return
     assert (be["name"], "%s:%s" % (be["file"], be["line"]), "%s:%s" % (be["get_name_file"], be["get_name_line"]),
-            be["named_at"]) == (name, cls_ref, get_name_ref, named_at), be
+            be["named_at"], be["named_by"]) == (name, cls_ref, get_name_ref, named_at, "backend_cls"), be
     got = {o["name"]: ("%s:%s" % (o["get_name_file"], o["get_name_line"]), o["named_at"])
            for o in lps[0]["other_backends"]}
     assert got == others, got
