@@ -438,3 +438,45 @@ def test_a_stub_branch_on_vllm_cpu_is_a_finding_and_claims_no_path(arch, model, 
     assert (nop["platform"], nop["family"], nop["model"], nop["raises"]) == ("cpu", "deepseek_v4", model, raises)
     (f,) = [f for f in code_path_rules(cp) if f.code == "FAMILY_NOT_ON_PLATFORM"]
     assert raises in f.summary and "cpu" in f.summary and f.severity.value == "warn"
+
+
+def test_static_on_the_real_vllm_cpu_venv_says_the_v4_layers_own_backend(tmp_path):
+    """`mla-doctor static --local` on the real vllm-cpu 0.32.0 venv with a DeepSeek V4 config (the tiny V4 model's
+    config.json, tests/support/build_tiny_v4_model.py): the backend line is the family layer's CPU_V4_MLA_SPARSE
+    (cpu_sparse.py:271, cpu_mla.py:57, grep above), never the platform's generic CPU_MLA; the same config
+    with the VL architecture (a cpu stub, vl_stub.py:11) gives FAMILY_NOT_ON_PLATFORM and no path."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.support import vllm_cpu
+
+    py = str(vllm_cpu.ensure_venv() / "bin" / "python")
+    build = Path(__file__).resolve().parents[1] / "support" / "build_tiny_v4_model.py"
+    subprocess.run([py, str(build), str(tmp_path / "v4")], check=True, capture_output=True, timeout=300)
+    (tmp_path / "vl").mkdir()
+    cfg = json.loads((tmp_path / "v4" / "config.json").read_text())
+    (tmp_path / "vl" / "config.json").write_text(json.dumps(dict(cfg, architectures=[
+        "DeepseekV4ForConditionalGeneration"])))
+
+    def static(model):
+        p = subprocess.run([sys.executable, "-m", "mla_doctor", "static", "--local", "--python", py, "--model",
+                            str(model), "--format", "json"], capture_output=True, text=True, timeout=300)
+        (h,) = json.loads(p.stdout)["hosts"]
+        return h
+
+    h = static(tmp_path / "v4")
+    a = h["answer"]
+    assert a["backend_name"] == a["family_backend"] == "CPU_V4_MLA_SPARSE", a["backend"]
+    assert a["backend"].startswith("CPU_V4_MLA_SPARSE (not the platform's CPU_MLA) — the family layer's own: "
+                                   "backend_cls vllm/models/deepseek_v4/cpu/cpu_sparse.py:271 "
+                                   "(DeepseekV4CPUAttention), get_name vllm/models/deepseek_v4/cpu/cpu_mla.py:57; "
+                                   "with CPU_V4_INDEXER"), a["backend"]
+    fb = h["static"]["code_paths"]["family_backend"]
+    assert fb["platform_taken"] == "cpu" and [b["name"] for b in fb["by_platform"]["cpu"]] == ["CPU_V4_MLA_SPARSE"]
+    h = static(tmp_path / "vl")
+    a = h["answer"]
+    assert a["entry_short"] is None and a["entry_long"] is None and a["backend_name"] is None, a
+    (f,) = [f for f in h["findings"] if f["code"] == "FAMILY_NOT_ON_PLATFORM"]
+    assert "NotImplementedError (vllm/models/deepseek_v4/vl_stub.py:11)" in f["summary"] and f["severity"] == "warn"
