@@ -187,6 +187,13 @@ def test_no_host_platform_lists_each_branchs_backend(tree):
     assert fb["platform_taken"] is None
     assert {p: [b["name"] for b in bs] for p, bs in fb["by_platform"].items()} == {
         "cpu": ["FAM_CPU_SPARSE"], "nvidia+amd+xpu": ["FAM_BASE_SPARSE"]}
+    cfg = {"architectures": ["FamForCausalLM"]}
+    h = {"vllm": {"version": "0.33.0", "distribution": "vllm"}, "model": {"config": cfg},
+         "static": {"code_paths": cp.code_paths_section(None, res, cfg)}}
+    a = host_answer(h, load_knowledge())
+    assert a.backend.startswith("the family layer's own backend, per platform branch (no GPU seen): "
+                                "[cpu] FAM_CPU_SPARSE; [nvidia+amd+xpu] FAM_BASE_SPARSE"), a.backend
+    assert a.family_backend is None  # no single one: the host's branch is unknown
 
 
 def test_a_stub_branch_names_its_raise_and_warns(tree):
