@@ -175,7 +175,7 @@ def host_answer(h: dict, kb: Knowledge | None = None) -> HostAnswer | None:
         a.backend, candidates = _platform_backend(h, names, version)
         if len(candidates) == 1:
             a.backend_name = candidates[0]
-        own = _family_backend((st.get("code_paths") or {}).get("family_backend"), a.backend)
+        own = _family_backend((st.code_paths or {}).get("family_backend"), a.backend)
         if own:
             a.backend, a.backend_name, a.family_backend = own[0], own[1] or a.backend_name, own[1]
     prefill_be = log_ev.get("prefill_backend") or live_ev.get("prefill_backend")
@@ -211,7 +211,7 @@ def host_answer(h: dict, kb: Knowledge | None = None) -> HostAnswer | None:
         known = known_from_host(h, facts)
         if known.family:
             fam = (route(facts, known, 1), route(facts, known, LONG_TOKENS), known.family.get("family"))
-    nop = (st.get("code_paths") or {}).get("served_not_on_platform")
+    nop = (st.code_paths or {}).get("served_not_on_platform")
     if isinstance(nop, dict) and a.backend_source == "platform":
         # the platform's branch of the family is a stub that raises: no layer, no path, no backend to claim
         a.backend = (f"none: {nop.get('family')}'s {nop.get('platform')} branch is a stub that raises "
