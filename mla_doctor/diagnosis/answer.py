@@ -212,7 +212,8 @@ def host_answer(h: dict, kb: Knowledge | None = None) -> HostAnswer | None:
         if known.family:
             fam = (route(facts, known, 1), route(facts, known, LONG_TOKENS), known.family.get("family"))
     nop = (st.code_paths or {}).get("served_not_on_platform")
-    if isinstance(nop, dict) and a.backend_source == "platform":
+    stub = isinstance(nop, dict) and a.backend_source == "platform"
+    if stub:
         # the platform's branch of the family is a stub that raises: no layer, no path, no backend to claim
         a.backend = (f"none: {nop.get('family')}'s {nop.get('platform')} branch is a stub that raises "
                      f"{nop.get('raises') or '?'}")
@@ -266,7 +267,7 @@ def host_answer(h: dict, kb: Knowledge | None = None) -> HostAnswer | None:
     if routed:
         a.routes = [_route_line(f"prompt {p.get('name')} ({p.get('prompt_tokens')} tok)", p["routing"]["route"])
                     for p in routed]
-    elif facts is not None and cls:
+    elif facts is not None and cls and not stub:
         host = {"model": h.get("model"), "server": h.get("server"), "log": h.get("log"), "gpu": h.get("gpu"),
                 "static": h.get("static")}
         one, long = routes(facts, known_from_host(host, facts), LONG_TOKENS)

@@ -216,6 +216,7 @@ def test_a_stub_branch_names_its_raise_and_warns(tree):
     ans = host_answer(h, load_knowledge())
     assert ans.entry_short is None and ans.entry_long is None and ans.backend_name is None
     assert ans.one_token.startswith("no path") and nop["raises"] in ans.backend
+    assert ans.routes == []  # -v claims no routing either
     # nvidia takes a branch that builds a layer: no finding
     res = resolve_paths(str(tree), ["FamVL"], {}, {"present": True})
     assert cp.code_paths_section(None, res, cfg)["served_not_on_platform"] is None
