@@ -34,7 +34,7 @@ def fake_run(answer: dict, completion="same", local=False):
         live={"baseline_completion": "same", "attach": {"install_before": {"digest": "d1"}}},
         http=FakeHTTP(completion), report=HostReport(host="gpu-17"), run_id="r1", name="gpu-17",
         ropts=SimpleNamespace(run_root="/var/tmp/mla-doctor", runtime="process"),
-        conn=SimpleNamespace(command_timeout=30, local=local), step=lambda msg: None)
+        conn=SimpleNamespace(command_timeout=30, local=local), step=lambda msg: None, log_lines=[])
 
     def call(request, timeout=None, host=False):
         calls.append(request)
@@ -79,6 +79,40 @@ def test_each_broken_proof_is_not_restored_and_names_what():
         assert run.report.restored is False, needle
         assert run.report.exit_override == ExitStatus.NOT_RESTORED
         assert any(needle in m for m in run.live["restore_problems"]), (needle, run.live["restore_problems"])
+
+
+def test_counters_and_compile_lines_of_the_window_are_reported_per_process():
+    before = {"stats": {"unique_graphs": 3}, "frames": {"total": 3, "ok": 3}, "recompiles": {},
+              "compiled_frames": 9}
+    after = dict(before, compiled_frames=12)  # distinct codes seen: informational, not a recompilation
+    run = fake_run({"outcome": "detached", "install_after": {"digest": "d1"},
+                    "processes": [proc(detached_record={"still_wrapped": [], "dynamo_before": before,
+                                                        "dynamo_after": after})]})
+    run.log_lines = [{"text": "INFO Capturing CUDA graphs (decode, FULL): 100%"},  # at startup, before the window
+                     {"text": "DEBUG the window's own line"}]
+    run.live["attach"]["window_log_from"] = 1
+    attach.detach(run)
+    row = run.live["attach"]["processes"][0]
+    assert run.report.restored is True, run.live["restore_problems"]
+    assert row["dynamo_before"] == before and row["dynamo_after"] == after and row["dynamo_changed"] is False
+    assert row["torch_compiled"] is True and run.live["attach"]["compile_log_lines"] == []
+    assert len(run.live["attach"]["warnings"]) == 1 and "--method patch" in run.live["attach"]["warnings"][0]
+    # a recompile counter moves, and a compile line inside the window: both named
+    moved = dict(before, recompiles={"guard_failure": 1})
+    run = fake_run({"outcome": "detached", "install_after": {"digest": "d1"},
+                    "processes": [proc(detached_record={"still_wrapped": [], "dynamo_before": before,
+                                                        "dynamo_after": moved})]})
+    run.log_lines = [{"text": "INFO startup"}, {"text": "INFO Compiling a graph for dynamic shape takes 3.1 s"}]
+    run.live["attach"]["window_log_from"] = 1
+    attach.detach(run)
+    assert run.report.restored is False
+    assert any("recompilation" in m for m in run.live["restore_problems"])
+    assert any("compiled or captured during the window: INFO Compiling a graph" in m
+               for m in run.live["restore_problems"])
+    # an eager server: no compiled frame, no warning
+    run = fake_run({"outcome": "detached", "processes": [proc()], "install_after": {"digest": "d1"}})
+    attach.detach(run)
+    assert run.live["attach"]["warnings"] == [] and run.live["attach"]["processes"][0]["torch_compiled"] is False
 
 
 def test_changed_files_or_completion_are_not_restored():

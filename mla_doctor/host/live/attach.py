@@ -9,6 +9,7 @@ that nothing changed: the same processes (pid and start time), the same greedy c
 from __future__ import annotations
 
 import os
+import re
 import time
 from typing import Any
 
@@ -149,7 +150,10 @@ def detach(run: LiveRun) -> None:
         row = {k: p.get(k) for k in ("pid_before", "pid_after", "start_time_before", "start_time_after", "comm",
                                      "attached", "detached")}
         row["still_wrapped"] = det.get("still_wrapped") or []
-        row["dynamo_changed"] = bool(det) and det.get("dynamo_before") != det.get("dynamo_after")
+        row["dynamo_before"], row["dynamo_after"] = det.get("dynamo_before"), det.get("dynamo_after")
+        row["dynamo_changed"] = bool(det) and dynamo_counts(row["dynamo_before"]) != dynamo_counts(
+            row["dynamo_after"])
+        row["torch_compiled"] = torch_compiled(row["dynamo_before"])
         row["wrapped"] = (p.get("attached_record") or {}).get("wrapped") or []
         rows.append(row)
         name = f"pid {p.get('pid_before')} ({p.get('comm')})"
@@ -163,6 +167,12 @@ def detach(run: LiveRun) -> None:
         if row["dynamo_changed"]:
             problems.append(f"{name}: torch.compile's counters changed during the window (a recompilation)")
     att["processes"] = rows
+    att["compile_log_lines"] = compile_lines(run.log_lines[att.get("window_log_from", 0):])
+    if att["compile_log_lines"]:
+        problems.append("the server compiled or captured during the window: "
+                        + "; ".join(att["compile_log_lines"][:3]))
+    att["warnings"] = [COMPILED_WARNING.format(name=f"pid {r['pid_before']} ({r['comm']})")
+                       for r in rows if r["torch_compiled"]]
     before, after = att.get("install_before") or {}, ans.get("install_after") or {}
     att["install_after"] = after
     att["install_unchanged"] = bool(before.get("digest")) and before.get("digest") == after.get("digest")
@@ -183,6 +193,36 @@ def detach(run: LiveRun) -> None:
         run.report.exit_override = ExitStatus.NOT_RESTORED
 
 
+# the log lines of a compilation or a CUDA-graph capture (vllm-mla-facts.md: startup markers, compile cache;
+# dynamo's own "Recompiling function"): one inside the attach window means the probe cost a compile
+COMPILE_LINE = re.compile(r"Capturing CUDA graph|Graph capturing finished|Compiling a graph for|"
+                          r"torch\.compile takes|Recompiling function|Compiling model again")
+COMPILED_WARNING = ("{name} runs torch.compile'd frames: an entry that a compiled frame inlined runs the "
+                    "compiled code, not the class-level wrapper, with no recompile (torch 2.13 does not guard the "
+                    "class attribute), so a path with no calls there is not proof it did not run; vLLM V1 "
+                    "reaches MLA through its attention custom op, which the wrapper sees. To confirm: "
+                    "--method patch --yes")
+
+
+def dynamo_counts(d: Any) -> Any:
+    """The counters a recompilation moves (compiled_frames is informational: it counts distinct codes)."""
+    if not isinstance(d, dict):
+        return d
+    return {k: d.get(k) for k in ("stats", "frames", "recompiles")}
+
+
+def torch_compiled(d: Any) -> bool:
+    """dynamo compiled at least one graph in this process before the attach (fullgraph compiles count
+    graphs, not frames)."""
+    if not isinstance(d, dict):
+        return False
+    return any(int(((d.get(k) or {}).get(n)) or 0) > 0 for k, n in (("frames", "ok"), ("stats", "unique_graphs")))
+
+
+def compile_lines(lines: list[dict[str, Any]]) -> list[str]:
+    return [str(ln.get("text", ""))[:200] for ln in lines if COMPILE_LINE.search(str(ln.get("text", "")))]
+
+
 def run_attached(run: LiveRun) -> list[steps.Pass]:
     """The attach run's one pass (production: the server as it runs); the host as found afterwards."""
     run.live.update(method="attach", restarts=0, settings={})
@@ -197,6 +237,7 @@ def run_attached(run: LiveRun) -> list[steps.Pass]:
             run.tick()
             if run.log_offset == before or not isinstance(run.log_offset, int):
                 break
+        run.live["attach"]["window_log_from"] = len(run.log_lines)  # the startup log read, the window starts
         run.prompts_obs = steps.send_prompts(run, model, "production")
         run.tick()
         passes.append(steps.Pass("production", run.prompts_obs, 0, len(run.log_lines), None))

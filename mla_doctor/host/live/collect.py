@@ -66,6 +66,8 @@ def conclude(run: LiveRun, passes: list[Pass]) -> HostReport:
             findings.append(Finding("SERVER_FAILED_TO_START", Severity.FAIL,
                                     f"the server did not start under the run's settings ({p.configuration}): "
                                     f"{p.start_error}"))
+    for text in (run.live.get("attach") or {}).get("warnings") or []:  # attach's own blind spot, said
+        findings.append(Finding("ATTACH_COMPILED_FRAMES", Severity.WARN, text))
     codes = {f.code for f in findings}
     report.findings = findings + [f for f in report.findings if f.code in KEEP_STATIC and f.code not in codes]
     report.evidence = plain(results[0][1])
