@@ -184,6 +184,7 @@ def test_a_busy_server_is_refused_before_anything_changes(server, tmp_path):
         for t in threads:
             t.join(120)
     assert h["status"] == "error" and h["error_kind"] == "ServerBusy", h.get("error")
+    assert "refusing to attach" in h["error"] and "restart" not in h["error"]  # attach restarts nothing
     assert run_dirs(tmp_path / "rr") == []
 
 

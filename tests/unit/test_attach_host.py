@@ -141,6 +141,22 @@ def test_refusal_says_nothing_changed_and_gives_the_exact_restart_command():
     assert attach.restart_command(fake_run({}, local=True)) == "mla-doctor run --local --method patch --yes"
 
 
+def test_a_busy_server_refusal_says_what_attach_would_do_not_a_restart():
+    from mla_doctor.host.live.refusals import HostRefusal, check_idle
+
+    busy = {"vllm:num_requests_running": 2.0}
+    for method, says in (("attach", "refusing to attach to it"), ("patch", "refusing to restart it")):
+        try:
+            check_idle(busy, False, method)
+        except HostRefusal as r:
+            assert r.kind == "ServerBusy" and says in r.message and r.message.endswith("retry when idle, or --force")
+            assert ("restart" in r.message) == (method == "patch"), r.message
+        else:
+            raise AssertionError("a busy server was not refused")
+    check_idle(busy, True, "attach")  # --force
+    check_idle({}, False, "attach")
+
+
 def test_probe_targets_are_the_patch_targets_entries_and_dispatch_by_module():
     run = SimpleNamespace(prepared=PreparedPatch(run_id="r1", targets=[
         {"key": "dispatch-1", "role": "dispatch", "file": "vllm/model_executor/layers/attention/mla_attention.py",

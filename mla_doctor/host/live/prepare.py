@@ -142,7 +142,7 @@ def baseline(run: LiveRun) -> None:
     http = run.http
     assert http is not None
     run.step("check the server is idle")
-    refusals.check_idle(http.metrics(), run.ropts.force)
+    refusals.check_idle(http.metrics(), run.ropts.force, run.ropts.method)
     try:
         model = http.json("GET", "/v1/models")["data"][0]
         before = completion(http, model["id"], BASELINE_PROMPT, 8)["choices"][0]["text"]

@@ -68,12 +68,15 @@ def bad_setting(e: ValueError) -> HostRefusal:
     return HostRefusal("BadSetting", f"second pass: {e}")
 
 
-def check_idle(metrics: dict[str, float], force: bool) -> None:
-    """A server serving requests is not restarted unless --force."""
+def check_idle(metrics: dict[str, float], force: bool, method: str = "patch") -> None:
+    """A server serving requests is not restarted, nor attached to, unless --force (attach: gdb stops each
+    model process while it queues the probe, and the probe's records would mix in the users' requests)."""
     busy = metrics.get("vllm:num_requests_running", 0.0)
     if busy and not force:
+        what = ("refusing to attach to it (gdb pauses each model process briefly, and the users' requests would "
+                "mix into the probe's records)" if method == "attach" else "refusing to restart it")
         raise HostRefusal("ServerBusy", f"the server is serving {busy:g} request(s) (vllm:num_requests_running): "
-                                        "refusing to restart it; retry when idle, or --force")
+                                        f"{what}; retry when idle, or --force")
 
 
 def not_answering(e: Exception) -> HostRefusal:
