@@ -13,8 +13,9 @@ A runbook is a mapping::
       - expect: {vllm: ">=0.10"}
 
 Step kinds: ``audit`` (read-only), ``expect`` (checks on the result, merged over the host's inventory
-``expect``), ``live`` (the mla-path diagnosis: restarts the server), ``revert`` (undo runs; changes
-files), ``command`` (a shell command; ``restarts: true`` marks it as taking the server down).
+``expect``), ``live`` (the mla-path diagnosis: attaches to the server; ``method: patch`` restarts
+it), ``revert`` (undo runs; changes files), ``command`` (a shell command; ``restarts: true`` marks it
+as taking the server down).
 Every string is a Jinja2 template rendered per host in strict mode (an undefined name is an error) in a
 sandbox (fleet/templating.py: a template cannot reach Python internals or run anything);
 a string that is one ``{{ expr }}`` renders to the expression's native type. Values that reach the server's
@@ -56,6 +57,8 @@ class Step:
 
     @property
     def restarts(self) -> bool:
+        if self.kind == "live":  # attach (the default) restarts nothing; a template as method: the safe reading
+            return self.options.get("method", "attach") != "attach"
         return KIND_RESTARTS.get(self.kind, False) or bool(self.kind == "command" and self.options.get("restarts"))
 
 

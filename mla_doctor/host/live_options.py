@@ -19,9 +19,9 @@ class RunOptions:
     """The live step (`mla-doctor run`, a runbook's `live:`): each option declared once here, its runbook key
     and type, its range and its click option derived from the field (host/fields.py)."""
 
-    # `run` attaches by default (no restart; refused before anything changes where the host does not allow
-    # it); a runbook's live step keeps restarting unless it says `method: attach`
-    method: str = option("patch", runbook=str, choices=("attach", "patch", "plugin"), cli={
+    # `run` and a runbook's live step attach by default (no restart; refused before anything changes where
+    # the host does not allow it, naming the restart-based fix); `method: patch` restarts
+    method: str = option("attach", runbook=str, choices=("attach", "patch", "plugin"), cli={
         "default": "attach", "help": "attach: inject the probe into the running server (no restart, no file "
                                      "changed). patch/plugin: restart the server twice (--yes)."})
     prompts: tuple[str, ...] = option(DEFAULT_PROMPTS, runbook=(list, str), cli={
@@ -73,7 +73,7 @@ class RunOptions:
             names = tuple(p.strip() for p in prompts.split(",") if p.strip())
         else:
             names = tuple(prompts or DEFAULT_PROMPTS)
-        return cls(runtime=runtime, method=method or "patch", force=bool(force), api_key_env=api_key_env,
+        return cls(runtime=runtime, method=method or "attach", force=bool(force), api_key_env=api_key_env,
                    debug_env={str(k): str(v) for k, v in (debug_env or DEFAULT_DEBUG_ENV).items()},
                    ready_timeout=float(ready_timeout) if ready_timeout is not None else cls.ready_timeout,
                    ttl=float(ttl) if ttl is not None else cls.ttl, expect=dict(expect or {}),

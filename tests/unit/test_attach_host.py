@@ -137,7 +137,8 @@ def test_a_process_whose_probe_never_ran_is_reported_not_a_failure():
 def test_refusal_says_nothing_changed_and_gives_the_exact_restart_command():
     r = attach.refusal(fake_run({}), ["no gdb on this host"])
     assert r.kind == "AttachRefused" and "no gdb on this host" in r.message and "Nothing was changed" in r.message
-    assert r.message.endswith("mla-doctor run --host gpu-17 --method patch --yes")
+    assert r.message.endswith("mla-doctor run --host gpu-17 --method patch --yes (in a runbook's live step: "
+                              "method: patch)")
     assert attach.restart_command(fake_run({}, local=True)) == "mla-doctor run --local --method patch --yes"
 
 

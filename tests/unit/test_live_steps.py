@@ -32,7 +32,7 @@ def fake(monkeypatch):
 
 def run(fake, kb, **opts):
     steps = []
-    ropts = RunOptions.build(run_root="/var/tmp/mla-doctor-record", ready_timeout=300, **opts)
+    ropts = RunOptions.build(run_root="/var/tmp/mla-doctor-record", ready_timeout=300, **{"method": "patch", **opts})
     cmd = fake.doc["command"]
     aopts = AuditOptions(python=cmd[cmd.index("--python") + 1])  # as recorded
     report = run_host(LocalTransport(), "localhost", ConnectOptions(local=True), aopts, ropts, kb,

@@ -28,6 +28,20 @@ def test_bundled_runbooks_and_catalog_separates_target_files():
     assert mp.serial == 1 and mp.max_fail_percent == 0 and [s.kind for s in mp.steps] == ["live", "expect"]
 
 
+def test_a_live_step_attaches_by_default_as_run_does_and_restarts_only_when_it_says_so(tmp_path):
+    """The runbook's live step and `mla-doctor run` default alike: attach (no restart, no --yes, not
+    rolling); `method: patch` (or a template that may render to it) restarts."""
+    from mla_doctor.host.live_options import RunOptions
+    from mla_doctor.host.steps import Live
+
+    for text, restarts in (("live: {}", False), ("live: {method: attach}", False), ("live: {method: patch}", True),
+                           ("live: {method: plugin}", True), ("live: {method: '{{ m }}'}", True)):
+        book = pb_mod.load(write(tmp_path, f"steps:\n  - {text}\n"))
+        assert book.restarts is restarts and book.changes, text
+    assert Live.make({}).options.method == "attach" == RunOptions.build().method
+    assert pb_mod.load("mla-path").steps[0].options["method"] == "patch"  # the bundled one says so
+
+
 def test_a_target_file_is_not_a_runbook():
     with pytest.raises(ConfigFileError, match="patch-target file"):
         pb_mod.load("instrument-mla")
@@ -42,7 +56,7 @@ vars: {tokens: 4, root: /var/tmp/x}
 steps:
   - name: audit with the host's model
     audit: {model: "/models/{{ host }}/{{ model_name }}"}
-  - live: {max_tokens: "{{ tokens }}", run_root: "{{ root }}", prompts: "short,long"}
+  - live: {max_tokens: "{{ tokens }}", run_root: "{{ root }}", prompts: "short,long", method: patch}
   - command: ["echo", "{{ host }}", "a b"]
 """)
     book = pb_mod.load(p)

@@ -35,7 +35,8 @@ def restart_command(run: LiveRun) -> str:
 def refusal(run: LiveRun, why: list[str] | str) -> HostRefusal:
     text = "; ".join(why) if isinstance(why, list) else why
     return HostRefusal("AttachRefused", f"cannot attach to the running server without a restart: {text}. "
-                                        f"Nothing was changed. To diagnose with a restart: {restart_command(run)}")
+                                        f"Nothing was changed. To diagnose with a restart: {restart_command(run)} "
+                                        "(in a runbook's live step: method: patch)")
 
 
 def check_host(run: LiveRun) -> None:
