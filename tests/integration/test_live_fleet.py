@@ -214,6 +214,29 @@ def test_fleet_runbook_mla_path_on_the_real_server(fleet, live_host, tmp_path):
     assert_restored(fleet, live_host, before, h)
 
 
+def test_fleet_runbook_mla_attach_over_ssh_restarts_nothing(fleet, live_host, tmp_path):
+    """`mla-doctor audit -i inv --playbook mla-attach`: the runbook's live step attaches over real SSH to the
+    fleet host's running server (no --yes: nothing restarts), with the verdict of the restart-based runs."""
+    before = vllm_tree_state()
+    pids_before = host_server_pids(fleet)
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(f"hosts:\n  {HOST}: {{}}\n")
+    argv = [sys.executable, "-m", "mla_doctor", "audit", "-i", str(inv), "--playbook", "mla-attach",
+            "--ssh-config", str(fleet.ssh_config), "--format", "json", "--progress", "none"]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=900, cwd=ROOT, stdin=subprocess.DEVNULL)
+    doc = json.loads(p.stdout)
+    h = doc["hosts"][0]
+    assert h["status"] == "ok", (h.get("error"), p.stderr[-2000:])
+    assert h["live"]["method"] == "attach" and h["live"]["restarts"] == 0 and h["restored"] is True
+    procs = [x for x in h["live"]["attach"]["processes"] if x["attached"]]
+    assert procs and all(x["detached"] and x["start_time_before"] == x["start_time_after"] for x in procs)
+    prompts = {x["name"]: x for x in h["prompts"]}
+    assert prompts["long"]["observed"]["prefill"] == "mha" and prompts["short"]["observed"]["prefill"] == "mqa"
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert host_server_pids(fleet) == pids_before  # the same server process, never restarted
+    assert vllm_tree_state() == before
+
+
 def test_command_runtime_with_the_users_start_and_stop_commands(fleet, live_host):
     """--runtime command: mla-doctor stops and starts the server only through the user's commands."""
     import shlex

@@ -142,6 +142,28 @@ def test_refusal_says_nothing_changed_and_gives_the_exact_restart_command():
     assert attach.restart_command(fake_run({}, local=True)) == "mla-doctor run --local --method patch --yes"
 
 
+def test_docker_and_command_runtimes_are_refused_with_the_reason_and_the_runtime_s_restart_command():
+    run = fake_run({})
+    run.ropts.runtime, run.ropts.container, run.ropts.second_pass = "docker", None, ()
+    run.server = {"supervisor": {"kind": "docker", "name": "tiny-vllm"}}
+    try:
+        attach.check_host(run)
+    except attach.HostRefusal as r:
+        assert r.kind == "AttachRefused" and "container tiny-vllm" in r.message and "mount namespace" in r.message
+        assert "CAP_SYS_PTRACE" in r.message and "Nothing was changed" in r.message
+        assert "mla-doctor run --host gpu-17 --runtime docker --method patch --yes" in r.message
+    else:
+        raise AssertionError("docker was not refused")
+    assert run.calls == []  # refused before the agent was asked anything
+    run.ropts.runtime = "command"
+    try:
+        attach.check_host(run)
+    except attach.HostRefusal as r:
+        assert "--runtime command" in r.message and "--runtime command --method patch --yes" in r.message
+    else:
+        raise AssertionError("command was not refused")
+
+
 def test_a_busy_server_refusal_says_what_attach_would_do_not_a_restart():
     from mla_doctor.host.live.refusals import HostRefusal, check_idle
 

@@ -23,7 +23,8 @@ def test_bundled_runbooks_and_catalog_separates_target_files():
     assert cat["static"]["kind"] == "runbook" and not cat["static"]["restarts"] and not cat["static"]["changes"]
     assert cat["mla-path"]["restarts"] and cat["revert"]["changes"] and not cat["revert"]["restarts"]
     assert cat["instrument-mla"]["kind"] == "targets"
-    assert sorted(pb_mod.bundled_names()) == ["mla-path", "revert", "static"]
+    assert sorted(pb_mod.bundled_names()) == ["mla-attach", "mla-path", "revert", "static"]
+    assert not cat["mla-attach"]["restarts"] and cat["mla-attach"]["changes"]
     mp = pb_mod.load("mla-path")
     assert mp.serial == 1 and mp.max_fail_percent == 0 and [s.kind for s in mp.steps] == ["live", "expect"]
 

@@ -202,4 +202,5 @@ def test_cli_audit_dry_run_and_usage_errors(tmp_path):
     assert p.returncode == 2 and "pass --yes" in p.stderr
     p = cli("playbooks", "--format", "json")
     kinds = {e["name"]: e["kind"] for e in json.loads(p.stdout)["playbooks"]}
-    assert kinds == {"static": "runbook", "mla-path": "runbook", "revert": "runbook", "instrument-mla": "targets"}
+    assert kinds == {"static": "runbook", "mla-path": "runbook", "mla-attach": "runbook", "revert": "runbook",
+                     "instrument-mla": "targets"}

@@ -29,7 +29,9 @@ ARM_TIMEOUT_S = 60.0  # the model processes run the pending call at their next s
 def restart_command(run: LiveRun) -> str:
     """The exact command for a restart-based run of this host."""
     target = "--local" if run.conn.local else f"--host {run.name}"
-    return f"mla-doctor run {target} --method patch --yes"
+    runtime = getattr(run.ropts, "runtime", "process")
+    extra = f" --runtime {runtime}" if runtime not in ("process", None) else ""
+    return f"mla-doctor run {target}{extra} --method patch --yes"
 
 
 def refusal(run: LiveRun, why: list[str] | str) -> HostRefusal:
@@ -41,9 +43,16 @@ def refusal(run: LiveRun, why: list[str] | str) -> HostRefusal:
 
 def check_host(run: LiveRun) -> None:
     """Before anything changes: attach must be possible here, else the run stops and says why."""
-    if run.ropts.runtime in ("docker", "command"):
-        raise refusal(run, f"--runtime {run.ropts.runtime}: attach supports the process and systemd runtimes "
-                           "(a container's process from the host is not supported yet)")
+    if run.ropts.runtime == "docker":
+        name = (run.server.get("supervisor") or {}).get("name") or run.ropts.container or "the container"
+        raise refusal(run, f"--runtime docker: the server runs in container {name}, and attaching from the host to "
+                           "a process in a container is not supported (the probe file, its records directory "
+                           "and the lease would have to be in the container's mount namespace and owned by "
+                           "its user, which the host's gdb cannot provide yet); inside the container, attach "
+                           "needs gdb and CAP_SYS_PTRACE (docker run --cap-add SYS_PTRACE)")
+    if run.ropts.runtime == "command":
+        raise refusal(run, "--runtime command: the server is started by your own commands; attach supports the "
+                           "process and systemd runtimes (run without --runtime to attach to the process)")
     if run.ropts.second_pass or run.ropts.second_pass_settings:
         raise refusal(run, "--second-pass changes the server's settings, which needs a restart")
     ans = run.call(AttachCheckRequest(pid=int(run.server["pid"]), vllm_dir=run.raw["locate"]["dir"]), host=True)
