@@ -192,8 +192,8 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("mla_doctor.cli.fleet", "Work with saved JSON reports: merge shards, render other formats."),
     "revert": ("mla_doctor.cli.host", "Undo what mla-doctor runs left on a host: restore files byte-for-byte, "
                "never clobber later edits."),
-    "run": ("mla_doctor.cli.host", "The live diagnosis: attach a probe to the running server (no restart; or "
-            "--method patch: instrument and restart), send calibrated prompts, restore, verdict."),
+    "run": ("mla_doctor.cli.host", "The live diagnosis: attach a probe to the running server (or patch and "
+            "restart it), send calibrated prompts, restore, verdict."),
     "static": ("mla_doctor.cli.host", "Read-only audit of one host: vLLM version, MLA code paths, integrity, "
                "server, model, log."),
 }

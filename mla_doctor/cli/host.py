@@ -158,8 +158,8 @@ def live_options(f):
 @handle_errors("run")
 def run_cmd(fmt, output, runtime, unit, container, start_command, stop_command, log_file, yes, expect,
             second_pass_text, extra_env, **kw):
-    """The live diagnosis: attach a probe to the running server (the default: no restart, no file changed) or,
-    with --method patch, instrument and restart; send calibrated prompts, restore, verdict.
+    """The live diagnosis: attach a probe to the running server (or patch and restart it), send calibrated
+    prompts, restore, verdict.
 
     \b
     mla-doctor run --host gpu-17                                # attach: no restart, no file changed
