@@ -20,6 +20,7 @@ from mla_doctor.host.live import steps
 from mla_doctor.host.live.prepare import BASELINE_PROMPT, completion
 from mla_doctor.host.live.refusals import HostRefusal
 from mla_doctor.host.live.session import LiveRun
+from mla_doctor.host.runtimes import runtime as runtime_row
 from mla_doctor.remote.protocol import AttachCheckRequest, AttachRequest, DetachRequest
 
 TEMPLATE = "attach_probe.py.j2"
@@ -29,8 +30,8 @@ ARM_TIMEOUT_S = 60.0  # the model processes run the pending call at their next s
 def restart_command(run: LiveRun) -> str:
     """The exact command for a restart-based run of this host."""
     target = "--local" if run.conn.local else f"--host {run.name}"
-    runtime = getattr(run.ropts, "runtime", "process")
-    extra = f" --runtime {runtime}" if runtime not in ("process", None) else ""
+    kind = getattr(run.ropts, "runtime", None) or "process"
+    extra = "" if runtime_row(kind).by_pid else f" --runtime {kind}"  # the default runtime needs no flag
     return f"mla-doctor run {target}{extra} --method patch --yes"
 
 
@@ -43,16 +44,20 @@ def refusal(run: LiveRun, why: list[str] | str) -> HostRefusal:
 
 def check_host(run: LiveRun) -> None:
     """Before anything changes: attach must be possible here, else the run stops and says why."""
-    if run.ropts.runtime == "docker":
-        name = (run.server.get("supervisor") or {}).get("name") or run.ropts.container or "the container"
-        raise refusal(run, f"--runtime docker: the server runs in container {name}, and attaching from the host to "
-                           "a process in a container is not supported (the probe file, its records directory "
-                           "and the lease would have to be in the container's mount namespace and owned by "
-                           "its user, which the host's gdb cannot provide yet); inside the container, attach "
-                           "needs gdb and CAP_SYS_PTRACE (docker run --cap-add SYS_PTRACE)")
-    if run.ropts.runtime == "command":
-        raise refusal(run, "--runtime command: the server is started by your own commands; attach supports the "
-                           "process and systemd runtimes (run without --runtime to attach to the process)")
+    row = runtime_row(run.ropts.runtime)
+    if not row.attach:  # the table says where attach is allowed; the reason by the runtime's capability
+        if row.in_container:
+            name = (run.server.get("supervisor") or {}).get("name") or run.ropts.container or "the container"
+            why = (f"the server runs in container {name}, and attaching from the host to a process in a container "
+                   "is not supported (the probe file, its records directory and the lease would have to be in the "
+                   "container's mount namespace and owned by its user, which the host's gdb cannot provide yet); "
+                   "inside the container, attach needs gdb and CAP_SYS_PTRACE (docker run --cap-add SYS_PTRACE)")
+        elif row.commands:
+            why = ("the server is started by your own commands; attach supports the process and systemd runtimes "
+                   "(run without --runtime to attach to the process)")
+        else:
+            why = "attach is not supported for this runtime"
+        raise refusal(run, f"--runtime {row.kind}: {why}")
     if run.ropts.second_pass or run.ropts.second_pass_settings:
         raise refusal(run, "--second-pass changes the server's settings, which needs a restart")
     ans = run.call(AttachCheckRequest(pid=int(run.server["pid"]), vllm_dir=run.raw["locate"]["dir"]), host=True)
