@@ -21,7 +21,7 @@ import hashlib
 import os
 import re
 
-from ..common import _read_regular
+from ..fs import ScanBudget, read_static
 
 __all__ = ["KEYWORDS", "MODULES", "PREFIX", "compact", "expand", "harvest_source", "harvest_text", "harvest_tree",
            "literal_text", "module_wanted", "order"]
@@ -365,19 +365,20 @@ def harvest_tree(vllm_dir, whole=False, known=None, digests=None, cached=None, h
     found = []
     read = harvest_source if whole else harvest_text
     cached = {} if cached is None else cached
+    budget = ScanBudget()  # the install is the service user's: no symlink followed, no huge or sparse file
     for rel in (digests if digests is not None else _modules(vllm_dir)):
         path = vllm_dir + "/" + rel
         data = None
         sha = digests.get(rel) if digests is not None else None
         try:
             if known and sha is None:
-                data = _read_regular(path)
+                data = read_static(path, budget)
                 sha = hashlib.sha256(data).hexdigest()
             if known and sha[:PREFIX] in known:
                 cached[rel] = sha
                 continue
             if data is None:
-                data = _read_regular(path)
+                data = read_static(path, budget)
             text = _decoded(data)
         except (OSError, UnicodeDecodeError):
             continue

@@ -10,7 +10,7 @@ import os
 import re
 import sys
 
-from ..common import _read_regular
+from ..fs import ScanBudget, read_static, unread_why
 
 
 def _index_defs(tree):
@@ -95,14 +95,14 @@ def _pattern_matches(text, patterns):
     return matches
 
 
-def index_file(path, patterns, known=None):
+def index_file(path, patterns, known=None, budget=None):
     """Definitions (qualified name -> line) and pattern matches ([line, text]) of one source file. Where the
     controller holds the parse of this very content (`known`: digest prefixes, remote/parse_cache.py), the
     definitions are left to it: parser "cached", no syntax tree built."""
-    try:
-        data = _read_regular(path)
+    try:  # the install is the service user's: never through a symlink, never a huge or sparse file
+        data = read_static(path, budget)
     except OSError as e:
-        return {"exists": os.path.exists(path), "error": e.strerror or str(e)}
+        return {"exists": os.path.lexists(path), "error": unread_why(e)}
     text = data.decode("utf-8", "replace")
     out = {"exists": True, "sha256": hashlib.sha256(data).hexdigest(), "lines": text.count("\n") + 1}
     if known and out["sha256"][:16] in known:
@@ -127,14 +127,15 @@ def index_tree(vdir, request):
     patterns = request.get("patterns") or {}
     pairs = request.get("pairs")
     known = (request.get("known") or {}).get("%d.%d" % sys.version_info[:2]) or {}
+    budget = ScanBudget()
     enabled = gc.isenabled()
     gc.disable()
     try:
         for rel in request.get("files") or []:
             full = os.path.join(vdir, rel)
-            if os.path.isfile(full):
+            if os.path.islink(full) or os.path.isfile(full):  # a link: reported by index_file, not followed
                 mine = patterns if pairs is None else {p: patterns[p] for p in pairs.get(rel) or () if p in patterns}
-                files[rel] = index_file(full, mine, known.get(rel))
+                files[rel] = index_file(full, mine, known.get(rel), budget)
             else:
                 files[rel] = {"exists": False}
     finally:

@@ -1,0 +1,90 @@
+"""The service user against the root agent's static reads (issue 18, README "Security" -> static reads): the
+symbol index (facts/symbols.py) and the log-format harvest (facts/log_formats.py) read files of a vLLM tree
+that the service user owns, as root. The user links the files they read to root-only files, to a FIFO and
+to a huge sparse file: nothing root-only is read (no digest, no definition, no format of it in the answer),
+nothing hangs or allocates, and each link is reported as the link it is.
+
+The agent's own functions, in this (root) process, on a tree a real unprivileged user built: the same code the
+root agent runs over SSH and `--local` (tests/attack/test_fleet_attacks.py drives that path end to end)."""
+from __future__ import annotations
+
+import hashlib
+import time
+
+import pytest
+
+from mla_doctor.agent.facts import log_formats, symbols
+
+pytestmark = pytest.mark.attack
+
+# root's secret source file: a log format and a definition only a read of it could reveal
+SECRET_PY = b'import logging\nlogger = logging.getLogger(__name__)\n\ndef root_only_secret_fn():\n' \
+            b'    logger.info("Using %s backend ROOT-ONLY leaked", 1)\n'
+
+
+@pytest.fixture
+def tree(stage, attacker):
+    """A vllm/ tree the attacker owns (in the sticky vartmp), one honest module, and root's 0600 secret."""
+    secret = stage.victim.parent / "secret.py"
+    secret.write_bytes(SECRET_PY)
+    secret.chmod(0o600)
+    top = stage.vartmp / "svc"
+    attacker.run(f"""
+import os
+v = os.path.join({str(top)!r}, "vllm")
+os.makedirs(os.path.join(v, "attention"))
+os.makedirs(os.path.join(v, "engine"))
+open(os.path.join(v, "attention", "honest.py"), "w").write(
+    "import logging\\nlogger = logging.getLogger(__name__)\\ndef honest():\\n    logger.info('Using %s backend, honest', 1)\\n")
+""")
+    return top / "vllm", secret
+
+
+def _plant(attacker, vdir, links: dict[str, str], fifo: str | None = None, sparse: str | None = None):
+    code = ["import os"]
+    for rel, target in links.items():
+        code.append(f"os.symlink({target!r}, {str(vdir / rel)!r})")
+    if fifo:
+        code.append(f"os.mkfifo({str(vdir / fifo)!r})")
+    if sparse:
+        code.append(f"f = open({str(vdir / sparse)!r}, 'wb'); f.truncate(64 << 20); f.write(b'def x(): pass'); "
+                    "f.close()")
+    attacker.run("\n".join(code))
+
+
+def test_the_symbol_index_follows_no_link_of_the_service_user(stage, attacker, tree):
+    vdir, secret = tree
+    _plant(attacker, vdir, {"attention/mla.py": str(secret), "engine/env.py": "/proc/self/environ"},
+           fifo="attention/fifo.py", sparse="attention/huge.py")
+    rels = ["attention/honest.py", "attention/mla.py", "engine/env.py", "attention/fifo.py", "attention/huge.py"]
+    t0 = time.monotonic()
+    out = symbols.index_tree(str(vdir), {"files": rels, "patterns": {"p": r"ROOT-ONLY|leaked|def "}})
+    assert time.monotonic() - t0 < 30, "a FIFO or a sparse file held the index"
+    assert "honest" in out["attention/honest.py"]["defs"]  # the honest module is indexed
+    for rel in ("attention/mla.py", "engine/env.py"):
+        assert out[rel] == {"exists": True, "error": "a symlink: not followed"}, (rel, out[rel])
+    assert "error" in out["attention/huge.py"] and "sha256" not in out["attention/fifo.py"], out
+    text = repr(out)
+    assert hashlib.sha256(SECRET_PY).hexdigest() not in text and "root_only_secret_fn" not in text
+    assert "ROOT-ONLY" not in text and "LANG=" not in text
+    assert stage.victim.parent.joinpath("secret.py").read_bytes() == SECRET_PY
+    stage.assert_unharmed()
+
+
+def test_the_log_format_harvest_follows_no_link_of_the_service_user(stage, attacker, tree):
+    vdir, secret = tree
+    _plant(attacker, vdir, {"attention/mla.py": str(secret), "engine/env.py": "/proc/self/environ"},
+           fifo="attention/fifo.py", sparse="attention/huge.py")
+    t0 = time.monotonic()
+    hashed: dict = {}
+    found = log_formats.harvest_tree(str(vdir), hashed=hashed)
+    assert time.monotonic() - t0 < 30, "a FIFO or a sparse file held the harvest"
+    formats = {r["format"] for r in found}
+    assert any("honest" in f for f in formats), formats  # the honest module is harvested
+    assert not any("ROOT-ONLY" in f for f in formats), "root read the root-only file through the user's link"
+    assert set(hashed) == {"attention/honest.py"}, hashed  # nothing else was read
+    # the integrity pass's module list (links included) goes through the same reader
+    digests = {"attention/honest.py": None, "attention/mla.py": None, "engine/env.py": None}
+    found = log_formats.harvest_tree(str(vdir), digests=digests, known={"0" * 16})
+    assert not any("ROOT-ONLY" in r["format"] for r in found)
+    stage.assert_unharmed()
