@@ -251,3 +251,68 @@ def run_as(ids, argv, env, cwd="/", timeout=20.0, cap=1 << 20):
             p.kill()
             rc = p.wait()
     return rc, b"".join(bufs[ofd]), b"".join(bufs[efd]), why
+
+
+def call_as(ids, fn, args=(), timeout=20.0, cap=4 << 20):
+    """fn(*args)'s JSON-able result, computed in a forked child that dropped to `ids` (uid, gid, groups) before
+    anything else -- so what it opens, the kernel checks as that user, symlinks and all; with ids None (or when
+    we are not root), here. An exception in fn comes back as OSError with its text, and so does a child that
+    died, ran past `timeout` or answered more than `cap` bytes (it is killed)."""
+    if ids is None or os.geteuid() != 0:
+        return fn(*args)
+    import json
+    import select
+    import signal
+    import time
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop, compute, answer, exit -- never return into the agent
+        code = 1
+        try:
+            os.close(r)
+            drop_to(*ids)
+            try:
+                doc = {"ok": fn(*args)}
+            except Exception as e:  # noqa: BLE001 -- its text is the answer
+                doc = {"error": "%s: %s" % (type(e).__name__, e)}
+            data = json.dumps(doc).encode()
+            while data:
+                data = data[os.write(w, data):]
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    chunks, size, why = [], 0, None
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([r], [], [], left)[0]:
+                why = "timed out after %ss" % timeout
+                break
+            chunk = os.read(r, 65536)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > cap:
+                why = "answered more than %d bytes" % cap
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(r)
+        if why:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        os.waitpid(pid, 0)
+    if why:
+        raise OSError(errno.ETIMEDOUT, "as uid %d: %s" % (ids[0], why))
+    try:
+        doc = json.loads(b"".join(chunks).decode())
+    except ValueError:
+        raise OSError(errno.EIO, "as uid %d: no answer" % ids[0]) from None
+    if "error" in doc:
+        raise OSError(errno.EACCES, "as uid %d: %s" % (ids[0], doc["error"]))
+    return doc["ok"]

@@ -9,11 +9,16 @@ root agent runs over SSH and `--local` (tests/attack/test_fleet_attacks.py drive
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import subprocess
+import sys
 import time
 
 import pytest
 
-from mla_doctor.agent.facts import log_formats, symbols
+from mla_doctor.agent.facts import log_formats, model, symbols
+from tests.attack.conftest import REPO
 
 pytestmark = pytest.mark.attack
 
@@ -35,7 +40,8 @@ v = os.path.join({str(top)!r}, "vllm")
 os.makedirs(os.path.join(v, "attention"))
 os.makedirs(os.path.join(v, "engine"))
 open(os.path.join(v, "attention", "honest.py"), "w").write(
-    "import logging\\nlogger = logging.getLogger(__name__)\\ndef honest():\\n    logger.info('Using %s backend, honest', 1)\\n")
+    "import logging\\nlogger = logging.getLogger(__name__)\\n"
+    "def honest():\\n    logger.info('Using %s backend, honest', 1)\\n")
 """)
     return top / "vllm", secret
 
@@ -87,4 +93,80 @@ def test_the_log_format_harvest_follows_no_link_of_the_service_user(stage, attac
     digests = {"attention/honest.py": None, "attention/mla.py": None, "engine/env.py": None}
     found = log_formats.harvest_tree(str(vdir), digests=digests, known={"0" * 16})
     assert not any("ROOT-ONLY" in r["format"] for r in found)
+    stage.assert_unharmed()
+
+
+# ------------------------------------------------------------------ the model directory (README gap, closed)
+
+ROOT_CONFIG = b'{"model_type": "root-only-secret-model", "kv_lora_rank": 512}\n'
+
+
+@pytest.fixture
+def root_config(stage):
+    """A root-only 0600 config.json (root's own model, say): a classifying key only a read of it reveals."""
+    p = stage.victim.parent / "config.json"
+    p.write_bytes(ROOT_CONFIG)
+    p.chmod(0o600)
+    return p
+
+
+@pytest.fixture
+def user_process(attacker):
+    """A live process of the attacker (its ids are what the server's files are read as)."""
+    def drop():
+        os.setgroups([])
+        os.setresgid(attacker.gid, attacker.gid, attacker.gid)
+        os.setresuid(attacker.uid, attacker.uid, attacker.uid)
+    p = subprocess.Popen(["sleep", "300"], preexec_fn=drop, cwd="/")
+    yield p
+    p.kill()
+    p.wait()
+
+
+def test_the_servers_model_dir_is_read_as_the_server_user(stage, attacker, root_config, user_process):
+    """The user's server names a model directory whose config.json links to root's, and an HF cache (HF_HOME)
+    whose refs/main links to root's victim: root's agent reads them as the server's user -- that user's
+    EACCES, never root's bytes, and the victim's text never becomes a path in `tried`."""
+    top = stage.vartmp / "model"
+    attacker.run(f"""
+import os
+os.makedirs(os.path.join({str(top)!r}, "dir"))
+os.symlink({str(root_config)!r}, os.path.join({str(top)!r}, "dir", "config.json"))
+hub = os.path.join({str(top)!r}, "hf", "hub", "models--org--m")
+os.makedirs(os.path.join(hub, "refs"))
+os.makedirs(os.path.join(hub, "snapshots"))
+os.symlink({str(stage.victim)!r}, os.path.join(hub, "refs", "main"))
+""")
+    server = {"pid": user_process.pid, "uid": attacker.uid, "cwd": "/", "_raw_env": {"HF_HOME": str(top / "hf")}}
+    out = model.model_section({}, dict(server, model_arg=str(top / "dir")))
+    assert "root-only-secret-model" not in repr(out), "root read its root-only config for the user's server"
+    assert out["read_as"] == attacker.uid, out
+    assert "config" not in out and out.get("error"), out  # the user cannot even see it: "no config.json found"
+    out = model.model_section({}, dict(server, model_arg="org/m"))
+    assert "precious" not in repr(out), "root read its victim as the user's refs/main"
+    assert out["read_as"] == attacker.uid, out
+    # control: the user's own honest config is read (as the user)
+    attacker.run(f"open({str(top / 'own.json')!r}, 'w').write('{{\"model_type\": \"deepseek_v3\"}}')")
+    attacker.run(f"import os; os.makedirs({str(top / 'dir2')!r}); "
+                 f"os.rename({str(top / 'own.json')!r}, {str(top / 'dir2' / 'config.json')!r})")
+    out = model.model_section({}, dict(server, model_arg=str(top / "dir2")))
+    assert out["config"] == {"model_type": "deepseek_v3"}, out
+    stage.assert_unharmed()
+
+
+def test_a_model_argument_another_user_controls_is_read_as_that_user(stage, attacker, root_config):
+    """`--model <dir>` with no server: the directory is the attacker's, its config.json a link to root's
+    root-only config -- read as the attacker (refused by the kernel), through the real CLI as root."""
+    top = stage.vartmp / "m2"
+    attacker.run(f"import os; os.makedirs({str(top)!r}); os.symlink({str(root_config)!r}, "
+                 f"{str(top / 'config.json')!r})")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLA_DOCTOR_")}
+    env.update(PYTHONPATH=str(REPO), HOME=str(stage.base / "home"))
+    r = subprocess.run([sys.executable, "-m", "mla_doctor", "static", "--local", "--python", str(stage.python),
+                        "--model", str(top), "--format", "json"], capture_output=True, text=True, timeout=240,
+                       env=env, cwd=str(stage.base))
+    assert "root-only-secret-model" not in r.stdout + r.stderr, "root read its root-only config for the attacker"
+    doc = json.loads(r.stdout)
+    m = (doc["hosts"][0] if "hosts" in doc else doc)["model"]
+    assert m["read_as"] == attacker.uid and "config" not in m and m["error"], m  # the user cannot see it
     stage.assert_unharmed()

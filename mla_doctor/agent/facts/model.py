@@ -1,5 +1,10 @@
 """The served model's config.json: a directory, a GGUF file (with --hf-config-path), or a Hugging
 Face id in the local cache; only the keys that classify it (MLA, sparse DSA) leave the host.
+
+The model's files are the service user's (a Hugging Face cache is symlinks by design), so they are found and
+read as the user who reads them anyway -- the server's own user, or whoever controls the path -- in a child
+that dropped to that user (privilege.call_as): a link to a root-only file gets that user's EACCES, never root's
+bytes. Root reads them only where the path is root's all the way down (privilege.path_owner).
 """
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import os
 import pwd
 
 from ..common import _read_text
+from ..privilege import call_as, ids_of_uid, path_owner, proc_ids
 
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
@@ -104,8 +110,20 @@ def model_section(plan, server):
         return None
     if home is None:
         home = os.path.expanduser("~")
+    out = {"argument": model, "source": source}
+    # the server's user reads what the server reads; a --model argument is read as whoever controls it
+    ids, out["read_as"] = _reader(server if source == "server argv" else None, model, hf_cfg, env, home, cwd)
+    try:
+        out.update(call_as(ids, _find_and_read, (model, hf_cfg, env, home, cwd)))
+    except OSError as e:
+        out.update(config_path=None, resolved_by=None, tried=[], error="cannot read the model's files: %s" % e)
+    return out
+
+
+def _find_and_read(model, hf_cfg, env, home, cwd):
+    """resolve_model_config + read_model_config, as one JSON-able answer (run by call_as as the reader)."""
     path, how, tried = resolve_model_config(model, hf_cfg, env, home, cwd)
-    out = {"argument": model, "source": source, "config_path": path, "resolved_by": how, "tried": tried[:10]}
+    out = {"config_path": path, "resolved_by": how, "tried": tried[:10]}
     if path:
         try:
             out["config"] = read_model_config(path)
@@ -114,3 +132,32 @@ def model_section(plan, server):
     else:
         out["error"] = "no config.json found for %s (%s)" % (model, how or "not a directory, GGUF or cached id")
     return out
+
+
+def _reader(server, model, hf_cfg, env, home, cwd):
+    """(ids, uid) who reads the model's files: the server's own user (not root), else the first user who
+    controls one of the paths looked at (the model or --hf-config-path argument, the Hugging Face caches);
+    None: root, every such path being root's all the way down."""
+    if os.geteuid() != 0:
+        return None, os.geteuid()
+    if server and server.get("uid"):
+        try:
+            ids = proc_ids(server["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            ids = ids_of_uid(server["uid"])
+        if ids[0] != 0:
+            return ids, ids[0]
+    looked = [p if os.path.isabs(p) or not cwd else os.path.join(cwd, p) for p in (hf_cfg, model) if p]
+    looked += _hf_cache_dirs(env, home)
+    for p in looked:
+        p = os.path.abspath(p)
+        while not os.path.lexists(p) and p != "/":  # judge what exists of it (a missing cache: its parent)
+            p = os.path.dirname(p)
+        try:
+            owner = path_owner(p)
+        except OSError:
+            continue
+        if not owner.trusted:
+            ids = ids_of_uid(owner.uid)
+            return ids, ids[0]
+    return None, 0
