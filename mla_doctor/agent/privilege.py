@@ -316,3 +316,46 @@ def call_as(ids, fn, args=(), timeout=20.0, cap=4 << 20):
     if "error" in doc:
         raise OSError(errno.EACCES, "as uid %d: %s" % (ids[0], doc["error"]))
     return doc["ok"]
+
+
+# What `python -s` runs at start beyond the interpreter: site-packages' .pth lines and sitecustomize, from the
+# prefix's site directories. An interpreter root trusts but whose site directory (or a .pth in it) another user
+# can change would run that user's code as root: it is asked as that user instead (site_owner).
+_SITE_GLOBS = ("lib*/python*/site-packages", "lib*/python*/dist-packages", "local/lib*/python*/site-packages",
+               "local/lib*/python*/dist-packages", "lib*/python3/dist-packages")
+_STARTUP = (".pth", "sitecustomize.py", "usercustomize.py")
+
+
+def site_owner(python):
+    """Owner of what `python -s` runs at start: its prefix's site directories (for the interpreter as named --
+    a venv's bin/python -- and as resolved), every directory above them, and the .pth / sitecustomize files in
+    them (each judged by its own lstat: a symlink is another user's if they own it). An Owner, trusted only
+    when all of it is root's and tight; a site directory that does not exist changes nothing."""
+    import glob
+
+    prefixes = []
+    for p in (python, os.path.realpath(python)):
+        pre = os.path.dirname(os.path.dirname(os.path.abspath(p)))
+        if pre not in prefixes:
+            prefixes.append(pre)
+    if "/usr" in prefixes and "/usr/local" not in prefixes:
+        prefixes.append("/usr/local")  # Debian's site adds /usr/local/lib/pythonX.Y/dist-packages
+    for pre in prefixes:
+        for pattern in _SITE_GLOBS:
+            for d in sorted(glob.glob(os.path.join(glob.escape(pre), pattern))):
+                owner = path_owner(d)
+                if not owner.trusted:
+                    return owner
+                try:
+                    names = os.listdir(d)
+                except OSError as e:
+                    return Owner(False, NOBODY, "%s: %s" % (d, e.strerror))
+                for n in names:
+                    if n.endswith(_STARTUP):
+                        try:
+                            v = _verdict(os.path.join(d, n), os.lstat(os.path.join(d, n)))
+                        except OSError:
+                            continue
+                        if v:
+                            return v
+    return Owner(True, 0)

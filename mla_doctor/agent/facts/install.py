@@ -10,7 +10,7 @@ import re
 import sys
 
 from ..common import _read_text, _which
-from ..privilege import NOBODY, SAFE_PATH, Owner, ids_of_uid, path_owner, proc_ids, run_as
+from ..privilege import NOBODY, SAFE_PATH, Owner, ids_of_uid, path_owner, proc_ids, run_as, site_owner
 
 
 PY_PROBE = r"""
@@ -65,7 +65,10 @@ def probe_ids(python, server_pid=None):
         if ids and ids[0] != 0:
             return ids, "the server's interpreter, asked as the server's user (uid %d)" % ids[0]
     try:
-        owner = path_owner(python if os.path.isabs(python) else (_which(python) or python))
+        full = python if os.path.isabs(python) else (_which(python) or python)
+        owner = path_owner(full)
+        if owner.trusted:  # and what -s still runs at start: its site directories' .pth / sitecustomize
+            owner = site_owner(full)
     except OSError as e:
         owner = Owner(False, NOBODY, "%s: %s" % (python, e))
     if owner.trusted:
