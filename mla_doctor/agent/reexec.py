@@ -5,8 +5,13 @@ from __future__ import annotations
 import json
 
 PAYLOAD = None  # the framed sources, set by _boot.start; None when the agent is imported in-process
+# How the agent is started elsewhere, as on the host (remote/runner.py): no site, no environment variables, no
+# cwd on sys.path -- a container's image ENV (PYTHONPATH, PYTHONSTARTUP) and WORKDIR (a json.py there) run
+# nothing as root. Every interpreter the agent supports (3.8+) takes these flags; the bootstrap needs only sys,
+# json and zlib of the standard library.
+FLAGS = ("-I", "-S", "-B")
 
 
 def stdin_for(plan):
-    """What `python -B -c BOOTSTRAP` reads: the payload, then the JSON plan."""
+    """What `python -I -S -B -c BOOTSTRAP` reads: the payload, then the JSON plan."""
     return PAYLOAD + json.dumps(plan).encode()

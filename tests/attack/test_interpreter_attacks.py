@@ -77,3 +77,38 @@ def test_a_tight_root_venv_is_still_asked_as_root(stage, attacker, root_venv):
     r, doc = _static(stage, python)
     assert set(_ran(pay)) == {"0"}, (_ran(pay), r.stderr[-2000:])
     stage.assert_unharmed()
+
+
+def test_the_agent_run_inside_a_container_takes_nothing_from_the_images_env_or_workdir(tmp_path, monkeypatch):
+    """The host watchdog's revert runs this agent inside the container (runtimes/docker.py _container_agent) as
+    the container's root. The image's ENV (PYTHONPATH) and WORKDIR are whoever built the image's: a json.py
+    there must not run (the bootstrap imports json). `docker` is replaced by running the very argv it would
+    exec, here, with that environment and working directory (no docker daemon on this machine)."""
+    from mla_doctor.agent import reexec
+    from mla_doctor.agent.runtimes import docker
+    from mla_doctor.remote.bundle import payload
+
+    image = tmp_path / "workdir"
+    image.mkdir()
+    marker = tmp_path / "ran-as-root"
+    for name in ("json.py", "zlib.py", "sitecustomize.py"):
+        (image / name).write_text(f"open({str(marker)!r}, 'a').write({name!r} + '\\n')\n")
+    seen = {}
+
+    def fake_docker(args, timeout=60, stdin=None):
+        assert args[:4] == ["exec", "-i", "-u", "0"], args
+        rest = list(args[4:])
+        cwd = str(image)  # the image's WORKDIR (-I keeps it off sys.path; the agent then moves to /)
+        seen["argv"] = rest[1:]
+        env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(image), "PYTHONSTARTUP": str(image / "json.py")}
+        p = subprocess.run(rest[1:], input=stdin, capture_output=True, timeout=timeout, cwd=cwd, env=env)
+        return p.returncode, p.stdout, p.stderr
+
+    monkeypatch.setattr(docker, "_docker", fake_docker)
+    monkeypatch.setattr(reexec, "PAYLOAD", payload())
+    res = docker._container_agent({"id": "c0", "python": ATTACKER_PYTHON},
+                                  {"op": "revert", "run_id": "nosuchrun", "run_root": str(tmp_path / "root"),
+                                   "restore_server": False})
+    assert not marker.exists(), f"the image's code ran as root: {marker.read_text()} (argv {seen['argv']})"
+    assert "fatal" not in res or "exit" not in str(res.get("fatal")), res  # the agent itself answered
+    assert seen["argv"][1:4] == ["-I", "-S", "-B"], seen["argv"]

@@ -130,8 +130,8 @@ def op_docker_restart(plan):
 def _container_agent(spec, plan, timeout=300):
     """This agent, run inside the container with one plan (the host watchdog's revert)."""
     py = spec.get("python") or "python3"
-    rc, out, err = _docker(["exec", "-i", "-u", "0", spec["id"], py, "-B", "-c", BOOTSTRAP], timeout=timeout,
-                           stdin=reexec.stdin_for(plan))
+    rc, out, err = _docker(["exec", "-i", "-u", "0", spec["id"], py, *reexec.FLAGS, "-c", BOOTSTRAP],
+                           timeout=timeout, stdin=reexec.stdin_for(plan))
     try:
         return json.loads(out.decode("utf-8", "replace"))
     except ValueError:
