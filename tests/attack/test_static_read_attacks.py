@@ -142,6 +142,9 @@ os.symlink({str(stage.victim)!r}, os.path.join(hub, "refs", "main"))
     assert "root-only-secret-model" not in repr(out), "root read its root-only config for the user's server"
     assert out["read_as"] == attacker.uid, out
     assert "config" not in out and out.get("error"), out  # the user cannot even see it: "no config.json found"
+    # root's own tight directory named by the user's server: still read as the server's user (who cannot)
+    out = model.model_section({}, dict(server, _raw_env={}, model_arg=str(root_config.parent)))
+    assert "root-only-secret-model" not in repr(out) and out["read_as"] == attacker.uid, out
     out = model.model_section({}, dict(server, model_arg="org/m"))
     assert "precious" not in repr(out), "root read its victim as the user's refs/main"
     assert out["read_as"] == attacker.uid, out
