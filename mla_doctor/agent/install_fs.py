@@ -15,13 +15,12 @@ as whoever controls them (privilege.py's rule).
 from __future__ import annotations
 
 import errno
-import json
 import os
 import stat
 
 from . import fs
 from .common import _sha
-from .privilege import drop_to, ids_of_uid, path_owner
+from .privilege import call_as, ids_of_uid, path_owner
 
 _O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _O_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
@@ -103,44 +102,9 @@ def who_changes(d):
 
 def as_controller(d, fn, *args):
     """fn(*args) run by whoever controls directory `d` (who_changes): here, or in a forked child that dropped
-    to that user's ids first. fn's result must be JSON; an OSError in the child is raised here."""
-    ids = who_changes(d)
-    if ids is None:
-        return fn(*args)
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: drop, act, report, exit without any of the parent's teardown
-        try:
-            os.close(r)
-            drop_to(*ids)
-            res = {"ok": fn(*args)}
-        except BaseException as e:
-            res = {"errno": getattr(e, "errno", None) or errno.EPERM,
-                   "error": "as uid %d: %s" % (ids[0], getattr(e, "strerror", None) or e),
-                   "filename": getattr(e, "filename", None)}
-        try:
-            data = json.dumps(res).encode("utf-8")
-            while data:
-                data = data[os.write(w, data):]
-        finally:
-            os._exit(0)
-    os.close(w)
-    chunks = []
-    while True:
-        b = os.read(r, 65536)
-        if not b:
-            break
-        chunks.append(b)
-    os.close(r)
-    os.waitpid(pid, 0)
-    try:
-        res = json.loads(b"".join(chunks).decode("utf-8") or "{}")
-    except ValueError:
-        res = {}
-    if "ok" in res:
-        return res["ok"]
-    raise OSError(res.get("errno") or errno.EPERM, res.get("error") or "the child acting as the owner died",
-                  res.get("filename"))
+    to that user's ids first (privilege.call_as). fn's result must be JSON; an OSError in the child is raised
+    here, its errno kept (FileNotFoundError stays one)."""
+    return call_as(who_changes(d), fn, args, timeout=600.0, cap=16 << 20)
 
 
 def _write_here(path, data, mode, owner, times_ns):

@@ -256,8 +256,9 @@ def run_as(ids, argv, env, cwd="/", timeout=20.0, cap=1 << 20):
 def call_as(ids, fn, args=(), timeout=20.0, cap=4 << 20):
     """fn(*args)'s JSON-able result, computed in a forked child that dropped to `ids` (uid, gid, groups) before
     anything else -- so what it opens, the kernel checks as that user, symlinks and all; with ids None (or when
-    we are not root), here. An exception in fn comes back as OSError with its text, and so does a child that
-    died, ran past `timeout` or answered more than `cap` bytes (it is killed)."""
+    we are not root), here. The one fork-and-drop of the agent (install_fs.as_controller is this too). An
+    exception in the child (the drop included) comes back as OSError with its errno, text and file name; a
+    child that died, ran past `timeout` or answered more than `cap` bytes is killed: OSError too."""
     if ids is None or os.geteuid() != 0:
         return fn(*args)
     import json
@@ -267,21 +268,21 @@ def call_as(ids, fn, args=(), timeout=20.0, cap=4 << 20):
 
     r, w = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: drop, compute, answer, exit -- never return into the agent
-        code = 1
+    if pid == 0:  # the child: drop, act, answer, exit -- never return into the agent, none of its teardown
         try:
             os.close(r)
-            drop_to(*ids)
             try:
+                drop_to(*ids)
                 doc = {"ok": fn(*args)}
-            except Exception as e:  # noqa: BLE001 -- its text is the answer
-                doc = {"error": "%s: %s" % (type(e).__name__, e)}
-            data = json.dumps(doc).encode()
+            except BaseException as e:  # noqa: BLE001 -- its errno and text are the answer
+                doc = {"errno": getattr(e, "errno", None) or errno.EPERM,
+                       "error": "as uid %d: %s" % (ids[0], getattr(e, "strerror", None) or e),
+                       "filename": getattr(e, "filename", None)}
+            data = json.dumps(doc).encode("utf-8")
             while data:
                 data = data[os.write(w, data):]
-            code = 0
         finally:
-            os._exit(code)
+            os._exit(0)
     os.close(w)
     chunks, size, why = [], 0, None
     deadline = time.monotonic() + timeout
@@ -310,12 +311,13 @@ def call_as(ids, fn, args=(), timeout=20.0, cap=4 << 20):
     if why:
         raise OSError(errno.ETIMEDOUT, "as uid %d: %s" % (ids[0], why))
     try:
-        doc = json.loads(b"".join(chunks).decode())
+        doc = json.loads(b"".join(chunks).decode("utf-8") or "{}")
     except ValueError:
-        raise OSError(errno.EIO, "as uid %d: no answer" % ids[0]) from None
-    if "error" in doc:
-        raise OSError(errno.EACCES, "as uid %d: %s" % (ids[0], doc["error"]))
-    return doc["ok"]
+        doc = {}
+    if "ok" in doc:
+        return doc["ok"]
+    raise OSError(doc.get("errno") or errno.EPERM, doc.get("error") or "as uid %d: the child died" % ids[0],
+                  doc.get("filename"))
 
 
 # What `python -s` runs at start beyond the interpreter: site-packages' .pth lines and sitecustomize, from the
