@@ -826,34 +826,3 @@ def remove_records(run_dir):
     except (OSError, Refusal):
         pass
 
-
-# --- static reads: files of a tree another user may control (vLLM's, a venv's), read as root ---------------
-# The one reader for them (facts/integrity.py's scan keeps its own loop with the same limits): never through a
-# final symlink (ELOOP: reported "a symlink: not followed"), a regular file only (a FIFO hangs nothing), at
-# most MAX_STATIC_FILE and not sparse, and within the scan's budget of MAX_STATIC_SCAN bytes in total.
-MAX_STATIC_FILE = 16 << 20  # vLLM's largest source file is under 1 MiB
-MAX_STATIC_SCAN = 512 << 20  # a release's vllm/**.py: ~40 MB
-
-
-class ScanBudget:
-    """Bytes a scan may still read (one per index or harvest)."""
-
-    def __init__(self, total=MAX_STATIC_SCAN):
-        self.left = total
-
-
-def read_static(path, budget=None, max_size=MAX_STATIC_FILE):
-    """The bytes of one file of the install, by the rules above; OSError (see unread_why) otherwise."""
-    from .common import _read_regular
-
-    if budget is not None and budget.left <= 0:
-        raise OSError(errno.EFBIG, "not read: the scan's bytes are spent", path)
-    data = _read_regular(path, nofollow=True, max_size=max_size)
-    if budget is not None:
-        budget.left -= len(data)
-    return data
-
-
-def unread_why(e):
-    """What a report says about a file read_static refused."""
-    return "a symlink: not followed" if e.errno == errno.ELOOP else (e.strerror or str(e))

@@ -21,7 +21,7 @@ import hashlib
 import os
 import re
 
-from ..fs import ScanBudget, read_static
+from ..common import ScanBudget, read_static
 
 __all__ = ["KEYWORDS", "MODULES", "PREFIX", "compact", "expand", "harvest_source", "harvest_text", "harvest_tree",
            "literal_text", "module_wanted", "order"]

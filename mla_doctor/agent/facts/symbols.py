@@ -10,7 +10,7 @@ import os
 import re
 import sys
 
-from ..fs import ScanBudget, read_static, unread_why
+from ..common import ScanBudget, read_static, unread_why
 
 
 def _index_defs(tree):
