@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,6 +41,21 @@ def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("interrupted") / "server.log"
     with vllm_cpu.local_server(log_path=log) as s:
         yield s
+
+
+@pytest.fixture
+def rr(request):
+    """The run root: under /var/tmp, not the test's tmp_path. A failing test can leave a run on the install until
+    its watchdog's lease lapses (120 s), and pytest prunes old tmp dirs (other sessions on this machine too):
+    with the run dir gone, nothing could put the shared vLLM install back. After the test, whatever a run left
+    is reverted (a no-op when the run restored itself)."""
+    root = Path("/var/tmp/mla-doctor-interrupted-real") / request.node.name[:40]
+    shutil.rmtree(root, ignore_errors=True)
+    root.parent.mkdir(mode=0o755, exist_ok=True)
+    yield root
+    if root.is_dir():
+        subprocess.run([sys.executable, "-m", "mla_doctor", "revert", "--local", "--python", PY, "--run-root",
+                        str(root)], cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True, timeout=300)
 
 
 def vllm_tree_state() -> dict[str, tuple]:
@@ -170,8 +186,7 @@ def runs_open(run_root: Path) -> list[str]:
     return left
 
 
-def test_ctrl_c_while_attached_detaches_before_exiting(server, tmp_path):
-    rr = tmp_path / "rr"
+def test_ctrl_c_while_attached_detaches_before_exiting(server, rr):
     pids = server.pids()
     before = start_times(pids)
     files = vllm_tree_state()
@@ -184,27 +199,26 @@ def test_ctrl_c_while_attached_detaches_before_exiting(server, tmp_path):
     rc = cli.finish(120)
     err = cli.stderr()
     assert rc == 130, err[-4000:]
-    assert "detach the probe" in err, err[-4000:]  # the detach ran, as progress, after the interrupt
-    assert err.index("detach the probe") > err.index(": prompt ")
-    assert "interrupted: restoring localhost before exiting (up to ~" in err, err[-4000:]
-    assert "restored localhost: the probe detached" in err, err[-4000:]  # the output says it was put back
-    # the same processes, not restarted, still serving, no file changed
+    # the same processes, not restarted, still serving, no file changed, the run closed
     assert server.pids() == pids and start_times(pids) == before
     assert server.complete([5], 3)["choices"][0]["text"] is not None
     assert vllm_tree_state() == files
-    assert runs_open(rr) == []
+    assert runs_open(rr) == [], err[-4000:]
     # a second run right after finds nothing wrapped (a wrapper is never wrapped twice) and restores cleanly
     code, h = run_json(rr)
     assert code == 0 and h["status"] == "ok" and h["restored"] is True, h.get("error")
     procs = h["live"]["attach"]["processes"]
-    assert any(x["wrapped"] for x in procs) and all(not x["still_wrapped"] for x in procs)
+    assert any(x["wrapped"] for x in procs) and all(not x["still_wrapped"] for x in procs), procs
     assert all(x["pid_before"] == x["pid_after"] for x in procs)
     assert server.pids() == pids and start_times(pids) == before
+    # and the output said so: the detach ran (its progress) after the interrupt, and put the server back
+    assert "detach the probe" in err and err.index("detach the probe") > err.index(": prompt "), err[-4000:]
+    assert "interrupted: restoring localhost before exiting (up to ~" in err, err[-4000:]
+    assert "restored localhost: the probe detached" in err, err[-4000:]
 
 
-def test_ctrl_c_while_the_patched_server_loads_restores_before_exiting(server, tmp_path):
+def test_ctrl_c_while_the_patched_server_loads_restores_before_exiting(server, rr):
     """Last in the module: it restarts the server (twice: debug, then as found)."""
-    rr = tmp_path / "rr"
     files = vllm_tree_state()
     pid0, argv0 = api_argv(server)
     cli = Cli(rr, "--method", "patch", "--yes")
@@ -219,15 +233,18 @@ def test_ctrl_c_while_the_patched_server_loads_restores_before_exiting(server, t
     rc = cli.finish(600)
     err = cli.stderr()
     assert rc == 130, err[-4000:]
-    assert "interrupted: restoring localhost before exiting (up to ~" in err, err[-4000:]
-    tail = err[err.index("interrupted: restoring localhost"):]
-    assert ": revert files" in tail and ": restart the server as found" in tail, tail  # progress of the restore
-    assert "restored localhost" in tail, tail  # the output says it was put back
-    assert vllm_tree_state() == files  # every vLLM file byte-identical, mode and mtime too
+    assert vllm_tree_state() == files, err[-4000:]  # every vLLM file byte-identical, mode and mtime too
     pid1, argv1 = api_argv(server)
     assert argv1 == argv0 and pid1 != pid0  # relaunched, as found
+    env1 = Path(f"/proc/{pid1}/environ").read_bytes().split(b"\0")
+    assert b"VLLM_LOGGING_LEVEL=DEBUG" not in env1  # not the debug server (its settings are in its environment)
     assert server.complete([5], 3)["choices"][0]["text"] is not None
     assert runs_open(rr) == []
+    # the output said so: the restore's bound, its progress, and that it put the host back
+    assert "interrupted: restoring localhost before exiting (up to ~" in err, err[-4000:]
+    tail = err[err.index("interrupted: restoring localhost"):]
+    assert ": revert files" in tail and ": restart the server as found" in tail, tail
+    assert "mla-doctor: restored localhost: files reverted and the server running as found" in tail, tail
     # the watchdog is stopped by the revert (SIGTERM): gone within 60 s, an event polled (it exits at its next tick)
     deadline = time.monotonic() + 60
     while alive(dog[0]) and time.monotonic() < deadline:
