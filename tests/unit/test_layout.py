@@ -146,3 +146,37 @@ def test_only_the_host_layer_opens_connections():
     pat = re.compile(r"\bopen_transport\b|\bLocalTransport\(|(?<![\w.])inside\(")
     bad = [m for m, p in _modules().items() if layer(m) not in ("host", "ssh") and pat.search(p.read_text())]
     assert not bad, bad
+
+
+def _agent_reach(start: str) -> set[str]:
+    """Every agent module that the modules of package `start` import, transitively, at any level of a module
+    (an import inside a function counts: it runs when that function does)."""
+    mods = _modules()
+    graph = {m: _imports(p, m) for m, p in mods.items() if layer(m) == "agent"}
+    todo = [m for m in graph if m == start or m.startswith(start + ".")]
+    assert todo, start
+    seen = set(todo)
+    while todo:
+        for dep in graph.get(todo.pop(), ()):
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    return seen
+
+
+# agent package -> the agent packages it must never reach: the files (change/) and the server (runtimes/) are
+# two sides that never import each other; a run's lifecycle (lifecycle/: patch and revert ops, watchdog, tick,
+# server restore) sits above both, and nothing below it imports it
+AGENT_NEVER = {
+    "mla_doctor.agent.change": ("mla_doctor.agent.runtimes", "mla_doctor.agent.lifecycle"),
+    "mla_doctor.agent.runtimes": ("mla_doctor.agent.change", "mla_doctor.agent.lifecycle"),
+    "mla_doctor.agent.facts": ("mla_doctor.agent.change", "mla_doctor.agent.runtimes", "mla_doctor.agent.lifecycle"),
+}
+
+
+def test_change_and_runtimes_never_import_each_other():
+    bad = []
+    for pkg, never in AGENT_NEVER.items():
+        reached = _agent_reach(pkg)
+        bad += [f"{pkg} reaches {m}" for m in sorted(reached) if any(m == n or m.startswith(n + ".") for n in never)]
+    assert not bad, "\n".join(bad)

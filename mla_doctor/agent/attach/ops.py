@@ -115,7 +115,7 @@ def op_attach(plan):
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     _run_root(plan)
-    from ..change.lease import write_lease
+    from ..lease import write_lease
     from ..change.lock import _take_lock
     from ..change.patch import records_owner_for
 

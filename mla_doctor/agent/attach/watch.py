@@ -17,14 +17,14 @@ DETACH_WAIT_S = 20.0
 
 
 def start(root, run_id, poll=0.5):
-    from ..change.daemon import start_daemon
+    from ..daemon import start_daemon
 
     return start_daemon(lambda: loop(root, run_id, poll))
 
 
 def loop(root, run_id, poll):
-    from ..change.daemon import _watchdog_start
-    from ..change.lease import lease_expired
+    from ..daemon import _watchdog_start
+    from ..lease import lease_expired
     from .ops import close_run, detached_records
 
     run_dir = fs.run_dir_of(root, run_id)
@@ -61,7 +61,7 @@ def loop(root, run_id, poll):
 
 def stop_and_wait(run_dir, timeout=5.0):
     """SIGTERM the run's attach watchdog and wait until it has exited (it acts only on a lapsed lease)."""
-    from ..change.daemon import _stop_watchdog, _watchdog_pid
+    from ..daemon import _stop_watchdog, _watchdog_pid
 
     pid = _watchdog_pid(run_dir)
     if not pid:

@@ -1,6 +1,7 @@
-"""The `patch` op. Everything is checked before anything is written (hashes, markers, syntax, room,
-permissions); then lock, run dir, manifest, lease, watchdog; then backups with mode/owner/mtime,
-atomic writes verified by hash. A failure restores at once.
+"""The `patch` op's work (the op itself, lifecycle/patch.py, hands it the run's watchdog). Everything is
+checked before anything is written (hashes, markers, syntax, room, permissions); then lock, run dir,
+manifest, lease, watchdog; then backups with mode/owner/mtime, atomic writes verified by hash. A failure
+restores at once.
 """
 from __future__ import annotations
 
@@ -12,17 +13,16 @@ import signal
 
 from .. import fs
 from ..common import _now, _sha
+from ..daemon import _watchdog_pid
 from ..facts.targets import MARK_RE
 from .. import install_fs
 from ..fs import _read_json, _run_root, _write_json
 from ..install_fs import remove_bytecode, write as atomic_write
+from ..lease import write_lease
 from ..protocol import AGENT_VERSION, Refusal
-from .daemon import _watchdog_pid
 from .inserts import apply_inserts
-from .lease import write_lease
 from .lock import _release_lock, _take_lock
 from .revert import revert_run
-from .watchdog import start_watchdog
 
 
 def _manifest_original(run_dir, path):
@@ -39,7 +39,9 @@ def _probe_path(site, module):
     return os.path.join(site, module + ".py")
 
 
-def op_patch(plan):
+def patch_files(plan, start_watchdog):
+    """The patch op's answer; start_watchdog(root, run_id, plan) -> pid starts the watchdog of a run with a
+    lease (it reverts the files and restores the server, which this package does not know)."""
     run_id = plan["run_id"]
     if not re.match(r"^[A-Za-z0-9_.-]+$", run_id):
         raise Refusal("bad run id %r" % run_id)

@@ -13,8 +13,8 @@ import json
 
 from .. import fs
 from ..fs import _lease_path, _read_json, _run_dir
+from ..lease import write_lease
 from ..protocol import AGENT_VERSION
-from .lease import write_lease
 
 MAX_COLLECT_BYTES = 16 << 20  # per collection, all record files together
 EVENTS = ("armed", "call", "counters", "attached", "detached")  # the last two: the attach probe

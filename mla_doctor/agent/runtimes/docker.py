@@ -12,15 +12,15 @@ import subprocess
 import time
 
 from .. import reexec
-from ..change.daemon import _watchdog_pid, _watchdog_start, start_daemon
-from ..change.lease import lease_expired, write_lease
 from ..common import _now
+from ..daemon import _watchdog_pid, _watchdog_start, start_daemon
 from ..facts.logs import _filter_lines
 from ..facts.processes import find_servers
 from ..fs import _read_json, _server_paths, _write_private
+from ..lease import lease_expired, write_lease
 from ..protocol import AGENT_VERSION, BOOTSTRAP, Refusal
 from .base import Runtime, _gpu_free_or_refuse, _restart_state
-from .lifecycle import restore_server
+from .registry import restore_server
 
 
 def _docker(args, timeout=60, stdin=None):

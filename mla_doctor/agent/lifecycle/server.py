@@ -1,25 +1,15 @@
 """What every runtime's run does the same way, asking the runtime for the rest: the `tick` op (lease
-renewed, is the server alive, new log lines), the restore of a server as found, the `server_restore` op."""
+renewed, is the server alive, new log lines) and the `server_restore` op (the server put back as found)."""
 from __future__ import annotations
 
 import signal
 
 from .. import fs
-from ..change.lease import write_lease
 from ..common import _now
 from ..fs import _read_json, _run_dir, _server_paths
+from ..lease import write_lease
 from ..protocol import AGENT_VERSION
-from .registry import runtime
-
-
-def restore_server(run_dir, note=lambda m: None):
-    """Put the server back as found: stop the run's instance, start it as it ran before the run."""
-    orig_path, cur_path = _server_paths(run_dir)
-    if not fs.exists(orig_path):
-        return {"restored": None, "reason": "the run did not restart the server"}
-    spec = _read_json(orig_path)
-    current = _read_json(cur_path) if fs.exists(cur_path) else {}
-    return runtime(spec.get("runtime")).restore(spec, run_dir, current, note)
+from ..runtimes.registry import restore_server, runtime
 
 
 def op_server_restore(plan):

@@ -7,9 +7,9 @@ import os
 import signal
 import time
 
-from .. import fs
-from ..common import _pid_running
-from ..protocol import Refusal
+from . import fs
+from .common import _pid_running
+from .protocol import Refusal
 
 
 def _watchdog_pid(run_dir):

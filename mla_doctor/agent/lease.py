@@ -4,10 +4,10 @@ Also the `renew` op.
 from __future__ import annotations
 
 
-from .. import fs
-from ..common import _now
-from ..fs import _lease_path, _read_json, _run_dir, _server_paths, _write_json
-from ..protocol import AGENT_VERSION, Refusal
+from . import fs
+from .common import _now
+from .fs import _lease_path, _read_json, _run_dir, _server_paths, _write_json
+from .protocol import AGENT_VERSION, Refusal
 
 
 def write_lease(run_dir, ttl, epoch=None):

@@ -7,14 +7,14 @@ import os
 import time
 
 from .. import fs
+from ..change.lock import _release_lock
+from ..change.revert import revert_run
 from ..common import _pid_running
+from ..daemon import _watchdog_start, start_daemon
 from ..fs import _read_json
+from ..lease import lease_expired
 from ..protocol import Refusal
-from ..runtimes.lifecycle import restore_server
-from .daemon import _watchdog_start, start_daemon
-from .lease import lease_expired
-from .lock import _release_lock
-from .revert import revert_run
+from ..runtimes.registry import restore_server
 
 
 def start_watchdog(root, run_id, plan):
