@@ -18,9 +18,9 @@ from mla_doctor.cli.common import (
     output_options,
 )
 from mla_doctor import terminal
-from mla_doctor.host.fields import cli_fields
+from mla_doctor.host.fields import cli_fields, runbook_key
 from mla_doctor.host.runtimes import TABLE
-from mla_doctor.host.steps import Audit, Live, Patch, Revert, RunOptions, parse_expect, second_pass
+from mla_doctor.host.steps import Audit, Live, Patch, Revert, RunOptions
 from mla_doctor.host.target import target_from_options
 from mla_doctor.paths import DEFAULT_RUN_ROOT
 from mla_doctor.redact import redact_text
@@ -111,53 +111,43 @@ def revert(fmt, output, run_root, dry_run, run_id, container, **kw):
 _LIVE_TYPES = {"ready_timeout": SECONDS, "ttl": SECONDS, "max_tokens": click.IntRange(min=1)}
 
 
-def live_options(f):
-    """The live run's own options, derived from RunOptions' fields (host/live/options.py): declared once there,
-    a runbook's `live:` key and this click option come from the same field."""
-    for fld in reversed(cli_fields(RunOptions)):
+def _flag(fld) -> str:
+    return fld.metadata["cli"].get("flag") or "--" + fld.name.replace("_", "-")
+
+
+def _dest(fld) -> str:
+    return fld.metadata["cli"].get("dest") or fld.name
+
+
+def live_options(f, cls=RunOptions):
+    """The live run's own options, derived from RunOptions' fields (host/live_options.py): declared once there,
+    a runbook's `live:` key and this click option come from the same field (how the server runs, too)."""
+    for fld in reversed(cli_fields(cls)):
         spec = fld.metadata["cli"]
         kw = {"help": spec.get("help"), "metavar": spec.get("metavar")}
+        choices = fld.metadata.get("choices")
         if fld.type in ("bool", bool):
             kw["is_flag"] = True
+        elif spec.get("multiple"):
+            kw["multiple"] = True
+        elif "parse" in spec:  # the flag's text, parsed once given (parse(None) when not)
+            kw["default"] = None
         else:
             kw["default"] = spec.get("default", fld.default)
-            kw["show_default"] = True
-            choices = fld.metadata.get("choices")
+            kw["show_default"] = kw["default"] is not None
             kw["type"] = click.Choice(list(choices)) if choices else _LIVE_TYPES.get(fld.name)
-        f = click.option("--" + fld.name.replace("_", "-"), fld.name, **{k: v for k, v in kw.items()
-                                                                          if v is not None})(f)
+        f = click.option(_flag(fld), _dest(fld), **{k: v for k, v in kw.items() if v is not None})(f)
     return f
 
 
 @cli.command("run")
 @connection_options
-@click.option("--runtime", type=click.Choice(["process", "systemd", "docker", "command"]), default="process",
-              show_default=True,
-              help="How the server is stopped and started: process (found in /proc, relaunched detached as "
-                   "found), systemd (a runtime drop-in + systemctl, logs from the journal), docker (files patched "
-                   "inside the container via docker exec, docker restart, docker logs) or command (your "
-                   "--start-command / --stop-command).")
-@click.option("--unit", metavar="UNIT", help="runtime systemd: the unit (default: the unit the server runs in).")
-@click.option("--container", metavar="NAME", help="runtime docker: the container (default: the one running vLLM).")
-@click.option("--start-command", metavar="CMD", help="runtime command: starts the server (run with /bin/sh -c; "
-              "the run's settings arrive in its environment).")
-@click.option("--stop-command", metavar="CMD", help="runtime command: stops the server.")
-@click.option("--log-file", metavar="PATH", help="runtime command: the file the started server logs to.")
 @click.option("--yes", "-y", is_flag=True, help="Consent to restart the server (--method patch/plugin; required "
                                                 "without a terminal).")
-@click.option("--expect", "expect", metavar="prefill=mha,decode=mqa",
-              help="Runbook expectations: unmet ones are a fault (exit 1).")
-@click.option("--second-pass", "second_pass_text", metavar="ARGS|SETTINGS",
-              help="An explicit second configuration: restart with it and send the prompts again, reported apart "
-                   "from the production pass. Server arguments ('--enforce-eager') or settings by name, written "
-                   "in the form the installed release accepts ('enforce_eager=on,prefix_caching=off').")
-@click.option("--env", "extra_env", multiple=True, metavar="KEY=VALUE",
-              help="Extra environment for the instrumented server (besides VLLM_LOGGING_LEVEL=DEBUG).")
 @live_options
 @output_options
 @handle_errors("run")
-def run_cmd(fmt, output, runtime, unit, container, start_command, stop_command, log_file, yes, expect,
-            second_pass_text, extra_env, **kw):
+def run_cmd(fmt, output, yes, **kw):
     """The live diagnosis: instrument, restart with debug settings, send calibrated prompts, restore, verdict.
 
     \b
@@ -168,37 +158,32 @@ def run_cmd(fmt, output, runtime, unit, container, start_command, stop_command, 
     mla-doctor run --host gpu-17 --yes --runtime systemd --unit vllm
     mla-doctor run --host gpu-17 --yes --second-pass enforce_eager=on
     """
-    live = {f.name: kw.pop(f.name) for f in cli_fields(RunOptions)}
+    given = {f.name: kw.pop(_dest(f)) for f in cli_fields(RunOptions)}
     target = target_from_options(kw)
-    for what, value in (("--env", extra_env), ("--second-pass", second_pass_text), ("--unit", unit),
-                        ("--container", container), ("--start-command", start_command),
-                        ("--stop-command", stop_command), ("--log-file", log_file),
-                        ("--api-key-env", live["api_key_env"])):
-        check_no_control(value, what)  # a drop-in line, the server's argv or environment: before any connection
-
-    exp = parse_expect(expect)
-    if live["method"] == "attach" and second_pass_text:
+    for f in cli_fields(RunOptions):
+        if isinstance(given[f.name], (str, tuple)):  # a drop-in line, the server's argv or environment
+            check_no_control(given[f.name], _flag(f))  # before any connection
+    values, runtime = {}, {}  # the runbook's keys; how the server runs
+    for f in cli_fields(RunOptions):
+        spec, v = f.metadata["cli"], given[f.name]
+        if "parse" in spec:
+            v = spec["parse"](v)  # a usage error naming the flag, before any consent is asked
+        if spec.get("runtime"):
+            runtime[f.name] = v
+        elif v is not None:
+            values[runbook_key(f)] = v
+    if given["method"] == "attach" and given["second_pass"]:
         raise UsageError("--second-pass restarts the server with other settings: use --method patch --yes")
-    if not yes and live["method"] != "attach":  # attach restarts nothing
+    if not yes and given["method"] != "attach":  # attach restarts nothing
         if sys.stdin.isatty():
             where = "this machine" if target.local else target.address
             if not click.confirm(f"mla-doctor will restart the vLLM server on {where} (twice). Continue?"):
                 raise UsageError("not confirmed")
         else:
             raise UsageError("`run` restarts the server: pass --yes (no terminal to confirm on)")
-    if TABLE[runtime].commands and not (start_command and stop_command):
+    if TABLE[given["runtime"]].commands and not (given["start_command"] and given["stop_command"]):
         raise UsageError("--runtime command needs --start-command and --stop-command")
-    debug_env = {"VLLM_LOGGING_LEVEL": "DEBUG"}
-    for item in extra_env:
-        k, sep, v = item.partition("=")
-        if not sep or not k.isidentifier():
-            raise UsageError(f"--env {item!r}: expected KEY=VALUE")
-        debug_env[k] = v
-    sp = second_pass(second_pass_text)
-    values = {k: v for k, v in live.items() if v is not None}
-    values.update(expect=exp, debug=debug_env, second_pass=sp if isinstance(sp, dict) else list(sp))
-    step = Live.make(values, runtime=runtime, start_command=start_command, stop_command=stop_command,
-                     log_file=log_file, unit=unit, container=container)
+    step = Live.make(values, **runtime)
     quiet = fmt == "json"
 
     def progress(msg):

@@ -16,12 +16,12 @@ from mla_doctor.errors import UsageError
 from mla_doctor.host import fields
 from mla_doctor.host.expect import EXPECT_KEYS
 from mla_doctor.host.fields import NUM, StepError, option, runbook_key
-from mla_doctor.host.live_options import RunOptions
+from mla_doctor.host.live_options import RunOptions, parse_expect, second_pass
 from mla_doctor.paths import DEFAULT_RUN_ROOT
 from mla_doctor.safety import check_no_control
 
 __all__ = ["RUNBOOK_KINDS", "Audit", "Command", "Expect", "Live", "Patch", "Revert", "RunOptions", "Step",
-           "StepError", "runbook_spec", "second_pass"]
+           "StepError", "parse_expect", "runbook_spec", "second_pass"]
 
 
 def given(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -207,34 +207,3 @@ def check(kind: str, values: Mapping[str, Any], skip: Callable[[Any], bool] = la
         cls.check(values, skip)
     else:
         fields.check(kind, cls, values, skip)
-
-
-def second_pass(text: str | None) -> tuple[str, ...] | dict[str, str]:
-    """`run --second-pass`: '--enforce-eager --max-num-seqs 8' (server arguments) or
-    'enforce_eager=on,prefix_caching=off' (settings by name, checked against the knowledge)."""
-    text = (text or "").strip()
-    if not text or text.startswith("-"):
-        return tuple(shlex.split(text))
-    from mla_doctor.diagnosis.knowledge import load_knowledge
-
-    known = load_knowledge().server_setting_names()
-    settings = {}
-    for item in text.split(","):
-        k, sep, v = item.strip().partition("=")
-        if not sep or k not in known or v.lower() not in ("on", "off", "true", "false"):
-            raise UsageError(f"--second-pass {item.strip()!r}: expected NAME=on|off with NAME one of "
-                             f"{', '.join(known)}, or server arguments starting with '-'")
-        settings[k] = v
-    return settings
-
-
-def parse_expect(text: str | None) -> dict[str, str]:
-    """`run --expect prefill=mha,decode=mqa`."""
-    from mla_doctor.diagnosis.live_verdict import parse_expect as parse
-
-    if not text:
-        return {}
-    try:
-        return parse(text)
-    except ValueError as e:
-        raise UsageError(f"--expect: {e}") from e
