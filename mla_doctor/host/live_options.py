@@ -103,27 +103,24 @@ class RunOptions:
     # the same by name ({"enforce_eager": "on", "prefix_caching": "off"}), in the form the release accepts
     second_pass_settings: dict[str, str] = field(default_factory=dict)
     # How the server runs: command-line options (a fleet host's inventory vars), not a runbook's live keys
-    # ("runtime": the click value goes to Live.make as how the server runs)
+    # (no `runbook` type: the click value goes to Live.make as how the server runs)
     runtime: str = option("process", choices=tuple(KINDS), cli={
-        "runtime": True, "help": "How the server is stopped and started: process (found in /proc, relaunched "
+        "help": "How the server is stopped and started: process (found in /proc, relaunched "
         "detached as found), systemd (a runtime drop-in + systemctl, logs from the journal), docker (files "
         "patched inside the container via docker exec, docker restart, docker logs) or command (your "
         "--start-command / --stop-command)."})
     keep_going_on_fail: bool = False
     start_command: str | None = option(None, cli={  # runtime "command": the user's own start/stop commands
-        "runtime": True, "metavar": "CMD",
+        "metavar": "CMD",
         "help": "runtime command: starts the server (run with /bin/sh -c; the run's settings arrive in its "
                 "environment)."})
-    stop_command: str | None = option(None, cli={"runtime": True, "metavar": "CMD",
-                                                 "help": "runtime command: stops the server."})
+    stop_command: str | None = option(None, cli={"metavar": "CMD", "help": "runtime command: stops the server."})
     log_file: str | None = option(None, cli={  # where the start command's server logs
-        "runtime": True, "metavar": "PATH", "help": "runtime command: the file the started server logs to."})
-    unit: str | None = option(None, cli={  # runtime "systemd": the unit (default: the one the server runs in)
-        "runtime": True, "metavar": "UNIT",
-        "help": "runtime systemd: the unit (default: the unit the server runs in)."})
-    container: str | None = option(None, cli={  # runtime "docker": the container (default: the one running vLLM)
-        "runtime": True, "metavar": "NAME",
-        "help": "runtime docker: the container (default: the one running vLLM)."})
+        "metavar": "PATH", "help": "runtime command: the file the started server logs to."})
+    unit: str | None = option(None, cli={
+        "metavar": "UNIT", "help": "runtime systemd: the unit (default: the unit the server runs in)."})
+    container: str | None = option(None, cli={
+        "metavar": "NAME", "help": "runtime docker: the container (default: the one running vLLM)."})
 
     @classmethod
     def build(cls, *, runtime: str = "process", method: str | None = None, force: Any = False,

@@ -58,6 +58,12 @@ def test_runbook_keys_and_the_run_commands_options_come_from_the_same_fields():
     flags = {o for p in run_cmd.params for o in p.opts} - shared
     derived = {f.metadata["cli"].get("flag") or "--" + f.name.replace("_", "-") for f in cli_fields(RunOptions)}
     assert flags - derived == {"--yes", "-y"}  # every other option of `run` is a RunOptions field's
+    from mla_doctor.cli.host import patch, revert
+    from mla_doctor.host.steps import PatchArgs
+
+    for cmd, cls in ((patch, PatchArgs), (revert, Revert)):  # and every option of patch and revert their step's
+        assert {o for p in cmd.params for o in p.opts} - shared == {
+            f.metadata["cli"].get("flag") or "--" + f.name.replace("_", "-") for f in cli_fields(cls)}, cmd.name
     assert {"--ready-timeout", "--ttl", "--max-tokens", "--prompts", "--method", "--force", "--api-key-env",
             "--expect", "--env", "--second-pass", "--runtime", "--unit", "--container", "--start-command",
             "--stop-command", "--log-file"} <= derived
@@ -71,14 +77,14 @@ def test_a_new_live_field_is_one_declaration_for_both_the_flag_and_the_runbook()
 
     import click
 
-    from mla_doctor.cli.host import live_options
+    from mla_doctor.cli.host import step_options
     from mla_doctor.host import fields
 
     @dataclasses.dataclass
     class More(RunOptions):
         warmup: int = fields.option(2, runbook=int, minimum=0, cli={"help": "Warm-up prompts."})
 
-    cmd = click.command()(live_options(lambda **kw: kw, More))
+    cmd = click.command()(step_options(More)(lambda **kw: kw))
     opt = next(p for p in cmd.params if p.name == "warmup")
     assert opt.opts == ["--warmup"] and opt.default == 2 and opt.help == "Warm-up prompts."
     assert fields.runbook_spec(More)["warmup"] is int
@@ -179,3 +185,24 @@ def test_the_run_commands_flags_become_the_live_step(monkeypatch):
         "attach", {}, {"VLLM_LOGGING_LEVEL": "DEBUG"}, (), "process", None)
     r = CliRunner().invoke(cli, ["run", "--local", "--env", "no-equals"])
     assert r.exit_code == 2 and "--env 'no-equals': expected KEY=" in r.output and len(got) == 2
+
+
+def test_the_patch_and_revert_flags_become_their_steps(monkeypatch):
+    from click.testing import CliRunner
+
+    from mla_doctor.cli import cli
+    from mla_doctor.cli import host as cli_host
+
+    got = []
+    monkeypatch.setattr(cli_host, "one_host_command", lambda command, target, step, *a, **k: got.append(step))
+    r = CliRunner().invoke(cli, ["patch", "--local", "--dry-run", "--ttl", "0", "--method", "plugin",
+                                 "--run-id", "R1", "--run-root", "/rr"])
+    assert r.exit_code == 0, r.output
+    o = got[0].options
+    assert (o.dry_run, o.ttl, o.method, o.run_id, o.run_root, o.targets, got[0].hold) == \
+        (True, 0.0, "plugin", "R1", "/rr", "instrument-mla", False)
+    r = CliRunner().invoke(cli, ["patch", "--local", "--ttl", "0", "--hold"])
+    assert r.exit_code == 2 and "--hold needs a lease" in r.output
+    r = CliRunner().invoke(cli, ["revert", "--local", "--run", "R1", "--container", "c1", "--dry-run"])
+    assert r.exit_code == 0, r.output
+    assert got[1] == Revert(run_id="R1", dry_run=True, container="c1")
