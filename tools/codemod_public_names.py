@@ -10,6 +10,10 @@ every reference in mla_doctor/, tests/, tools/ and bench/ — `from X import _na
 the module, `setattr(alias, "_name", ...)` and its get/has/del kin, "mla_doctor.agent.x._name" strings, and
 comments and docstrings that name it. Token-based: nothing but those tokens changes (layout, quotes, comments).
 
+First, an import of a module or name that #17 moved (MOVED_MODULES, MOVED_NAMES: change/daemon.py -> daemon.py,
+change/lease.py -> lease.py, change/watchdog.py -> lifecycle/, runtimes/lifecycle.py -> lifecycle/server.py) is
+pointed at its new place.
+
 Idempotent: once applied, nothing is left to rename. Re-run after merging a branch written against the old
 names: a reference to `_name` in a module that now defines only the public name is rewritten too. A new name
 that would collide with one already used in a file it lands in is refused (exit 2, naming the file): add an
@@ -39,6 +43,23 @@ OVERRIDES: dict[str, str] = {
     "_returns": "returned_exprs",  # what a function body returns (and under which `if`)
 }
 ATTR_CALLS = {"setattr", "getattr", "hasattr", "delattr"}
+# Modules and names #17 moved (the run lifecycle above change/ and runtimes/): an import of the old place, from a
+# branch written before, is rewritten to the new one first (`from ..change.daemon import x` -> `from ..daemon ...`)
+MOVED_MODULES = {
+    "mla_doctor.agent.change.daemon": "mla_doctor.agent.daemon",
+    "mla_doctor.agent.change.lease": "mla_doctor.agent.lease",
+    "mla_doctor.agent.change.watchdog": "mla_doctor.agent.lifecycle.watchdog",
+    "mla_doctor.agent.runtimes.lifecycle": "mla_doctor.agent.lifecycle.server",
+}
+MOVED_NAMES = {
+    ("mla_doctor.agent.runtimes.lifecycle", "restore_server"): "mla_doctor.agent.runtimes.registry",
+    ("mla_doctor.agent.change.revert", "op_revert"): "mla_doctor.agent.lifecycle.revert",
+    ("mla_doctor.agent.change.patch", "op_patch"): "mla_doctor.agent.lifecycle.patch",
+}
+
+
+class Collision(Exception):
+    """A rewrite the tool will not guess: nothing is written."""
 
 
 def public(old: str) -> str:
@@ -64,9 +85,9 @@ def module_name(path: Path) -> str:
 class Source:
     """One file: its text, tree, module name, and what it binds from agent modules."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, text: str):
         self.path = path
-        self.text = path.read_text(encoding="utf-8")
+        self.text = text
         self.tree = ast.parse(self.text, str(path))
         self.mod = module_name(path)
         self.is_pkg = path.name == "__init__.py"
@@ -99,21 +120,59 @@ class Source:
                         self.aliases[a.asname] = a.name
 
     def resolve_from(self, node: ast.ImportFrom) -> str:
-        if not node.level:
-            return node.module or ""
-        pkg = self.mod.split(".") if self.is_pkg else self.mod.split(".")[:-1]
-        pkg = pkg[: len(pkg) - node.level + 1]
-        return ".".join(pkg + ([node.module] if node.module else []))
+        return resolve_from(self.mod, self.is_pkg, node)
+
+
+def resolve_from(mod: str, is_pkg: bool, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    pkg = mod.split(".") if is_pkg else mod.split(".")[:-1]
+    pkg = pkg[: len(pkg) - node.level + 1]
+    return ".".join(pkg + ([node.module] if node.module else []))
 
 
 MODULES: set[str] = set()
 
 
-def load() -> dict[str, Source]:
-    paths = files()
+def load(texts: dict[Path, str]) -> dict[str, Source]:
     MODULES.clear()
-    MODULES.update(module_name(p) for p in paths if module_name(p).startswith(AGENT))
-    return {module_name(p): Source(p) for p in paths}
+    MODULES.update(module_name(p) for p in texts if module_name(p).startswith(AGENT))
+    return {module_name(p): Source(p, t) for p, t in texts.items()}
+
+
+def spelled(mod: str, is_pkg: bool, target: str, relative: bool) -> str:
+    """`target` as the `from` of an import in module `mod`: relative if the original was."""
+    if not relative:
+        return target
+    pkg = mod.split(".") if is_pkg else mod.split(".")[:-1]
+    t = target.split(".")
+    k = 0
+    while k < len(pkg) and k < len(t) - 1 and pkg[k] == t[k]:
+        k += 1
+    return "." * (len(pkg) - k + 1) + ".".join(t[k:])
+
+
+def move_imports(path: Path, text: str) -> str:
+    """The file with its imports of moved modules and names (MOVED_*) pointing at their new places."""
+    mod, is_pkg = module_name(path), path.name == "__init__.py"
+    lines = text.splitlines(keepends=True)
+    for node in ast.walk(ast.parse(text, str(path))):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        base = resolve_from(mod, is_pkg, node)
+        places = {MOVED_NAMES.get((base, a.name), MOVED_MODULES.get(base)) for a in node.names}
+        if places == {None}:
+            continue
+        if len(places) > 1:
+            raise Collision("%s:%d: imports names that moved to different modules (%s): split it by hand"
+                            % (path.relative_to(ROOT), node.lineno, ", ".join(sorted(map(str, places)))))
+        new = spelled(mod, is_pkg, places.pop(), bool(node.level))
+        line = lines[node.lineno - 1]
+        m = re.compile(r"from\s+([.\w]+)\s+import\b").match(line, node.col_offset)
+        if m is None:
+            raise Collision("%s:%d: cannot read this import" % (path.relative_to(ROOT), node.lineno))
+        lines[node.lineno - 1] = line[:m.start(1)] + new + line[m.end(1):]
+    return "".join(lines)
 
 
 def resolve(srcs: dict[str, Source], mod: str, name: str, depth: int = 0) -> tuple[str, str] | None:
@@ -161,10 +220,6 @@ def target(srcs, renames, mod: str, name: str) -> str | None:
     if key is None and is_private(name) and mod in srcs and resolve(srcs, mod, public(name)):
         return public(name)  # written against the old name; the module now has the public one
     return None
-
-
-class Collision(Exception):
-    pass
 
 
 def rewrite(srcs, renames, s: Source) -> str:
@@ -246,16 +301,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--root", type=Path, default=HERE, help="the checkout to rewrite (default: this one)")
     args = ap.parse_args(argv)
     ROOT = args.root.resolve()
-    srcs = load()
+    original = {p: p.read_text(encoding="utf-8") for p in files()}
+    texts, clashes = {}, []
+    for p, t in original.items():
+        try:
+            texts[p] = move_imports(p, t)
+        except Collision as e:
+            clashes.append(str(e))
+            texts[p] = t
+    srcs = load(texts)
     renames = plan(srcs)
-    changed, clashes = {}, []
+    changed = {}
     for s in srcs.values():
         try:
             new = rewrite(srcs, renames, s)
         except Collision as e:
             clashes.append(str(e))
             continue
-        if new != s.text:
+        if new != original[s.path]:
             ast.parse(new, str(s.path))  # never leave a file that does not parse
             changed[s.path] = new
     if clashes:

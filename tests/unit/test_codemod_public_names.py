@@ -72,3 +72,28 @@ def test_a_collision_is_refused_and_nothing_written(codemod, tmp_path, capsys):
     assert codemod.main(["--root", str(tmp_path)]) == 2
     assert "mla_doctor/agent/fs.py: already uses stamp" in capsys.readouterr().err
     assert (tmp_path / "mla_doctor/agent/common.py").read_text() == BASE["mla_doctor/agent/common.py"]
+
+
+def test_imports_of_moved_modules_and_names_point_at_their_new_places(codemod, tmp_path, capsys):
+    files = dict(BASE)
+    files.update({
+        "mla_doctor/agent/daemon.py": "def _watchdog_pid(d):\n    return 1\n",
+        "mla_doctor/agent/runtimes/__init__.py": "",
+        "mla_doctor/agent/runtimes/registry.py": "def restore_server(d):\n    return d\n",
+        "mla_doctor/agent/runtimes/docker.py": "from .registry import restore_server\n",
+        "mla_doctor/agent/attach/__init__.py": "",
+        "mla_doctor/agent/attach/watch.py": "def stop(d):\n    from ..change.daemon import _watchdog_pid\n"
+                                            "    from ..runtimes.lifecycle import restore_server\n"
+                                            "    return _watchdog_pid(d), restore_server(d)\n",
+        "tests/test_y.py": "from mla_doctor.agent.change.daemon import _watchdog_pid\n",
+    })
+    _tree(tmp_path, files)
+    assert codemod.main(["--root", str(tmp_path)]) == 0
+    assert (tmp_path / "mla_doctor/agent/attach/watch.py").read_text() == (
+        "def stop(d):\n    from ..daemon import watchdog_pid\n    from ..runtimes.registry import restore_server\n"
+        "    return watchdog_pid(d), restore_server(d)\n")
+    assert (tmp_path / "tests/test_y.py").read_text() == "from mla_doctor.agent.daemon import watchdog_pid\n"
+    assert codemod.main(["--root", str(tmp_path), "--check"]) == 0
+    _tree(tmp_path, {"mla_doctor/agent/attach/mixed.py": "from ..runtimes.lifecycle import restore_server, op_tick\n"})
+    assert codemod.main(["--root", str(tmp_path)]) == 2
+    assert "attach/mixed.py:1: imports names that moved to different modules" in capsys.readouterr().err
