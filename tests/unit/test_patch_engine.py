@@ -358,15 +358,15 @@ def test_lock_of_a_live_run_without_manifest_yet_is_not_stale(tmp_path):
     # a holder that just took the lock and has not written its manifest yet: this process, alive
     lock.write_text(json.dumps({"run_id": "other", "pid": os.getpid(), "host": host_lock.socket.gethostname()}))
     with pytest.raises(protocol.Refusal, match="another mla-doctor run holds this host: other"):
-        host_lock._take_lock(str(root), "mine")
+        host_lock.take_lock(str(root), "mine")
     lock.write_text("")  # being written right now
     with pytest.raises(protocol.Refusal):
-        host_lock._take_lock(str(root), "mine")
+        host_lock.take_lock(str(root), "mine")
     # a holder that is gone and left no manifest: stale, taken over
     lock.write_text(json.dumps({"run_id": "other", "pid": 2 ** 22 + 12345, "host": host_lock.socket.gethostname()}))
-    host_lock._take_lock(str(root), "mine")
+    host_lock.take_lock(str(root), "mine")
     assert json.loads(lock.read_text())["run_id"] == "mine"
-    host_lock._release_lock(str(root), "mine")
+    host_lock.release_lock(str(root), "mine")
     assert not lock.exists()
 
 
@@ -536,7 +536,7 @@ def test_run_root_created_by_a_concurrent_run_meanwhile_is_fine(tmp_path, monkey
         return real(p)
 
     monkeypatch.setattr(fs.os.path, "isdir", isdir)
-    assert fs._run_root({"run_root": str(root)}) == str(root)
+    assert fs.run_root({"run_root": str(root)}) == str(root)
 
 
 def test_a_file_that_cannot_be_restored_does_not_stop_the_others(tmp_path, signals, monkeypatch):

@@ -7,9 +7,9 @@ import os
 import re
 
 from .. import fs
-from ..common import _now, _sha
+from ..common import time_now, sha256_hex
 from .. import install_fs
-from ..fs import _lease_path, _read_json, _write_json
+from ..fs import lease_path, read_json, write_json
 from ..install_fs import remove_bytecode, write as atomic_write
 from ..protocol import Refusal
 
@@ -62,14 +62,14 @@ def revert_run(run_dir, reason="revert"):
     """Restore every file of one run byte-for-byte, but never clobber a file someone edited since; act only
     inside the install the run audited (manifest_problems)."""
     manifest_path = fs.manifest_path(run_dir)
-    manifest = _read_json(manifest_path)
+    manifest = read_json(manifest_path)
     if not isinstance(manifest, dict):
         raise Refusal("%s is not a manifest" % manifest_path)
     refused = manifest_problems(manifest, run_dir)
     if refused:
         manifest["state"] = "revert-refused"
-        manifest["reverted"] = {"at": _now(), "reason": reason, "by_pid": os.getpid(), "refused": refused}
-        _write_json(manifest_path, manifest)
+        manifest["reverted"] = {"at": time_now(), "reason": reason, "by_pid": os.getpid(), "refused": refused}
+        write_json(manifest_path, manifest)
         return {"run_id": manifest.get("run_id"), "state": "revert-refused", "files": [],
                 "refused": ["%s: %s" % (manifest_path, p) for p in refused]}
     results = []
@@ -87,7 +87,7 @@ def revert_run(run_dir, reason="revert"):
             res["error"] = "NOT restored: %s: %s (a directory on the way was replaced?)" % (path, e.strerror or e)
             results.append(res)
             continue
-        cur_sha = _sha(cur) if cur is not None else None
+        cur_sha = sha256_hex(cur) if cur is not None else None
         if cur_sha == rec["original_sha256"]:
             # already original (reverted before, or by the watchdog): the backup may be gone, and is not needed
             res["outcome"] = "already-original"
@@ -100,7 +100,7 @@ def revert_run(run_dir, reason="revert"):
             res["error"] = str(e)
             results.append(res)
             continue
-        if _sha(original) != rec["original_sha256"]:
+        if sha256_hex(original) != rec["original_sha256"]:
             res["outcome"] = "backup-corrupt"
             results.append(res)
             continue
@@ -111,7 +111,7 @@ def revert_run(run_dir, reason="revert"):
                                     times_ns=(rec.get("atime_ns", rec["mtime_ns"]), rec["mtime_ns"]))
                 res["bytecode_removed"] = remove_bytecode(path)
                 # verified on what a fresh no-follow walk reads there now (atomic_write's answer), byte-identical
-                ok = back == rec["original_sha256"] and _sha(install_fs.read(path)[0]) == rec["original_sha256"]
+                ok = back == rec["original_sha256"] and sha256_hex(install_fs.read(path)[0]) == rec["original_sha256"]
                 res["outcome"] = "restored" if ok else "restore-unverified"
                 if not ok:
                     res["error"] = "NOT restored: %s does not read back as the original" % path
@@ -134,14 +134,14 @@ def revert_run(run_dir, reason="revert"):
     fs.remove_tree(fs.plugin_dir(run_dir))
     ok = all(r.get("outcome") in ("restored", "already-original") for r in results)
     manifest["state"] = "reverted" if ok else "revert-incomplete"
-    manifest["reverted"] = {"at": _now(), "reason": reason, "by_pid": os.getpid(), "files": results}
+    manifest["reverted"] = {"at": time_now(), "reason": reason, "by_pid": os.getpid(), "files": results}
     # drop backups only when every file is verified original again; keep the manifest as the report;
     # the probe's records are gone with the run (collected by then)
     if ok:
         for rec in manifest.get("files", []):
             fs.remove_quietly(rec["backup"])
         fs.remove_empty_dir(fs.backup_dir(run_dir))
-        fs.remove_quietly(_lease_path(run_dir))
+        fs.remove_quietly(lease_path(run_dir))
         fs.remove_records(run_dir)
-    _write_json(manifest_path, manifest)
+    write_json(manifest_path, manifest)
     return {"run_id": manifest.get("run_id"), "state": manifest["state"], "files": results}

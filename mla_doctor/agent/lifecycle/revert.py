@@ -7,10 +7,10 @@ import os
 import signal
 
 from .. import fs
-from ..change.lock import _release_lock
+from ..change.lock import release_lock
 from ..change.revert import revert_run
-from ..daemon import _stop_watchdog
-from ..fs import UnsafeRunState, _read_json, _server_paths
+from ..daemon import stop_watchdog
+from ..fs import UnsafeRunState, read_json, server_paths
 from ..protocol import AGENT_VERSION
 from ..runtimes.registry import restore_server, runtime
 
@@ -21,7 +21,7 @@ def _list_runs(root, refused):
     runs = []
     for d in fs.run_dirs(root):
         try:
-            m = _read_json(fs.manifest_path(d))
+            m = read_json(fs.manifest_path(d))
         except UnsafeRunState as e:
             refused.append(_refused_run(d, str(e)))
             continue
@@ -55,7 +55,7 @@ def op_revert(plan):
             out["runs"].append({"run_id": m.get("run_id"), "state": m.get("state"),
                                 "files": [r["rel"] for r in m.get("files", [])], "dry_run": True})
             continue
-        _stop_watchdog(d)
+        stop_watchdog(d)
         res = revert_run(d, reason=plan.get("reason") or "mla-doctor revert")
         if res["state"] == "revert-refused":  # nothing of it touched, its server spec not run either
             res["files"] = [{"path": fs.manifest_path(d), "outcome": "refused: " + p} for p in res["refused"]]
@@ -64,16 +64,16 @@ def op_revert(plan):
                 res["server"] = restore_server(d)
             except Exception as e:  # report, keep going: files are already restored
                 res["server"] = {"restored": False, "error": "%s: %s" % (type(e).__name__, e)}
-        _release_lock(root, m.get("run_id"))
+        release_lock(root, m.get("run_id"))
         out["runs"].append(res)
     # the host side of container runs (docker runtime): their files are inside the container
     for d in fs.run_dirs(root):
-        orig, cur_path = _server_paths(d)
+        orig, cur_path = server_paths(d)
         try:
             if fs.exists(fs.manifest_path(d)) or not fs.exists(orig):
                 continue
-            spec = _read_json(orig)
-            cur = _read_json(cur_path) if fs.exists(cur_path) else {}
+            spec = read_json(orig)
+            cur = read_json(cur_path) if fs.exists(cur_path) else {}
         except UnsafeRunState as e:
             if not any(r["run_id"] == os.path.basename(d) for r in refused):
                 refused.append(_refused_run(d, str(e)))
@@ -88,7 +88,7 @@ def op_revert(plan):
             out["runs"].append({"run_id": spec.get("run_id"), "container": spec.get("name"), "dry_run": True,
                                 "state": "container " + str(cur.get("mode"))})
             continue
-        _stop_watchdog(d)
+        stop_watchdog(d)
         out["runs"].append(runtime("docker").revert_host_run(d, plan.get("reason") or "mla-doctor revert"))
     out["runs"] += [r for r in refused if not plan.get("run_id") or r["run_id"] == plan["run_id"]]
     return out
