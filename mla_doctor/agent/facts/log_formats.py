@@ -21,7 +21,7 @@ import hashlib
 import os
 import re
 
-from ..common import _read_regular
+from ..common import read_regular
 
 __all__ = ["KEYWORDS", "MODULES", "PREFIX", "compact", "expand", "harvest_source", "harvest_text", "harvest_tree",
            "literal_text", "module_wanted", "order"]
@@ -371,13 +371,13 @@ def harvest_tree(vllm_dir, whole=False, known=None, digests=None, cached=None, h
         sha = digests.get(rel) if digests is not None else None
         try:
             if known and sha is None:
-                data = _read_regular(path)
+                data = read_regular(path)
                 sha = hashlib.sha256(data).hexdigest()
             if known and sha[:PREFIX] in known:
                 cached[rel] = sha
                 continue
             if data is None:
-                data = _read_regular(path)
+                data = read_regular(path)
             text = _decoded(data)
         except (OSError, UnicodeDecodeError):
             continue

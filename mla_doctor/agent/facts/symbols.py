@@ -10,7 +10,7 @@ import os
 import re
 import sys
 
-from ..common import _read_regular
+from ..common import read_regular
 
 
 def _index_defs(tree):
@@ -100,7 +100,7 @@ def index_file(path, patterns, known=None):
     controller holds the parse of this very content (`known`: digest prefixes, remote/parse_cache.py), the
     definitions are left to it: parser "cached", no syntax tree built."""
     try:
-        data = _read_regular(path)
+        data = read_regular(path)
     except OSError as e:
         return {"exists": os.path.exists(path), "error": e.strerror or str(e)}
     text = data.decode("utf-8", "replace")
