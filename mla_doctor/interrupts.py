@@ -158,10 +158,13 @@ def watch(cancel) -> None:
 
 
 @contextmanager
-def restoring(host: str, left: Callable[[], str], expected_s: float) -> Iterator[None]:
+def restoring(host: str, left: Callable[[], str], expected_s: float,
+              outcome: Callable[[], str] | None = None) -> Iterator[None]:
     """A restore that a first signal does not interrupt (see the module's docstring). `left()` says what is left
-    on the host and the command that undoes it; `expected_s` is how long the restore may take. In the main
-    thread only (signals are handled there); elsewhere (a fleet's workers) it changes nothing."""
+    on the host and the command that undoes it; `expected_s` is how long the restore may take; `outcome()`, said
+    once a restore that an interrupt led to has ended, whether it put the host back (the report that would say
+    so is not written). In the main thread only (signals are handled there); elsewhere (a fleet's workers) it
+    changes nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -176,6 +179,8 @@ def restoring(host: str, left: Callable[[], str], expected_s: float) -> Iterator
         _S.restore.pop()
     if _S.pending is not None and not _S.restore:
         signum, _S.pending = _S.pending, None
+        if outcome is not None:
+            _say(outcome())
         raise Interrupted(signum)
 
 

@@ -15,14 +15,14 @@ import stat
 import time
 
 
-def _now():
+def time_now():
     return time.time()
 
 
 SPARSE_MIN = 1 << 20  # a file this large holding under half its size in blocks is sparse: refused, never read
 
 
-def _read_regular(path, limit=None, tail=None, nofollow=False, max_size=None):
+def read_regular(path, limit=None, tail=None, nofollow=False, max_size=None):
     """A regular file's bytes (at most `limit`; with `tail`, only its last `tail` bytes). Opened non-blocking
     and checked on the descriptor, so a FIFO or device that someone put where a file was expected (a server's
     venv, its vLLM tree and its log are the service user's to change) cannot hang or feed the root agent:
@@ -62,21 +62,21 @@ def _read_regular(path, limit=None, tail=None, nofollow=False, max_size=None):
         os.close(fd)
 
 
-def _read_text(path, limit=None, nofollow=False, max_size=None):
-    """A regular file's text (see _read_regular)."""
-    return _read_regular(path, limit, nofollow=nofollow, max_size=max_size).decode("utf-8", "replace")
+def read_text(path, limit=None, nofollow=False, max_size=None):
+    """A regular file's text (see read_regular)."""
+    return read_regular(path, limit, nofollow=nofollow, max_size=max_size).decode("utf-8", "replace")
 
 
-def _sha256_b64(data):
+def sha256_b64(data):
     # RECORD uses urlsafe base64 without padding.
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def _sha(data):
+def sha256_hex(data):
     return hashlib.sha256(data).hexdigest()
 
 
-def _which(cmd, path=None):
+def find_executable(cmd, path=None):
     """shutil.which for POSIX (same search: a name with a directory is checked as given; else each PATH entry
     once, in order; PATH unset means the system default, empty means nowhere), without importing shutil."""
     def runnable(f):
@@ -105,7 +105,7 @@ def _which(cmd, path=None):
     return None
 
 
-def _run(argv, timeout=10, env=None):
+def run_argv(argv, timeout=10, env=None):
     """Run a command (argv list, never a shell string); return (rc, stdout, stderr)."""
     import subprocess
 
@@ -120,21 +120,21 @@ def _run(argv, timeout=10, env=None):
         return 126, "", str(e)
 
 
-def _int_or_none(v):
+def int_or_none(v):
     try:
         return int(v)
     except (TypeError, ValueError):
         return None
 
 
-def _user_name(uid):
+def user_name(uid):
     try:
         return pwd.getpwuid(int(uid)).pw_name
     except (KeyError, ValueError):
         return str(uid)
 
 
-def _pid_running(pid):
+def pid_running(pid):
     """Running, not a zombie waiting to be reaped."""
     try:
         with open("/proc/%d/stat" % pid) as f:
@@ -163,7 +163,7 @@ def read_static(path, budget=None, max_size=MAX_STATIC_FILE):
     """The bytes of one file of the install, by the rules above; OSError (see unread_why) otherwise."""
     if budget is not None and budget.left <= 0:
         raise OSError(errno.EFBIG, "not read: the scan's bytes are spent", path)
-    data = _read_regular(path, nofollow=True, max_size=max_size)
+    data = read_regular(path, nofollow=True, max_size=max_size)
     if budget is not None:
         budget.left -= len(data)
     return data

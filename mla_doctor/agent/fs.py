@@ -139,19 +139,19 @@ def server_log_path(run_dir, n):
     return os.path.join(run_dir, "server-%d.log" % n)
 
 
-def _run_dir(plan):
+def plan_run_dir(plan):
     return run_dir_of(root_of(plan), plan["run_id"])
 
 
-def _lease_path(run_dir):
+def lease_path(run_dir):
     return os.path.join(run_dir, "lease.json")
 
 
-def _lock_path(root):
+def lock_path(root):
     return os.path.join(register_root(root), "lock.json")
 
 
-def _server_paths(run_dir):
+def server_paths(run_dir):
     return os.path.join(run_dir, "server-original.json"), os.path.join(run_dir, "server-current.json")
 
 
@@ -539,7 +539,7 @@ def can_create_in(d):
 
 # --------------------------------------------------------------------------- reads and writes
 
-def _read_fd(fd, limit=MAX_STATE_BYTES):
+def read_fd(fd, limit=MAX_STATE_BYTES):
     chunks, total = [], 0
     while total < limit:
         b = os.read(fd, min(1 << 20, limit - total))
@@ -557,7 +557,7 @@ def read_bytes(path, limit=MAX_STATE_BYTES):
     with _at(path) as (dfd, name):
         fd = _open_file(dfd, name, path, owner_ok=_trusted_uid)
     try:
-        return _read_fd(fd, limit)
+        return read_fd(fd, limit)
     finally:
         os.close(fd)
 
@@ -572,7 +572,7 @@ def read_install_file(path):
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file", path)
-        return _read_fd(fd, 1 << 30)
+        return read_fd(fd, 1 << 30)
     finally:
         os.close(fd)
 
@@ -589,7 +589,7 @@ def read_from(path, offset, limit=-1):
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return b""
         os.lseek(fd, offset, os.SEEK_SET)
-        return _read_fd(fd, limit)
+        return read_fd(fd, limit)
     finally:
         os.close(fd)
 
@@ -604,7 +604,7 @@ def _write_all(fd, data):
         view = view[os.write(fd, view):]
 
 
-def _replace_at(dfd, name, data, mode=0o600, owner=None, times_ns=None):
+def replace_at(dfd, name, data, mode=0o600, owner=None, times_ns=None):
     """A new file in a held directory: exclusive temp file, content, mode/owner/times on the descriptor,
     fsync, rename into place through the same directory descriptor."""
     tmp = _tmp_name(name)
@@ -642,7 +642,7 @@ def _replace_at(dfd, name, data, mode=0o600, owner=None, times_ns=None):
 def write_durable(path, data):
     """A new or replaced run file, fsynced, 0600 (backups, and both versions kept on a conflict)."""
     with _at(path) as (dfd, name):
-        _replace_at(dfd, name, data)
+        replace_at(dfd, name, data)
 
 
 def write_text(path, text):
@@ -681,25 +681,25 @@ def open_append(path, mode=0o640, owner=None):
     return fd, created
 
 
-def _run_root(plan):
+def run_root(plan):
     """The run root, created if missing (0711), verified."""
     return make_run_root(root_of(plan))
 
 
-def _write_json(path, obj, mode=0o600):
+def write_json(path, obj, mode=0o600):
     with _at(path) as (dfd, name):
-        _replace_at(dfd, name, json.dumps(obj, indent=1, sort_keys=True).encode("utf-8"), mode)
+        replace_at(dfd, name, json.dumps(obj, indent=1, sort_keys=True).encode("utf-8"), mode)
 
 
-def _read_json(path):
+def read_json(path):
     return json.loads(read_bytes(path).decode("utf-8"))
 
 
-def _write_private(path, obj):
-    _write_json(path, obj, 0o600)
+def write_private(path, obj):
+    write_json(path, obj, 0o600)
 
 
-def _create_complete(path, text):
+def create_complete(path, text):
     """Create `path` only if it does not exist, with all its content at once (a reader never sees it
     empty): an exclusive temp file, then hard-linked into place (EEXIST if someone was first)."""
     data = text.encode("utf-8")
@@ -744,7 +744,7 @@ def atomic_write(path, data, st=None, mode=None, owner=None, times_ns=None):
     else:
         dfd = _dir_fd(d)
     try:
-        _replace_at(dfd, name, data, mode, owner, times_ns)
+        replace_at(dfd, name, data, mode, owner, times_ns)
     finally:
         os.close(dfd)
 
@@ -790,7 +790,7 @@ def read_records(run_dir, offsets, cap):
                     capped = True
                     continue
                 os.lseek(fd, off, os.SEEK_SET)
-                data = _read_fd(fd, min(cap, st.st_size - off))
+                data = read_fd(fd, min(cap, st.st_size - off))
                 if off + len(data) < st.st_size:
                     capped = True
                 cap -= len(data)

@@ -19,7 +19,7 @@ import os
 import stat
 
 from . import fs
-from .common import _sha
+from .common import sha256_hex
 from .privilege import call_as, ids_of_uid, path_owner
 
 _O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
@@ -86,7 +86,7 @@ def read(path, limit=MAX_FILE):
             raise OSError(errno.EINVAL, "not a regular file", path)
         if st.st_size > limit:
             raise OSError(errno.EFBIG, "larger than %d bytes" % limit, path)
-        return fs._read_fd(fd, limit), _stat_dict(st)
+        return fs.read_fd(fd, limit), _stat_dict(st)
     finally:
         os.close(fd)
 
@@ -111,11 +111,11 @@ def _write_here(path, data, mode, owner, times_ns):
     d, name = os.path.split(path)
     dfd = open_dir(d)
     try:
-        fs._replace_at(dfd, name, data, mode, owner, times_ns)
+        fs.replace_at(dfd, name, data, mode, owner, times_ns)
     finally:
         os.close(dfd)
     back, _st = read(path)  # a fresh walk: what is there now
-    return _sha(back)
+    return sha256_hex(back)
 
 
 def write(path, data, st=None, mode=None, owner=None, times_ns=None):

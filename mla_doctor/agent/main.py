@@ -1,7 +1,7 @@
 """The agent's entry: one JSON plan in, one JSON answer out, whatever happens.
 
-Each op's module is imported only when that op runs, so a read-only op (static, index) never loads
-the modules that change files (change/, runtimes/).
+Each op's module (protocol.DISPATCH) is imported only when that op runs, so a read-only op (static,
+index) never loads the modules that change files (change/, runtimes/, lifecycle/).
 """
 from __future__ import annotations
 
@@ -10,28 +10,7 @@ import json
 import os
 import sys
 
-from .protocol import AGENT_VERSION, FRAME_HEADER, Refusal
-
-# op -> (module, function), relative to this package
-DISPATCH = {
-    "static": ("facts.ops", "op_static"),
-    "index": ("facts.ops", "op_index"),
-    "patch": ("change.patch", "op_patch"),
-    "revert": ("change.revert", "op_revert"),
-    "renew": ("change.lease", "op_renew"),
-    "records": ("change.records", "op_records"),
-    "server_restart": ("runtimes.process", "op_server_restart"),
-    "server_restore": ("runtimes.lifecycle", "op_server_restore"),
-    "tick": ("runtimes.lifecycle", "op_tick"),
-    "http": ("loopback", "op_http"),
-    "command_restart": ("runtimes.command", "op_command_restart"),
-    "systemd_restart": ("runtimes.systemd", "op_systemd_restart"),
-    "docker_find": ("runtimes.docker", "op_docker_find"),
-    "docker_restart": ("runtimes.docker", "op_docker_restart"),
-    "attach_check": ("attach.ops", "op_attach_check"),
-    "attach": ("attach.ops", "op_attach"),
-    "detach": ("attach.ops", "op_detach"),
-}
+from .protocol import AGENT_VERSION, DISPATCH, FRAME_HEADER, Refusal
 
 
 def handler(name):

@@ -1,4 +1,5 @@
-"""The agent's contract: its version, the ops it answers, the marks it writes, how it travels.
+"""The agent's contract: its version, the ops it answers (and the modules that answer them), the marks it
+writes, how it travels.
 
 The controller (mla_doctor/remote/bundle.py) sends, on the stdin of `python -B -c BOOTSTRAP`, one
 payload: PAYLOAD_MAGIC, the length of what follows (4 bytes, big-endian), the agent package's
@@ -10,10 +11,29 @@ way elsewhere (inside a container) with the very payload it was started with (re
 from __future__ import annotations
 
 AGENT_VERSION = 1
-# every op main.py dispatches; the controller's typed builders (mla_doctor/remote/protocol.py) match it
-OPS = ("static", "index", "patch", "revert", "renew", "records", "server_restart", "server_restore", "tick",
-       "http", "command_restart", "systemd_restart", "docker_find", "docker_restart",
-       "attach_check", "attach", "detach")
+# The one table of the ops: op -> (module, function) that answers it, relative to this package. main.py
+# dispatches through it (each module imported only when its op runs); OPS, its names, is what the
+# controller's typed builders (mla_doctor/remote/protocol.py) are checked against.
+DISPATCH = {
+    "static": ("facts.ops", "op_static"),
+    "index": ("facts.ops", "op_index"),
+    "patch": ("lifecycle.patch", "op_patch"),
+    "revert": ("lifecycle.revert", "op_revert"),
+    "renew": ("lease", "op_renew"),
+    "records": ("change.records", "op_records"),
+    "server_restart": ("runtimes.process", "op_server_restart"),
+    "server_restore": ("lifecycle.server", "op_server_restore"),
+    "tick": ("lifecycle.server", "op_tick"),
+    "http": ("loopback", "op_http"),
+    "command_restart": ("runtimes.command", "op_command_restart"),
+    "systemd_restart": ("runtimes.systemd", "op_systemd_restart"),
+    "docker_find": ("runtimes.docker", "op_docker_find"),
+    "docker_restart": ("runtimes.docker", "op_docker_restart"),
+    "attach_check": ("attach.ops", "op_attach_check"),
+    "attach": ("attach.ops", "op_attach"),
+    "detach": ("attach.ops", "op_detach"),
+}
+OPS = tuple(DISPATCH)
 
 PACKAGE = "mla_doctor_agent"  # the package's name on the host, in memory (module files: mla_doctor_agent/...)
 PAYLOAD_MAGIC = b"MLAD"

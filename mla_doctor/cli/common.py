@@ -23,7 +23,6 @@ from mla_doctor.host.target import HOST_KEY_POLICIES
 # The click types every numeric option is validated by (a bad value is a usage error, exit 2).
 PORT = click.IntRange(1, 65535)
 SECONDS = click.FloatRange(min=0, min_open=True)  # a timeout: > 0
-TTL = click.FloatRange(min=0)  # a lease: >= 0 (0: no watchdog)
 
 
 @dataclass

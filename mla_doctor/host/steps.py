@@ -16,12 +16,12 @@ from mla_doctor.errors import UsageError
 from mla_doctor.host import fields
 from mla_doctor.host.expect import EXPECT_KEYS
 from mla_doctor.host.fields import NUM, StepError, option, runbook_key
-from mla_doctor.host.live_options import RunOptions
+from mla_doctor.host.live_options import RunOptions, parse_expect, second_pass
 from mla_doctor.paths import DEFAULT_RUN_ROOT
 from mla_doctor.safety import check_no_control
 
-__all__ = ["RUNBOOK_KINDS", "Audit", "Command", "Expect", "Live", "Patch", "Revert", "RunOptions", "Step",
-           "StepError", "runbook_spec", "second_pass"]
+__all__ = ["RUNBOOK_KINDS", "Audit", "Command", "Expect", "Live", "Patch", "PatchArgs", "Revert", "RunOptions", "Step",
+           "StepError", "parse_expect", "runbook_spec", "second_pass"]
 
 
 def given(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -115,6 +115,30 @@ def _runbook_fields(cls: type) -> list:
     return [f for f in dataclasses.fields(cls) if f.metadata.get("runbook") is not None]
 
 
+# the options `patch` and `revert` share
+RUN_ROOT_CLI = {"help": "Where runs keep backups, manifests, leases and probe records on the host."}
+DRY_RUN_CLI = {"help": "Print what would change (unified diffs); change nothing."}
+
+
+@dataclass(frozen=True)
+class PatchArgs:
+    """`mla-doctor patch`'s options, each declared once: the click options are derived from these fields, and
+    Patch.make takes them by name (a field's default is the option's)."""
+
+    run_root: str = option(DEFAULT_RUN_ROOT, cli=RUN_ROOT_CLI)
+    dry_run: bool = option(False, cli=DRY_RUN_CLI)
+    ttl: float = option(900.0, minimum=0, cli={
+        "help": "Lease seconds (>= 0): a watchdog on the host reverts everything if not renewed. 0: no watchdog."})
+    method: str = option("patch", choices=("patch", "plugin"), cli={
+        "help": "patch: edit vLLM's files (works everywhere); plugin: a vLLM general plugin, no file edited."})
+    hold: bool = option(False, cli={"help": "Keep renewing the lease until Ctrl-C, then revert."})
+    targets: str = option("instrument-mla", cli={
+        "metavar": "NAME|FILE", "help": "Patch-target playbook (playbooks/NAME.yaml or a file)."})
+    templates: str | None = option(None, cli={
+        "metavar": "DIR", "help": "Jinja2 templates directory (default: templates/)."})
+    run_id: str | None = option(None, cli={"help": "Use this run id (default: a new one)."})
+
+
 @dataclass(frozen=True)
 class Patch:
     """Instrument and leave in place (`patch`); with `hold`, renew the lease until interrupted, then revert."""
@@ -125,18 +149,21 @@ class Patch:
     name: str | None = None
 
     @classmethod
-    def make(cls, *, ttl: float = 900.0, method: str = "patch", dry_run: bool = False,
-             run_root: str = DEFAULT_RUN_ROOT, targets: str = "instrument-mla", templates: str | None = None,
-             run_id: str | None = None, hold: bool = False, name: str | None = None) -> Patch:
+    def make(cls, *, name: str | None = None, **values: Any) -> Patch:
+        """`values`: PatchArgs' fields by name (None or left out: the field's default)."""
         from mla_doctor.host.instrument import PatchOptions, load_targets
 
-        if ttl < 0:
+        a = PatchArgs(**given(values))
+        if a.ttl < 0:
             raise UsageError("--ttl must be >= 0")
-        if hold and ttl == 0:
+        if a.method not in ("patch", "plugin"):
+            raise UsageError("--method is one of patch, plugin")
+        if a.hold and a.ttl == 0:
             raise UsageError("--hold needs a lease: give --ttl > 0")
-        load_targets(targets)  # a bad playbook is a usage error before any connection
-        return cls(options=PatchOptions(ttl=ttl, method=method, dry_run=dry_run, run_root=run_root,
-                                        targets=targets, templates=templates, run_id=run_id), hold=hold, name=name)
+        load_targets(a.targets)  # a bad playbook is a usage error before any connection
+        return cls(options=PatchOptions(ttl=a.ttl, method=a.method, dry_run=a.dry_run, run_root=a.run_root,
+                                        targets=a.targets, templates=a.templates, run_id=a.run_id), hold=a.hold,
+                   name=name)
 
 
 @dataclass(frozen=True)
@@ -144,10 +171,12 @@ class Revert:
     """Undo what runs left (`revert`, a runbook's `revert:`)."""
 
     kind: ClassVar[str] = "revert"
-    run_id: str | None = option(runbook=str, key="run")  # only this run (default: every run that left changes)
-    dry_run: bool = option(False, runbook=bool)
-    run_root: str = option(DEFAULT_RUN_ROOT, runbook=str)
-    container: str | None = None  # revert inside this container (default: the target's)
+    run_id: str | None = option(runbook=str, key="run", cli={
+        "flag": "--run", "metavar": "ID", "help": "Only this run (default: every run that left changes)."})
+    dry_run: bool = option(False, runbook=bool, cli=DRY_RUN_CLI)
+    run_root: str = option(DEFAULT_RUN_ROOT, runbook=str, cli=RUN_ROOT_CLI)
+    container: str | None = option(None, cli={  # revert inside this container (default: the target's)
+        "metavar": "NAME", "help": "Revert inside this container (docker exec), as root there."})
     name: str | None = None
 
     @classmethod
@@ -207,34 +236,3 @@ def check(kind: str, values: Mapping[str, Any], skip: Callable[[Any], bool] = la
         cls.check(values, skip)
     else:
         fields.check(kind, cls, values, skip)
-
-
-def second_pass(text: str | None) -> tuple[str, ...] | dict[str, str]:
-    """`run --second-pass`: '--enforce-eager --max-num-seqs 8' (server arguments) or
-    'enforce_eager=on,prefix_caching=off' (settings by name, checked against the knowledge)."""
-    text = (text or "").strip()
-    if not text or text.startswith("-"):
-        return tuple(shlex.split(text))
-    from mla_doctor.diagnosis.knowledge import load_knowledge
-
-    known = load_knowledge().server_setting_names()
-    settings = {}
-    for item in text.split(","):
-        k, sep, v = item.strip().partition("=")
-        if not sep or k not in known or v.lower() not in ("on", "off", "true", "false"):
-            raise UsageError(f"--second-pass {item.strip()!r}: expected NAME=on|off with NAME one of "
-                             f"{', '.join(known)}, or server arguments starting with '-'")
-        settings[k] = v
-    return settings
-
-
-def parse_expect(text: str | None) -> dict[str, str]:
-    """`run --expect prefill=mha,decode=mqa`."""
-    from mla_doctor.diagnosis.live_verdict import parse_expect as parse
-
-    if not text:
-        return {}
-    try:
-        return parse(text)
-    except ValueError as e:
-        raise UsageError(f"--expect: {e}") from e

@@ -11,12 +11,11 @@ import base64
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
+from mla_doctor.agent import protocol as agent_protocol
 from mla_doctor.remote import formats_cache, parse_cache, runner
 from mla_doctor.ssh.local import LocalTransport, Transport
 
-OPS = ("static", "index", "patch", "revert", "renew", "records", "server_restart", "server_restore", "tick",
-       "http", "command_restart", "systemd_restart", "docker_find", "docker_restart",
-       "attach_check", "attach", "detach")
+OPS = agent_protocol.OPS  # the ops, from the agent's one op table (agent/protocol.py DISPATCH)
 
 
 # ---------------------------------------------------------------- answers

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from mla_doctor.agent.change import patch, revert
+from mla_doctor.agent.lifecycle import patch, revert
 from mla_doctor.agent.facts import targets
 from mla_doctor.agent.facts.resolve import resolve_paths
 from mla_doctor.diagnosis.knowledge import load_knowledge

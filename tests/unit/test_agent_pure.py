@@ -209,11 +209,11 @@ def test_scan_tells_our_instrumentation_from_other_edits(tmp_path):
     ("0::/user.slice/user-0.slice/session-3.scope\n", "process", {}),
 ])
 def test_supervisor_from_cgroup(monkeypatch, cgroup, kind, extra):
-    monkeypatch.setattr(processes, "_read_text", lambda path, limit=None: cgroup)
-    monkeypatch.setattr(processes, "_run", lambda argv, timeout=10, env=None: (
+    monkeypatch.setattr(processes, "read_text", lambda path, limit=None: cgroup)
+    monkeypatch.setattr(processes, "run_argv", lambda argv, timeout=10, env=None: (
         0, "Restart=always\nFragmentPath=/etc/systemd/system/vllm.service\nUser=vllm\nMainPID=42\n", ""))
-    monkeypatch.setattr(processes, "_proc_status", lambda pid: {"PPid": "1"})
-    sup = processes._supervisor("42", ["vllm", "serve"])
+    monkeypatch.setattr(processes, "proc_status", lambda pid: {"PPid": "1"})
+    sup = processes.supervisor("42", ["vllm", "serve"])
     assert sup["kind"] == kind
     for k, v in extra.items():
         assert sup[k] == v
@@ -227,7 +227,7 @@ def test_read_text_refuses_a_fifo_or_device_without_blocking(tmp_path):
     import os
     import threading
 
-    from mla_doctor.agent.common import _read_text
+    from mla_doctor.agent.common import read_text
 
     fifo = tmp_path / "pyvenv.cfg"
     os.mkfifo(fifo)
@@ -235,7 +235,7 @@ def test_read_text_refuses_a_fifo_or_device_without_blocking(tmp_path):
 
     def read():
         try:
-            got["text"] = _read_text(str(fifo), 4096)
+            got["text"] = read_text(str(fifo), 4096)
         except OSError as e:
             got["error"] = e
 
@@ -249,9 +249,9 @@ def test_read_text_refuses_a_fifo_or_device_without_blocking(tmp_path):
         raise AssertionError("_read_text blocked on a FIFO")
     assert "error" in got and "not a regular file" in str(got["error"])
     with pytest.raises(OSError):
-        _read_text("/dev/null")
+        read_text("/dev/null")
     (tmp_path / "ok.cfg").write_text("home = /usr/bin\n")
-    assert _read_text(str(tmp_path / "ok.cfg")) == "home = /usr/bin\n"
+    assert read_text(str(tmp_path / "ok.cfg")) == "home = /usr/bin\n"
 
 
 def test_a_fifo_in_the_vllm_tree_or_at_the_log_path_cannot_hang_the_audit(tmp_path):

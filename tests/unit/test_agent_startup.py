@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from mla_doctor.agent.common import _read_regular, _which
+from mla_doctor.agent.common import read_regular, find_executable
 from mla_doctor.agent.facts import integrity
 from mla_doctor.agent.protocol import BOOTSTRAP
 from mla_doctor.remote import bundle
@@ -65,7 +65,7 @@ def test_the_hostname_is_what_socket_gives():
 @pytest.mark.parametrize("path", [None, "", "/bin:/usr/bin", "/nonexistent:/usr/bin:/usr/bin", "::/usr/bin"])
 @pytest.mark.parametrize("cmd", ["sh", "python3", "no-such-command-here", "/bin/sh", "/nonexistent/sh", "bin/sh"])
 def test_which_finds_what_shutil_which_finds(cmd, path):
-    assert _which(cmd, path=path) == shutil.which(cmd, path=path)
+    assert find_executable(cmd, path=path) == shutil.which(cmd, path=path)
 
 
 def test_which_skips_directories_and_files_not_executable(tmp_path, monkeypatch):
@@ -79,12 +79,12 @@ def test_which_skips_directories_and_files_not_executable(tmp_path, monkeypatch)
     exe.chmod(0o755)
     path = os.pathsep.join(str(tmp_path / d) for d in "abc")
     if os.getuid() != 0:  # root may run a file with no x bit for itself only if some x bit is set: none here
-        assert _which("tool", path=path) == shutil.which("tool", path=path) == str(exe)
-    assert _which("tool", path=path) == shutil.which("tool", path=path)
+        assert find_executable("tool", path=path) == shutil.which("tool", path=path) == str(exe)
+    assert find_executable("tool", path=path) == shutil.which("tool", path=path)
     monkeypatch.setenv("PATH", path)
-    assert _which("tool") == shutil.which("tool")
+    assert find_executable("tool") == shutil.which("tool")
     monkeypatch.delenv("PATH")
-    assert _which("sh") == shutil.which("sh")  # PATH unset: the system's default path
+    assert find_executable("sh") == shutil.which("sh")  # PATH unset: the system's default path
 
 
 def test_the_tree_walk_is_os_walks(tmp_path):
@@ -128,9 +128,9 @@ def test_one_read_per_regular_file_gives_every_byte(tmp_path, size):
     f = tmp_path / "f"
     data = os.urandom(size)
     f.write_bytes(data)
-    assert _read_regular(str(f)) == data
-    assert _read_regular(str(f), limit=10) == data[:10]
-    assert _read_regular(str(f), tail=100) == data[-100:]
+    assert read_regular(str(f)) == data
+    assert read_regular(str(f), limit=10) == data[:10]
+    assert read_regular(str(f), tail=100) == data[-100:]
 
 
 def test_a_file_that_grows_or_shrinks_while_read_is_read_to_its_end(tmp_path, monkeypatch):
@@ -147,9 +147,9 @@ def test_a_file_that_grows_or_shrinks_while_read_is_read_to_its_end(tmp_path, mo
             self.st_mode, self.st_size = st.st_mode, size
 
     monkeypatch.setattr(common.os, "fstat", lambda fd: Grown(real_fstat(fd), 400))  # grew after fstat
-    assert _read_regular(str(f)) == b"a" * 1000
+    assert read_regular(str(f)) == b"a" * 1000
     monkeypatch.setattr(common.os, "fstat", lambda fd: Grown(real_fstat(fd), 5000))  # shrank after fstat
-    assert _read_regular(str(f)) == b"a" * 1000
+    assert read_regular(str(f)) == b"a" * 1000
 
 
 def test_a_read_cut_short_before_the_end_reads_on(tmp_path, monkeypatch):
@@ -161,4 +161,4 @@ def test_a_read_cut_short_before_the_end_reads_on(tmp_path, monkeypatch):
     f.write_bytes(bytes(range(256)) * 40)
     real_read = os.read
     monkeypatch.setattr(common.os, "read", lambda fd, n: real_read(fd, min(n, 300)))
-    assert _read_regular(str(f)) == bytes(range(256)) * 40
+    assert read_regular(str(f)) == bytes(range(256)) * 40

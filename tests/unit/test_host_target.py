@@ -50,11 +50,46 @@ def test_runbook_keys_and_the_run_commands_options_come_from_the_same_fields():
     from mla_doctor.fleet.playbook import STEP_OPTIONS
 
     assert STEP_OPTIONS == {k: runbook_spec(k) for k in ("audit", "expect", "live", "revert", "command")}
-    params = {p.name for p in run_cmd.params}
-    derived = {f.name for f in cli_fields(RunOptions)}
-    assert {"ready_timeout", "ttl", "max_tokens", "prompts", "method", "force", "api_key_env"} <= derived <= params
-    assert {"ready_timeout", "ttl", "max_tokens", "method"} <= set(STEP_OPTIONS["live"])
+    import click
+
+    from mla_doctor.cli.common import connection_options, output_options
+
+    shared = {o for p in click.command()(connection_options(output_options(lambda **kw: kw))).params for o in p.opts}
+    flags = {o for p in run_cmd.params for o in p.opts} - shared
+    derived = {f.metadata["cli"].get("flag") or "--" + f.name.replace("_", "-") for f in cli_fields(RunOptions)}
+    assert flags - derived == {"--yes", "-y"}  # every other option of `run` is a RunOptions field's
+    from mla_doctor.cli.host import patch, revert
+    from mla_doctor.host.steps import PatchArgs
+
+    for cmd, cls in ((patch, PatchArgs), (revert, Revert)):  # and every option of patch and revert their step's
+        assert {o for p in cmd.params for o in p.opts} - shared == {
+            f.metadata["cli"].get("flag") or "--" + f.name.replace("_", "-") for f in cli_fields(cls)}, cmd.name
+    assert {"--ready-timeout", "--ttl", "--max-tokens", "--prompts", "--method", "--force", "--api-key-env",
+            "--expect", "--env", "--second-pass", "--runtime", "--unit", "--container", "--start-command",
+            "--stop-command", "--log-file"} <= derived
+    assert {"ready_timeout", "ttl", "max_tokens", "method", "expect", "second_pass"} <= set(STEP_OPTIONS["live"])
     assert "debug" in STEP_OPTIONS["live"] and "debug_env" not in STEP_OPTIONS["live"]
+    assert not {"runtime", "unit", "container"} & set(STEP_OPTIONS["live"])  # how it runs: the inventory's
+
+
+def test_a_new_live_field_is_one_declaration_for_both_the_flag_and_the_runbook():
+    import dataclasses
+
+    import click
+
+    from mla_doctor.cli.host import step_options
+    from mla_doctor.host import fields
+
+    @dataclasses.dataclass
+    class More(RunOptions):
+        warmup: int = fields.option(2, runbook=int, minimum=0, cli={"help": "Warm-up prompts."})
+
+    cmd = click.command()(step_options(More)(lambda **kw: kw))
+    opt = next(p for p in cmd.params if p.name == "warmup")
+    assert opt.opts == ["--warmup"] and opt.default == 2 and opt.help == "Warm-up prompts."
+    assert fields.runbook_spec(More)["warmup"] is int
+    with pytest.raises(StepError, match=r"live.warmup must be >= 0"):
+        fields.check("live", More, {"warmup": -1})
 
 
 @pytest.mark.parametrize("values, match", [
@@ -125,3 +160,49 @@ def test_execute_attaches_the_cancel_and_stops_when_it_is_set(tmp_path):
     r = execute(_local(), steps, cancel=cancel)
     assert cancel.transport is not None and cancel.is_set()
     assert r.status == HostStatus.ERROR and r.error_kind == "Cancelled" and not (tmp_path / "never").exists()
+
+
+def test_the_run_commands_flags_become_the_live_step(monkeypatch):
+    """Each flag, parsed by its field's own parser, lands in the one live step (nothing connects here)."""
+    from click.testing import CliRunner
+
+    from mla_doctor.cli import cli
+    from mla_doctor.cli import host as cli_host
+
+    got = []
+    monkeypatch.setattr(cli_host, "one_host_command", lambda command, target, step, *a, **k: got.append(step))
+    r = CliRunner().invoke(cli, ["run", "--local", "--yes", "--method", "patch", "--expect", "prefill=mha,decode=mqa",
+                                 "--env", "A=1", "--second-pass", "--enforce-eager", "--runtime", "command",
+                                 "--start-command", "go", "--stop-command", "halt", "--log-file", "/l", "--ttl", "30"])
+    assert r.exit_code == 0, r.output
+    o = got[0].options
+    assert (o.expect, o.debug_env, o.second_pass, o.runtime, o.start_command, o.stop_command, o.log_file, o.ttl) == (
+        {"prefill": "mha", "decode": "mqa"}, {"VLLM_LOGGING_LEVEL": "DEBUG", "A": "1"}, ("--enforce-eager",),
+        "command", "go", "halt", "/l", 30.0)
+    r = CliRunner().invoke(cli, ["run", "--local"])
+    o = got[1].options
+    assert r.exit_code == 0 and (o.method, o.expect, o.debug_env, o.second_pass, o.runtime, o.unit) == (
+        "attach", {}, {"VLLM_LOGGING_LEVEL": "DEBUG"}, (), "process", None)
+    r = CliRunner().invoke(cli, ["run", "--local", "--env", "no-equals"])
+    assert r.exit_code == 2 and "--env 'no-equals': expected KEY=" in r.output and len(got) == 2
+
+
+def test_the_patch_and_revert_flags_become_their_steps(monkeypatch):
+    from click.testing import CliRunner
+
+    from mla_doctor.cli import cli
+    from mla_doctor.cli import host as cli_host
+
+    got = []
+    monkeypatch.setattr(cli_host, "one_host_command", lambda command, target, step, *a, **k: got.append(step))
+    r = CliRunner().invoke(cli, ["patch", "--local", "--dry-run", "--ttl", "0", "--method", "plugin",
+                                 "--run-id", "R1", "--run-root", "/rr"])
+    assert r.exit_code == 0, r.output
+    o = got[0].options
+    assert (o.dry_run, o.ttl, o.method, o.run_id, o.run_root, o.targets, got[0].hold) == \
+        (True, 0.0, "plugin", "R1", "/rr", "instrument-mla", False)
+    r = CliRunner().invoke(cli, ["patch", "--local", "--ttl", "0", "--hold"])
+    assert r.exit_code == 2 and "--hold needs a lease" in r.output
+    r = CliRunner().invoke(cli, ["revert", "--local", "--run", "R1", "--container", "c1", "--dry-run"])
+    assert r.exit_code == 0, r.output
+    assert got[1] == Revert(run_id="R1", dry_run=True, container="c1")

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from mla_doctor.agent import fs, install_fs
-from mla_doctor.agent.change import patch, revert
+from mla_doctor.agent.change import revert as file_revert
+from mla_doctor.agent.lifecycle import patch, revert
 from mla_doctor.agent.privilege import NOBODY
 
 RUN = "r-bite1"
@@ -180,14 +181,14 @@ def test_revert_refuses_a_backup_outside_the_runs_backup_directory(base):
     rec = manifest["files"][0]
     rec["backup"] = str(secret)
     rec["original_sha256"] = hashlib.sha256(secret.read_bytes()).hexdigest()
-    problems = revert.manifest_problems(manifest, run_dir)
+    problems = file_revert.manifest_problems(manifest, run_dir)
     assert problems and "not in the run's backup directory" in problems[0]
     fs.write_text(str(mpath), json.dumps(manifest))
     run = _revert(base)
     assert run["state"] == "revert-refused" and "secret" not in target.read_text()
     ok = dict(manifest)
     ok["files"] = [dict(rec, backup=os.path.join(fs.backup_dir(run_dir), "common.py"))]
-    assert revert.manifest_problems(ok, run_dir) == []
+    assert file_revert.manifest_problems(ok, run_dir) == []
 
 
 def test_the_collector_reads_only_records_of_the_servers_uid(base):

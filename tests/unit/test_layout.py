@@ -147,3 +147,73 @@ def test_only_the_host_layer_opens_connections():
     pat = re.compile(r"\bopen_transport\b|\bLocalTransport\(|(?<![\w.])inside\(")
     bad = [m for m, p in _modules().items() if layer(m) not in ("host", "ssh") and pat.search(p.read_text())]
     assert not bad, bad
+
+
+def _agent_reach(start: str) -> set[str]:
+    """Every agent module that the modules of package `start` import, transitively, at any level of a module
+    (an import inside a function counts: it runs when that function does)."""
+    mods = _modules()
+    graph = {m: _imports(p, m) for m, p in mods.items() if layer(m) == "agent"}
+    todo = [m for m in graph if m == start or m.startswith(start + ".")]
+    assert todo, start
+    seen = set(todo)
+    while todo:
+        for dep in graph.get(todo.pop(), ()):
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    return seen
+
+
+# agent package -> the agent packages it must never reach: the files (change/) and the server (runtimes/) are
+# two sides that never import each other; a run's lifecycle (lifecycle/: patch and revert ops, watchdog, tick,
+# server restore) sits above both, and nothing below it imports it
+AGENT_NEVER = {
+    "mla_doctor.agent.change": ("mla_doctor.agent.runtimes", "mla_doctor.agent.lifecycle"),
+    "mla_doctor.agent.runtimes": ("mla_doctor.agent.change", "mla_doctor.agent.lifecycle"),
+    "mla_doctor.agent.facts": ("mla_doctor.agent.change", "mla_doctor.agent.runtimes", "mla_doctor.agent.lifecycle"),
+}
+
+
+def test_change_and_runtimes_never_import_each_other():
+    bad = []
+    for pkg, never in AGENT_NEVER.items():
+        reached = _agent_reach(pkg)
+        bad += [f"{pkg} reaches {m}" for m in sorted(reached) if any(m == n or m.startswith(n + ".") for n in never)]
+    assert not bad, "\n".join(bad)
+
+
+# (importing module, name) pairs allowed to cross agent modules with a leading underscore: none. A name another
+# module needs is public (tools/codemod_public_names.py renames what a merge brings back).
+AGENT_PRIVATE_ALLOWED: set[tuple[str, str]] = set()
+
+
+def test_agent_modules_use_only_each_others_public_names():
+    """No agent module imports `_name` from another (`from ..fs import _read_json`) or reads `module._name` of
+    one (`fs._read_json`): what crosses a module boundary is that module's public interface."""
+    mods = _modules()
+    agent = {m: p for m, p in mods.items() if layer(m) == "agent"}
+    bad = []
+    for mod, path in agent.items():
+        tree = ast.parse(path.read_text(), str(path))
+        pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        aliases = {}  # a local name bound to an agent module -> that module
+        for n in ast.walk(tree):
+            if isinstance(n, ast.ImportFrom):
+                base = n.module or ""
+                if n.level:
+                    up = pkg.split(".")
+                    base = ".".join(up[: len(up) - n.level + 1] + ([base] if base else []))
+                for a in n.names:
+                    if f"{base}.{a.name}" in agent:
+                        aliases[a.asname or a.name] = f"{base}.{a.name}"
+                    elif base in agent and base != mod and a.name.startswith("_") and not a.name.startswith("__"):
+                        bad.append((mod, f"from {base} import {a.name}"))
+            elif isinstance(n, ast.Import):
+                aliases.update({a.asname: a.name for a in n.names if a.asname and a.name in agent})
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in aliases \
+                    and aliases[n.value.id] != mod and n.attr.startswith("_") and not n.attr.startswith("__"):
+                bad.append((mod, f"{n.value.id}.{n.attr} ({aliases[n.value.id]})"))
+    bad = [b for b in bad if (b[0], b[1].split()[-1]) not in AGENT_PRIVATE_ALLOWED]
+    assert not bad, "\n".join(f"{m}: {what}" for m, what in sorted(set(bad)))

@@ -171,12 +171,12 @@ def cat(lines: list[str]) -> list[str]:
 def test_the_agent_sends_the_start_lines_and_keeps_the_newest_process(monkeypatch):
     patterns = {**K.log_patterns(), **run_start_patterns()}
     lines = cat(log("systemd-restart"))
-    full = agent_logs._filter_lines(lines, patterns, "journal:vllm-tiny.service")["lines"]
+    full = agent_logs.filter_lines(lines, patterns, "journal:vllm-tiny.service")["lines"]
     starts = [x["n"] for x in full if any(i.startswith(agent_logs.RUN_START) for i in x["ids"])]
     assert len(starts) >= 4   # each process's logo version line, non-default args and engine line
     newest = split_runs(full)[-1][0].first_line
     monkeypatch.setattr(agent_logs, "MAX_LOG_LINES", 12)
-    kept = agent_logs._filter_lines(lines, patterns, "journal:vllm-tiny.service")["lines"]
+    kept = agent_logs.filter_lines(lines, patterns, "journal:vllm-tiny.service")["lines"]
     assert len(kept) == 12
     mine = [x for x in full if x["n"] >= newest]
     assert len(mine) <= 12 - 3 and [x for x in kept if x["n"] >= newest] == mine
@@ -184,7 +184,7 @@ def test_the_agent_sends_the_start_lines_and_keeps_the_newest_process(monkeypatc
     assert ev.decode_backend == "CPU_MLA" and not ev.fatal_lines
     # a cap smaller than the newest process: its own start line is still the first of its lines kept
     monkeypatch.setattr(agent_logs, "MAX_LOG_LINES", 8)
-    kept = agent_logs._filter_lines(lines, patterns, "journal:vllm-tiny.service")["lines"]
+    kept = agent_logs.filter_lines(lines, patterns, "journal:vllm-tiny.service")["lines"]
     assert len(kept) == 8 and newest in [x["n"] for x in kept]
     assert split_runs(kept)[-1][0].first_line == newest
 

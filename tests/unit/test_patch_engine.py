@@ -19,9 +19,10 @@ from mla_doctor.agent import fs
 from mla_doctor.agent import protocol
 from mla_doctor.agent.change.inserts import apply_inserts
 from mla_doctor.agent.change import lock as host_lock
-from mla_doctor.agent.change import patch
-from mla_doctor.agent.change import revert
-from mla_doctor.agent.change import watchdog
+from mla_doctor.agent.change import revert as file_revert
+from mla_doctor.agent.lifecycle import patch
+from mla_doctor.agent.lifecycle import revert
+from mla_doctor.agent.lifecycle import watchdog
 from mla_doctor.agent.facts import targets
 
 RUN = "r-unit1"
@@ -344,7 +345,7 @@ def test_no_room_is_refused_before_writing(tmp_path, signals, monkeypatch):
     class Full:
         f_bavail, f_frsize = 10, 4096
 
-    monkeypatch.setattr(patch.os, "statvfs", lambda p: Full)
+    monkeypatch.setattr(os, "statvfs", lambda p: Full)
     out = patch.op_patch(_plan(tmp_path, v, target))
     assert out["outcome"] == "refused" and "not enough free space" in out["refused"][0]
     assert not (tmp_path / "runroot").exists()
@@ -357,15 +358,15 @@ def test_lock_of_a_live_run_without_manifest_yet_is_not_stale(tmp_path):
     # a holder that just took the lock and has not written its manifest yet: this process, alive
     lock.write_text(json.dumps({"run_id": "other", "pid": os.getpid(), "host": host_lock.socket.gethostname()}))
     with pytest.raises(protocol.Refusal, match="another mla-doctor run holds this host: other"):
-        host_lock._take_lock(str(root), "mine")
+        host_lock.take_lock(str(root), "mine")
     lock.write_text("")  # being written right now
     with pytest.raises(protocol.Refusal):
-        host_lock._take_lock(str(root), "mine")
+        host_lock.take_lock(str(root), "mine")
     # a holder that is gone and left no manifest: stale, taken over
     lock.write_text(json.dumps({"run_id": "other", "pid": 2 ** 22 + 12345, "host": host_lock.socket.gethostname()}))
-    host_lock._take_lock(str(root), "mine")
+    host_lock.take_lock(str(root), "mine")
     assert json.loads(lock.read_text())["run_id"] == "mine"
-    host_lock._release_lock(str(root), "mine")
+    host_lock.release_lock(str(root), "mine")
     assert not lock.exists()
 
 
@@ -535,7 +536,7 @@ def test_run_root_created_by_a_concurrent_run_meanwhile_is_fine(tmp_path, monkey
         return real(p)
 
     monkeypatch.setattr(fs.os.path, "isdir", isdir)
-    assert fs._run_root({"run_root": str(root)}) == str(root)
+    assert fs.run_root({"run_root": str(root)}) == str(root)
 
 
 def test_a_file_that_cannot_be_restored_does_not_stop_the_others(tmp_path, signals, monkeypatch):
@@ -547,21 +548,21 @@ def test_a_file_that_cannot_be_restored_does_not_stop_the_others(tmp_path, signa
     plan["files"].append({"rel": "other.py", "expected_sha256": _state(other)[0],
                           "inserts": [{"function": "B.forward_mqa", "where": "entry", "code": "z = 3"}]})
     assert patch.op_patch(plan)["outcome"] == "patched"
-    real = revert.atomic_write
+    real = file_revert.atomic_write
 
     def failing(path, data, st=None, **kw):
         if path == str(target):
             raise OSError(30, "Read-only file system")
         return real(path, data, st, **kw)
 
-    monkeypatch.setattr(revert, "atomic_write", failing)
+    monkeypatch.setattr(file_revert, "atomic_write", failing)
     run = revert.op_revert({"op": "revert", "run_root": str(tmp_path / "runroot")})["runs"][0]
     assert run["state"] == "revert-incomplete"
     assert {f["rel"]: f["outcome"] for f in run["files"]} == {"common.py": "restore-failed", "other.py": "restored"}
     assert _state(other) == before[other]
     backup = tmp_path / "runroot" / "runs" / RUN / "backup" / "common.py"
     assert backup.read_bytes() != target.read_bytes() and _state(backup)[0] == before[target][0]  # kept
-    monkeypatch.setattr(revert, "atomic_write", real)
+    monkeypatch.setattr(file_revert, "atomic_write", real)
     run = revert.op_revert({"op": "revert", "run_root": str(tmp_path / "runroot")})["runs"][0]  # once writable again
     assert run["state"] == "reverted" and {p: _state(p) for p in (target, other)} == before
 

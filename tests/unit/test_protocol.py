@@ -29,6 +29,32 @@ def test_every_op_the_agent_serves_has_a_builder():
         assert cls.op == op and issubclass(cls.answer, protocol.Answer)
 
 
+def test_the_ops_are_listed_once():
+    """agent/protocol.py's DISPATCH is the one list of the ops: the agent's dispatch, its OPS and the controller's
+    OPS are that table, every entry names a function that exists, and no other module spells the list again."""
+    from mla_doctor.agent import main
+    from mla_doctor.agent import protocol as agent_protocol
+
+    assert main.DISPATCH is agent_protocol.DISPATCH
+    assert protocol.OPS is agent_protocol.OPS == tuple(agent_protocol.DISPATCH)
+    assert [op for op in agent_protocol.OPS if not callable(main.handler(op))] == []
+    names = set(agent_protocol.OPS)
+    copies = []
+    for path in PKG.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            items = node.keys if isinstance(node, ast.Dict) else getattr(node, "elts", None) \
+                if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else None
+            spelled = {n.value for n in items or () if isinstance(n, ast.Constant) and n.value in names}
+            if len(spelled) >= 4:  # a list of ops, not one op named where it is built or answered
+                copies.append("%s:%d" % (path.relative_to(PKG), node.lineno))
+    assert copies == ["agent/protocol.py:%d" % _dispatch_line()], copies
+
+
+def _dispatch_line() -> int:
+    src = (PKG / "agent" / "protocol.py").read_text().splitlines()
+    return next(i for i, line in enumerate(src, 1) if line.startswith("DISPATCH = {"))
+
+
 def _recorded_plans():
     for name in ("run_local", "static_local"):
         for ex in load(name)["exchanges"]:

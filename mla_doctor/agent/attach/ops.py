@@ -17,8 +17,8 @@ import signal
 import time
 
 from .. import fs
-from ..common import _now
-from ..fs import _lease_path, _read_json, _run_dir, _run_root, _server_paths, _write_json, atomic_write
+from ..common import time_now
+from ..fs import lease_path, read_json, plan_run_dir, run_root, server_paths, write_json, atomic_write
 from ..protocol import AGENT_VERSION, Refusal
 from . import checks, inject, procs
 
@@ -114,39 +114,39 @@ def op_attach(plan):
     # from here on the run must finish even if the controller's connection drops
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    _run_root(plan)
-    from ..change.lease import write_lease
-    from ..change.lock import _take_lock
+    run_root(plan)
+    from ..lease import write_lease
+    from ..change.lock import take_lock
     from ..change.patch import records_owner_for
 
-    _take_lock(root, run_id)
+    take_lock(root, run_id)
     vdir = plan["vllm_dir"]
     owner = records_owner_for({"records_uid": server["uid"]}, vdir)
     fs.make_run_dirs(root, run_dir, owner)
     out["install_before"] = install_digest(vdir)
-    manifest = {"run_id": run_id, "state": "attaching", "method": "attach", "created": _now(), "vllm_dir": vdir,
+    manifest = {"run_id": run_id, "state": "attaching", "method": "attach", "created": time_now(), "vllm_dir": vdir,
                 "site": os.path.dirname(vdir), "files": [], "created_files": [], "controller": plan.get("controller"),
                 "ttl": plan.get("ttl", 0), "records_dir": out["records_dir"], "records_uid": owner[0],
                 "processes": [{"pid": p["pid"], "start_time": p["start_time"], "comm": p["comm"]} for p in found]}
     out["lease"] = write_lease(run_dir, plan.get("ttl", 0))
-    _write_json(fs.manifest_path(run_dir), manifest)
+    write_json(fs.manifest_path(run_dir), manifest)
     log = server.get("stdout_file")
     cur = {"runtime": "process", "pid": server["pid"], "attach": True}
     if isinstance(log, str) and os.path.isfile(log):
         cur["log"] = log
         out["log"], out["log_offset"] = log, os.path.getsize(log)
-    _write_json(_server_paths(run_dir)[1], cur)  # tick: alive and the server's own log; no restore spec
+    write_json(server_paths(run_dir)[1], cur)  # tick: alive and the server's own log; no restore spec
     data = source.encode("utf-8")
     probe_path = os.path.join(run_dir, PROBE_NAME)
     atomic_write(probe_path, data, mode=0o644)  # the agent's (root's); the server's uid may only read it
     code = inject.bootstrap(probe_path, hashlib.sha256(data).hexdigest(), len(data), os.geteuid())
     manifest["state"] = "patched"  # the lease is renewed like a patch run's (`renew` op)
-    _write_json(fs.manifest_path(run_dir), manifest)
+    write_json(fs.manifest_path(run_dir), manifest)
     if plan.get("ttl", 0) > 0:
         from . import watch
 
         out["watchdog_pid"] = manifest["watchdog_pid"] = watch.start(root, run_id)
-        _write_json(fs.manifest_path(run_dir), manifest)
+        write_json(fs.manifest_path(run_dir), manifest)
     results, failed = [], []
     for p in found:
         t0 = time.monotonic()
@@ -175,21 +175,21 @@ def op_attach(plan):
 def end_lease(run_dir):
     """The lease ended now: every probe of the run restores what it wrapped and stops."""
     try:
-        epoch = _read_json(_lease_path(run_dir)).get("epoch", 0)
+        epoch = read_json(lease_path(run_dir)).get("epoch", 0)
     except (OSError, ValueError, Refusal):
         epoch = 0
-    _write_json(_lease_path(run_dir), {"expires": 1, "ttl": 0, "renewed": _now(), "epoch": epoch,
+    write_json(lease_path(run_dir), {"expires": 1, "ttl": 0, "renewed": time_now(), "epoch": epoch,
                                        "detach": True}, 0o644)
 
 
 def close_run(root, run_id, run_dir, reason):
-    from ..change.lock import _release_lock
+    from ..change.lock import release_lock
     from ..change.revert import revert_run
 
     try:
         res = revert_run(run_dir, reason=reason)
     finally:
-        _release_lock(root, run_id)
+        release_lock(root, run_id)
     return {"state": res.get("state")}
 
 
@@ -219,8 +219,8 @@ def op_detach(plan):
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     root = fs.root_of(plan)
-    run_dir = _run_dir(plan)
-    manifest = _read_json(fs.manifest_path(run_dir))
+    run_dir = plan_run_dir(plan)
+    manifest = read_json(fs.manifest_path(run_dir))
     if manifest.get("method") != "attach":
         raise Refusal("run %s is not an attach run" % plan["run_id"])
     out = {"agent_version": AGENT_VERSION, "op": "detach", "run_id": plan["run_id"]}

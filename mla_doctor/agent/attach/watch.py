@@ -10,28 +10,28 @@ import os
 import time
 
 from .. import fs
-from ..fs import _read_json
+from ..fs import read_json
 from ..protocol import Refusal
 
 DETACH_WAIT_S = 20.0
 
 
 def start(root, run_id, poll=0.5):
-    from ..change.daemon import start_daemon
+    from ..daemon import start_daemon
 
     return start_daemon(lambda: loop(root, run_id, poll))
 
 
 def loop(root, run_id, poll):
-    from ..change.daemon import _watchdog_start
-    from ..change.lease import lease_expired
+    from ..daemon import watchdog_start
+    from ..lease import lease_expired
     from .ops import close_run, detached_records
 
     run_dir = fs.run_dir_of(root, run_id)
-    note, stop = _watchdog_start(run_dir, "attach watchdog")
+    note, stop = watchdog_start(run_dir, "attach watchdog")
     while not stop:
         try:
-            m = _read_json(fs.manifest_path(run_dir))
+            m = read_json(fs.manifest_path(run_dir))
         except (OSError, ValueError, Refusal):
             m = {}
         if m.get("state") != "patched" or m.get("method") != "attach":
@@ -61,12 +61,12 @@ def loop(root, run_id, poll):
 
 def stop_and_wait(run_dir, timeout=5.0):
     """SIGTERM the run's attach watchdog and wait until it has exited (it acts only on a lapsed lease)."""
-    from ..change.daemon import _stop_watchdog, _watchdog_pid
+    from ..daemon import stop_watchdog, watchdog_pid
 
-    pid = _watchdog_pid(run_dir)
+    pid = watchdog_pid(run_dir)
     if not pid:
         return
-    _stop_watchdog(run_dir)
+    stop_watchdog(run_dir)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 import re
 
-from ..facts.targets import MARK_BEGIN, MARK_END, _find_function
+from ..facts.targets import MARK_BEGIN, MARK_END, find_function
 
 
 def _assign_names(stmt):
@@ -101,7 +101,7 @@ def apply_inserts(text, inserts, run_id, path="<patched>"):
                 (ln.rstrip() + "\n") for ln in ins["code"].rstrip("\n").split("\n")] + [
                 "# <<< mla-doctor run %s <<<\n" % run_id]))
             continue
-        func = _find_function(tree, ins["function"])
+        func = find_function(tree, ins["function"])
         if func is None:
             missing.append(ins["function"])
             continue

@@ -9,22 +9,22 @@ import os
 import socket
 
 from .. import fs
-from ..common import _now
-from ..fs import _create_complete, _lock_path, _read_json
+from ..common import time_now
+from ..fs import create_complete, lock_path, read_json
 from ..protocol import Refusal
 
 
-def _take_lock(root, run_id):
-    path = _lock_path(root)
-    info = {"run_id": run_id, "pid": os.getpid(), "since": _now(), "host": socket.gethostname()}
+def take_lock(root, run_id):
+    path = lock_path(root)
+    info = {"run_id": run_id, "pid": os.getpid(), "since": time_now(), "host": socket.gethostname()}
     for _attempt in range(2):
         try:
-            _create_complete(path, json.dumps(info))
+            create_complete(path, json.dumps(info))
         except OSError as e:
             if e.errno != errno.EEXIST:
                 raise
             try:
-                held = _read_json(path)
+                held = read_json(path)
             except (OSError, ValueError):
                 held = {}
             if held.get("run_id") == run_id:
@@ -33,7 +33,7 @@ def _take_lock(root, run_id):
             other_dir = fs.run_dir_of(root, other)
             state = None
             try:
-                state = _read_json(fs.manifest_path(other_dir)).get("state")
+                state = read_json(fs.manifest_path(other_dir)).get("state")
             except (OSError, ValueError):
                 pass
             # no manifest yet is stale only when its holder is gone: a live holder writes it just after the lock
@@ -52,7 +52,7 @@ def _holder_alive(held, path):
     pid = held.get("pid")
     if not isinstance(pid, int):  # empty or torn: a holder may be writing it right now
         try:
-            return _now() - fs.mtime(path) < 60
+            return time_now() - fs.mtime(path) < 60
         except OSError:
             return False
     if held.get("host") not in (None, socket.gethostname()):
@@ -64,10 +64,10 @@ def _holder_alive(held, path):
     return True
 
 
-def _release_lock(root, run_id):
-    path = _lock_path(root)
+def release_lock(root, run_id):
+    path = lock_path(root)
     try:
-        if _read_json(path).get("run_id") == run_id:
+        if read_json(path).get("run_id") == run_id:
             fs.remove(path)
     except (OSError, ValueError):
         pass

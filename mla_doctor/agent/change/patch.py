@@ -1,6 +1,7 @@
-"""The `patch` op. Everything is checked before anything is written (hashes, markers, syntax, room,
-permissions); then lock, run dir, manifest, lease, watchdog; then backups with mode/owner/mtime,
-atomic writes verified by hash. A failure restores at once.
+"""The `patch` op's work (the op itself, lifecycle/patch.py, hands it the run's watchdog). Everything is
+checked before anything is written (hashes, markers, syntax, room, permissions); then lock, run dir,
+manifest, lease, watchdog; then backups with mode/owner/mtime, atomic writes verified by hash. A failure
+restores at once.
 """
 from __future__ import annotations
 
@@ -11,23 +12,22 @@ import re
 import signal
 
 from .. import fs
-from ..common import _now, _sha
+from ..common import time_now, sha256_hex
+from ..daemon import watchdog_pid
 from ..facts.targets import MARK_RE
 from .. import install_fs
-from ..fs import _read_json, _run_root, _write_json
+from ..fs import read_json, run_root, write_json
 from ..install_fs import remove_bytecode, write as atomic_write
+from ..lease import write_lease
 from ..protocol import AGENT_VERSION, Refusal
-from .daemon import _watchdog_pid
 from .inserts import apply_inserts
-from .lease import write_lease
-from .lock import _release_lock, _take_lock
+from .lock import release_lock, take_lock
 from .revert import revert_run
-from .watchdog import start_watchdog
 
 
 def _manifest_original(run_dir, path):
     try:
-        for rec in _read_json(fs.manifest_path(run_dir)).get("files", []):
+        for rec in read_json(fs.manifest_path(run_dir)).get("files", []):
             if rec.get("path") == path:
                 return rec.get("original_sha256")
     except (OSError, ValueError):
@@ -39,7 +39,9 @@ def _probe_path(site, module):
     return os.path.join(site, module + ".py")
 
 
-def op_patch(plan):
+def patch_files(plan, start_watchdog):
+    """The patch op's answer; start_watchdog(root, run_id, plan) -> pid starts the watchdog of a run with a
+    lease (it reverts the files and restores the server, which this package does not know)."""
     run_id = plan["run_id"]
     if not re.match(r"^[A-Za-z0-9_.-]+$", run_id):
         raise Refusal("bad run id %r" % run_id)
@@ -61,7 +63,7 @@ def op_patch(plan):
         except OSError as e:
             problems.append("%s: cannot read: %s" % (path, e.strerror or e))
             continue
-        entry["original_sha256"] = _sha(data)
+        entry["original_sha256"] = sha256_hex(data)
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -98,7 +100,7 @@ def op_patch(plan):
                             % (path, e.lineno, e.msg))
             continue
         new_data = new_text.encode("utf-8")
-        entry["patched_sha256"] = _sha(new_data)
+        entry["patched_sha256"] = sha256_hex(new_data)
         if plan.get("dry_run"):
             entry["outcome"] = "would-patch"
             entry["diff"] = "".join(difflib.unified_diff(
@@ -139,29 +141,29 @@ def op_patch(plan):
     # From the first write on, the patch must finish even if the controller's SSH connection drops.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    _run_root(plan)
-    _take_lock(root, run_id)
+    run_root(plan)
+    take_lock(root, run_id)
     owner = records_owner_for(plan, vdir)
     fs.make_run_dirs(root, run_dir, owner)
     manifest_path = fs.manifest_path(run_dir)
     # "vllm_dir" and "site" are the install this run audited: revert and the watchdog act only inside it
-    manifest = {"run_id": run_id, "state": "patching", "created": _now(), "vllm_dir": vdir, "site": site,
+    manifest = {"run_id": run_id, "state": "patching", "created": time_now(), "vllm_dir": vdir, "site": site,
                 "files": [], "created_files": [], "controller": plan.get("controller"), "ttl": plan.get("ttl", 0),
                 "records_dir": out["records_dir"], "records_uid": owner[0], "server": plan.get("server")}
     if fs.exists(manifest_path):
-        old = _read_json(manifest_path)
+        old = read_json(manifest_path)
         if old.get("state") != "reverted":  # same run id again: what it changed so far is still to undo
             manifest["files"] = old.get("files", [])
             manifest["created_files"] = old.get("created_files", [])
             manifest["created_dirs"] = old.get("created_dirs", [])
     lease = write_lease(run_dir, plan.get("ttl", 0))
-    _write_json(manifest_path, manifest)
+    write_json(manifest_path, manifest)
     out["lease"] = lease
     if plan.get("ttl", 0) > 0:
         # the same run id again keeps the watchdog it has (it watches the lease just renewed)
-        out["watchdog_pid"] = _watchdog_pid(run_dir) or start_watchdog(root, run_id, plan)
+        out["watchdog_pid"] = watchdog_pid(run_dir) or start_watchdog(root, run_id, plan)
         manifest["watchdog_pid"] = out["watchdog_pid"]
-        _write_json(manifest_path, manifest)
+        write_json(manifest_path, manifest)
     done = []
     try:
         if plan.get("method") == "plugin":
@@ -175,7 +177,7 @@ def op_patch(plan):
                 created_dirs.append(pycache)
             if ppath not in manifest["created_files"]:
                 manifest["created_files"].append(ppath)
-            _write_json(manifest_path, manifest)
+            write_json(manifest_path, manifest)
             atomic_write(ppath, probe["source"].encode("utf-8"), mode=0o644)  # as the site's owner
         for entry, path, data, new_data, st in prepared:  # st: fstat of the descriptor the data was read from
             bfile = os.path.join(fs.backup_dir(run_dir), entry["rel"].replace("/", "__"))
@@ -184,7 +186,7 @@ def op_patch(plan):
                    "patched_sha256": entry["patched_sha256"], "mode": st["mode"], "uid": st["uid"],
                    "gid": st["gid"], "mtime_ns": st["mtime_ns"], "atime_ns": st["atime_ns"]}
             manifest["files"].append(rec)
-            _write_json(manifest_path, manifest)  # recorded before the file changes
+            write_json(manifest_path, manifest)  # recorded before the file changes
             if atomic_write(path, new_data, st) != entry["patched_sha256"]:  # read back through a fresh walk
                 raise OSError("verification failed after writing %s" % path)
             compile(new_data, path, "exec", dont_inherit=True)
@@ -195,13 +197,13 @@ def op_patch(plan):
     except Exception as e:
         # restore at once whatever was changed, and report
         rev = revert_run(run_dir, reason="patch failed: %s" % e)
-        _release_lock(root, run_id)
+        release_lock(root, run_id)
         out["outcome"] = "failed"
         out["error"] = "%s: %s" % (type(e).__name__, e)
         out["revert"] = rev
         return out
     manifest["state"] = "patched"
-    _write_json(manifest_path, manifest)
+    write_json(manifest_path, manifest)
     out["outcome"] = "patched"
     return out
 

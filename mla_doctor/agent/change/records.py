@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 
 from .. import fs
-from ..fs import _lease_path, _read_json, _run_dir
+from ..fs import lease_path, read_json, plan_run_dir
+from ..lease import write_lease
 from ..protocol import AGENT_VERSION
-from .lease import write_lease
 
 MAX_COLLECT_BYTES = 16 << 20  # per collection, all record files together
 EVENTS = ("armed", "call", "counters", "attached", "detached")  # the last two: the attach probe
@@ -40,7 +40,7 @@ def well_typed(rec):
 
 def op_records(plan):
     """Read back probe records (JSONL) of a run: the verdict's input."""
-    run_dir = _run_dir(plan)
+    run_dir = plan_run_dir(plan)
     records = []
     offsets = {}
     for k, v in dict(plan.get("offset_bytes") or {}).items():
@@ -77,6 +77,6 @@ def op_records(plan):
         out["capped"] = True
         out["note"] = "records collection capped at %d bytes: the rest is read by the next collection" % cap
     if plan.get("new_epoch") is not None:  # the next prompt's window: the probe resets its detail budget
-        lease = _read_json(_lease_path(run_dir))
+        lease = read_json(lease_path(run_dir))
         out["lease"] = write_lease(run_dir, lease.get("ttl") or 0, int(plan["new_epoch"]))
     return out

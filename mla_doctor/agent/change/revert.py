@@ -1,22 +1,17 @@
-"""Undo a run: every file restored byte-for-byte with mode/owner/mtime, but never a file someone
-edited since (both versions kept); the server put back as found. Also the `revert` op.
+"""Undo a run's files: every file restored byte-for-byte with mode/owner/mtime, but never a file someone
+edited since (both versions kept). The `revert` op, which also puts the server back, is lifecycle/revert.py.
 """
 from __future__ import annotations
 
 import os
 import re
-import signal
 
 from .. import fs
-from ..common import _now, _sha
+from ..common import time_now, sha256_hex
 from .. import install_fs
-from ..fs import UnsafeRunState, _lease_path, _read_json, _server_paths, _write_json
+from ..fs import lease_path, read_json, write_json
 from ..install_fs import remove_bytecode, write as atomic_write
-from ..protocol import AGENT_VERSION, Refusal
-from ..runtimes.lifecycle import restore_server
-from ..runtimes.registry import runtime
-from .daemon import _stop_watchdog
-from .lock import _release_lock
+from ..protocol import Refusal
 
 
 PROBE_RE = re.compile(r"^mla_doctor_probe_[A-Za-z0-9_]+\.py$")
@@ -67,14 +62,14 @@ def revert_run(run_dir, reason="revert"):
     """Restore every file of one run byte-for-byte, but never clobber a file someone edited since; act only
     inside the install the run audited (manifest_problems)."""
     manifest_path = fs.manifest_path(run_dir)
-    manifest = _read_json(manifest_path)
+    manifest = read_json(manifest_path)
     if not isinstance(manifest, dict):
         raise Refusal("%s is not a manifest" % manifest_path)
     refused = manifest_problems(manifest, run_dir)
     if refused:
         manifest["state"] = "revert-refused"
-        manifest["reverted"] = {"at": _now(), "reason": reason, "by_pid": os.getpid(), "refused": refused}
-        _write_json(manifest_path, manifest)
+        manifest["reverted"] = {"at": time_now(), "reason": reason, "by_pid": os.getpid(), "refused": refused}
+        write_json(manifest_path, manifest)
         return {"run_id": manifest.get("run_id"), "state": "revert-refused", "files": [],
                 "refused": ["%s: %s" % (manifest_path, p) for p in refused]}
     results = []
@@ -92,7 +87,7 @@ def revert_run(run_dir, reason="revert"):
             res["error"] = "NOT restored: %s: %s (a directory on the way was replaced?)" % (path, e.strerror or e)
             results.append(res)
             continue
-        cur_sha = _sha(cur) if cur is not None else None
+        cur_sha = sha256_hex(cur) if cur is not None else None
         if cur_sha == rec["original_sha256"]:
             # already original (reverted before, or by the watchdog): the backup may be gone, and is not needed
             res["outcome"] = "already-original"
@@ -105,7 +100,7 @@ def revert_run(run_dir, reason="revert"):
             res["error"] = str(e)
             results.append(res)
             continue
-        if _sha(original) != rec["original_sha256"]:
+        if sha256_hex(original) != rec["original_sha256"]:
             res["outcome"] = "backup-corrupt"
             results.append(res)
             continue
@@ -116,7 +111,7 @@ def revert_run(run_dir, reason="revert"):
                                     times_ns=(rec.get("atime_ns", rec["mtime_ns"]), rec["mtime_ns"]))
                 res["bytecode_removed"] = remove_bytecode(path)
                 # verified on what a fresh no-follow walk reads there now (atomic_write's answer), byte-identical
-                ok = back == rec["original_sha256"] and _sha(install_fs.read(path)[0]) == rec["original_sha256"]
+                ok = back == rec["original_sha256"] and sha256_hex(install_fs.read(path)[0]) == rec["original_sha256"]
                 res["outcome"] = "restored" if ok else "restore-unverified"
                 if not ok:
                     res["error"] = "NOT restored: %s does not read back as the original" % path
@@ -139,93 +134,14 @@ def revert_run(run_dir, reason="revert"):
     fs.remove_tree(fs.plugin_dir(run_dir))
     ok = all(r.get("outcome") in ("restored", "already-original") for r in results)
     manifest["state"] = "reverted" if ok else "revert-incomplete"
-    manifest["reverted"] = {"at": _now(), "reason": reason, "by_pid": os.getpid(), "files": results}
+    manifest["reverted"] = {"at": time_now(), "reason": reason, "by_pid": os.getpid(), "files": results}
     # drop backups only when every file is verified original again; keep the manifest as the report;
     # the probe's records are gone with the run (collected by then)
     if ok:
         for rec in manifest.get("files", []):
             fs.remove_quietly(rec["backup"])
         fs.remove_empty_dir(fs.backup_dir(run_dir))
-        fs.remove_quietly(_lease_path(run_dir))
+        fs.remove_quietly(lease_path(run_dir))
         fs.remove_records(run_dir)
-    _write_json(manifest_path, manifest)
+    write_json(manifest_path, manifest)
     return {"run_id": manifest.get("run_id"), "state": manifest["state"], "files": results}
-
-
-def _list_runs(root, refused):
-    """(run dir, manifest) of every run with a manifest; a run directory or manifest that is not root's alone
-    is refused (reported in `refused` as a run of state "refused"), never acted on."""
-    runs = []
-    for d in fs.run_dirs(root):
-        try:
-            m = _read_json(fs.manifest_path(d))
-        except UnsafeRunState as e:
-            refused.append(_refused_run(d, str(e)))
-            continue
-        except (OSError, ValueError):
-            continue
-        if not isinstance(m, dict):
-            refused.append(_refused_run(d, "%s is not a manifest" % fs.manifest_path(d)))
-            continue
-        runs.append((d, m))
-    return runs
-
-
-def _refused_run(run_dir, why):
-    # shaped like a run whose files were not restored, so every report names what was refused and why
-    return {"run_id": os.path.basename(run_dir), "state": "refused", "refused": [why],
-            "files": [{"path": run_dir, "outcome": "refused: " + why}]}
-
-
-def op_revert(plan):
-    root = fs.root_of(plan)
-    out = {"agent_version": AGENT_VERSION, "op": "revert", "runs": []}
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    refused = []
-    for d, m in _list_runs(root, refused):
-        if plan.get("run_id") and m.get("run_id") != plan["run_id"]:
-            continue
-        if m.get("state") == "reverted" and not plan.get("run_id"):
-            continue
-        if plan.get("dry_run"):
-            out["runs"].append({"run_id": m.get("run_id"), "state": m.get("state"),
-                                "files": [r["rel"] for r in m.get("files", [])], "dry_run": True})
-            continue
-        _stop_watchdog(d)
-        res = revert_run(d, reason=plan.get("reason") or "mla-doctor revert")
-        if res["state"] == "revert-refused":  # nothing of it touched, its server spec not run either
-            res["files"] = [{"path": fs.manifest_path(d), "outcome": "refused: " + p} for p in res["refused"]]
-        elif plan.get("restore_server", True):
-            try:
-                res["server"] = restore_server(d)
-            except Exception as e:  # report, keep going: files are already restored
-                res["server"] = {"restored": False, "error": "%s: %s" % (type(e).__name__, e)}
-        _release_lock(root, m.get("run_id"))
-        out["runs"].append(res)
-    # the host side of container runs (docker runtime): their files are inside the container
-    for d in fs.run_dirs(root):
-        orig, cur_path = _server_paths(d)
-        try:
-            if fs.exists(fs.manifest_path(d)) or not fs.exists(orig):
-                continue
-            spec = _read_json(orig)
-            cur = _read_json(cur_path) if fs.exists(cur_path) else {}
-        except UnsafeRunState as e:
-            if not any(r["run_id"] == os.path.basename(d) for r in refused):
-                refused.append(_refused_run(d, str(e)))
-            continue
-        except (OSError, ValueError):
-            continue
-        if spec.get("runtime") != "docker" or (plan.get("run_id") and spec.get("run_id") != plan["run_id"]):
-            continue
-        if cur.get("mode") == "original" and not plan.get("run_id"):
-            continue
-        if plan.get("dry_run"):
-            out["runs"].append({"run_id": spec.get("run_id"), "container": spec.get("name"), "dry_run": True,
-                                "state": "container " + str(cur.get("mode"))})
-            continue
-        _stop_watchdog(d)
-        out["runs"].append(runtime("docker").revert_host_run(d, plan.get("reason") or "mla-doctor revert"))
-    out["runs"] += [r for r in refused if not plan.get("run_id") or r["run_id"] == plan["run_id"]]
-    return out

@@ -9,8 +9,8 @@ import ast
 import os
 import re
 
-from ..common import _read_regular
-from .resolve import _returns
+from ..common import read_regular
+from .resolve import returned_exprs
 
 
 _BACKEND_DIRS = ("v1/attention/backends", "attention/backends", "models", "model_executor/layers/attention")
@@ -45,7 +45,7 @@ def backends(r):
     enum_classes = {(rel, cls) for rel, cls in enum.values()}
     for rel in sorted(set(files)):
         try:
-            if not _GET_NAME_MLA.search(_read_regular(os.path.join(src.vdir, rel))):
+            if not _GET_NAME_MLA.search(read_regular(os.path.join(src.vdir, rel))):
                 continue  # parse only the files whose get_name returns an MLA name
         except OSError:
             continue
@@ -104,7 +104,7 @@ def _backend_item(r, m, node, name, line, in_enum):
                 target = r.src.rel_of(n.module or "", gm.rel, n.level)
                 for a in n.names:
                     local[a.asname or a.name] = (target, a.name)
-        for ret, _cond in _returns(gi.body, gm):
+        for ret, _cond in returned_exprs(gi.body, gm):
             if isinstance(ret, ast.Name) and ret.id in local and local[ret.id][0]:
                 impls.extend(it for it in r.src.lookup(local[ret.id][0], local[ret.id][1]) if it[0] == "class")
             else:
@@ -158,7 +158,7 @@ def _layer_decode(r, item):
                 continue
             rel = os.path.relpath(os.path.join(dirpath, f), r.src.vdir).replace(os.sep, "/")
             try:
-                data = _read_regular(os.path.join(r.src.vdir, rel))
+                data = read_regular(os.path.join(r.src.vdir, rel))
             except OSError:
                 continue
             if b"backend_cls" not in data or item["class"].encode() not in data:
@@ -202,7 +202,7 @@ def _named_backend(src, m, cls):
                     and n.targets[0].id == "backend_cls"):
                 return "backend_cls", mm, n.value, n.lineno
             if isinstance(n, ast.FunctionDef) and n.name == "get_attn_backend":
-                for ret, _cond in _returns(n.body, mm):
+                for ret, _cond in returned_exprs(n.body, mm):
                     if isinstance(ret, ast.Attribute) and isinstance(ret.value, ast.Name) and ret.value.id == "self":
                         got = _attr_assign(src, m, cls, ret.attr)
                         if got:

@@ -9,7 +9,7 @@ import os
 import re
 import sys
 
-from ..common import _read_text, _which
+from ..common import read_text, find_executable
 from ..privilege import NOBODY, SAFE_PATH, Owner, ids_of_uid, path_owner, proc_ids, run_as, site_owner
 
 
@@ -29,7 +29,7 @@ PROBE_TIMEOUT = 20.0  # seconds an interpreter may take to say where vLLM is (a 
 
 def _is_this_interpreter(python):
     """`python` names the interpreter running the agent (as the host's sh resolved it to start us)."""
-    path = python if os.path.isabs(python) else _which(python)
+    path = python if os.path.isabs(python) else find_executable(python)
     return bool(path) and os.path.abspath(path) == sys.executable
 
 
@@ -65,7 +65,7 @@ def probe_ids(python, server_pid=None):
         if ids and ids[0] != 0:
             return ids, "the server's interpreter, asked as the server's user (uid %d)" % ids[0]
     try:
-        full = python if os.path.isabs(python) else (_which(python) or python)
+        full = python if os.path.isabs(python) else (find_executable(python) or python)
         owner = path_owner(full)
         if owner.trusted:  # and what -s still runs at start: its site directories' .pth / sitecustomize
             owner = site_owner(full)
@@ -86,7 +86,7 @@ def probe_interpreter(python, env=None, cwd=None, server_pid=None):
         out = _probe_here()
         if out["vllm_origin"] or not sys.flags.no_site:
             return out, None
-    if not (os.path.isabs(python) or _which(python)):
+    if not (os.path.isabs(python) or find_executable(python)):
         return None, "no such interpreter: %s" % python
     if os.path.isabs(python) and not os.access(python, os.X_OK):
         return None, "interpreter not executable (or missing): %s" % python
@@ -111,7 +111,7 @@ def probe_interpreter(python, env=None, cwd=None, server_pid=None):
 
 def _meta_text(path, cap=1 << 20):
     """A small file of the install (dist-info, _version.py): never through a symlink, never larger than `cap`."""
-    return _read_text(path, nofollow=True, max_size=cap)
+    return read_text(path, nofollow=True, max_size=cap)
 
 
 def _dist_info_for(site):
@@ -189,7 +189,7 @@ def locate_vllm(plan, servers, errors):
             if python:
                 candidates.append(("running server", python, env, server.get("cwd")))
         for name in ("python3", "python"):
-            w = _which(name)
+            w = find_executable(name)
             if w:
                 candidates.append(("PATH", w, None, None))
                 break
@@ -224,7 +224,7 @@ def server_interpreter(server):
             if "/" in a0 and server.get("cwd"):
                 a0 = os.path.join(server["cwd"], a0)
             else:
-                a0 = _which(a0, path=env.get("PATH")) or a0
+                a0 = find_executable(a0, path=env.get("PATH")) or a0
         if os.path.isabs(a0) and os.access(a0, os.X_OK):
             return a0
     if env.get("VIRTUAL_ENV") and os.access(os.path.join(env["VIRTUAL_ENV"], "bin", "python"), os.X_OK):

@@ -12,7 +12,7 @@ import io
 import os
 import re
 
-from ..common import _read_regular, _read_text, _sha256_b64
+from ..common import read_regular, read_text, sha256_b64
 from .log_formats import module_wanted
 from .targets import MARK_RE
 
@@ -25,7 +25,7 @@ PTH_IMPORT_RE = re.compile(r"^import[ \t]")  # what site.py executes from a .pth
 def parse_record(di):
     rec = {}
     try:
-        text = _read_text(os.path.join(di, "RECORD"), nofollow=True, max_size=64 << 20)
+        text = read_text(os.path.join(di, "RECORD"), nofollow=True, max_size=64 << 20)
     except OSError:
         return None
     for row in csv.reader(io.StringIO(text)):
@@ -65,7 +65,7 @@ def scan_tree(vdir, record, symbols, digests=None):
                 unreadable.append({"path": rel, "error": "not read: the scan's %d bytes are spent" % MAX_SCAN_BYTES})
                 continue
             try:  # never through a symlink (reported instead), never a file too large or sparse
-                data = _read_regular(full, nofollow=True, max_size=MAX_PY_BYTES)
+                data = read_regular(full, nofollow=True, max_size=MAX_PY_BYTES)
             except OSError as e:
                 why = "a symlink: not followed" if e.errno == errno.ELOOP else (e.strerror or str(e))
                 unreadable.append({"path": rel, "error": why})
@@ -81,7 +81,7 @@ def scan_tree(vdir, record, symbols, digests=None):
                 elif expected != _digest_b64(data, keep, digests):
                     runs = sorted(set(MARK_RE.findall(data.decode("utf-8", "replace")))) if b"mla-doctor run" \
                         in data else []
-                    if runs and _sha256_b64(strip_marked(data)) == expected:
+                    if runs and sha256_b64(strip_marked(data)) == expected:
                         instrumented.append({"path": rel, "runs": runs})  # only our marked blocks differ
                     else:
                         modified.append(rel)
@@ -156,7 +156,7 @@ def side_code(site):
     for p in sorted(glob.glob(os.path.join(glob.escape(site), "*.pth"))):
         entry = {"file": os.path.basename(p), "imports": [], "paths": 0}
         try:  # a regular file only, never through a symlink (one to /proc/self/environ or a root-only file)
-            lines = [ln.strip() for ln in _read_text(p, 65536, nofollow=True, max_size=1 << 20).splitlines()
+            lines = [ln.strip() for ln in read_text(p, 65536, nofollow=True, max_size=1 << 20).splitlines()
                      if ln.strip()]
         except OSError as e:
             entry["error"] = "a symlink: not followed" if e.errno == errno.ELOOP else (e.strerror or str(e))
@@ -170,7 +170,7 @@ def side_code(site):
     for ep in sorted(glob.glob(os.path.join(site, "*.dist-info", "entry_points.txt"))):
         section = None
         try:
-            for line in _read_text(ep, nofollow=True, max_size=1 << 20).splitlines():
+            for line in read_text(ep, nofollow=True, max_size=1 << 20).splitlines():
                 line = line.strip()
                 if line.startswith("["):
                     section = line.strip("[]")

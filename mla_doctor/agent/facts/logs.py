@@ -6,14 +6,14 @@ from __future__ import annotations
 import re
 import sys
 
-from ..common import _now, _read_regular, _run, _which
+from ..common import time_now, read_regular, run_argv, find_executable
 from .log_formats import compact, harvest_tree
 
 
 MAX_LOG_LINES = 400
 
 
-def _filter_lines(lines, patterns, source):
+def filter_lines(lines, patterns, source):
     regs = {}
     for pid, rx in (patterns or {}).items():
         try:
@@ -64,7 +64,7 @@ def installed_formats(vdir, plan=None, digests=None):
     ``formats_known`` holds for this interpreter are not harvested, only named with their full digest
     (``cached``); with ``formats_digests`` (an agent on the controller's own machine) every harvested module's
     digest is sent too (``harvested``), for the controller to keep. ``digests``: the integrity pass's."""
-    t0 = _now()
+    t0 = time_now()
     plan = plan or {}
     known = frozenset(((plan.get("formats_known") or {}).get("%d.%d" % sys.version_info[:2])) or ())
     cached, hashed = {}, ({} if plan.get("formats_digests") else None)
@@ -74,7 +74,7 @@ def installed_formats(vdir, plan=None, digests=None):
         out["cached"] = cached
     if hashed:
         out["harvested"] = hashed
-    out["elapsed_s"] = round(_now() - t0, 4)
+    out["elapsed_s"] = round(time_now() - t0, 4)
     return out
 
 
@@ -109,29 +109,29 @@ def _log_lines(plan, server):
     errors = []
     for kind, where in sources:
         if kind in ("file", "stdout"):
-            try:  # the log is the service user's: a FIFO there must not hang the agent (_read_regular)
-                text = _read_regular(where, tail=tail).decode("utf-8", "replace")
+            try:  # the log is the service user's: a FIFO there must not hang the agent (read_regular)
+                text = read_regular(where, tail=tail).decode("utf-8", "replace")
             except OSError as e:
                 errors.append("%s: %s" % (where, e.strerror or e))
                 continue
-            res = _filter_lines(text.splitlines(), patterns, where)
+            res = filter_lines(text.splitlines(), patterns, where)
             if kind == "stdout":  # shown by the name it has, read only through the descriptor
                 res["source"], res["read_via"] = server.get("stdout_file") or where, where
         elif kind == "journal":
-            rc, out, err = _run(["journalctl", "-u", where, "--no-pager", "-o", "cat", "-n", "50000"], timeout=20)
+            rc, out, err = run_argv(["journalctl", "-u", where, "--no-pager", "-o", "cat", "-n", "50000"], timeout=20)
             if rc != 0:
                 errors.append("journalctl -u %s: %s" % (where, err.strip()[:200]))
                 continue
-            res = _filter_lines(out.splitlines(), patterns, "journal:" + where)
+            res = filter_lines(out.splitlines(), patterns, "journal:" + where)
         else:
             import subprocess  # only for a container's log (common.py: not imported at start)
 
             p = subprocess.run(["docker", "logs", "--tail", "50000", where], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, timeout=20) if _which("docker") else None
+                               stderr=subprocess.STDOUT, timeout=20) if find_executable("docker") else None
             if p is None or p.returncode != 0:
                 errors.append("docker logs %s failed" % where)
                 continue
-            res = _filter_lines(p.stdout.decode("utf-8", "replace").splitlines(), patterns, "docker:" + where)
+            res = filter_lines(p.stdout.decode("utf-8", "replace").splitlines(), patterns, "docker:" + where)
         res["found"] = True
         res["errors"] = errors
         res["origin"] = "--log" if plan.get("log") else "server"  # the server's: its install's evidence

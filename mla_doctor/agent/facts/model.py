@@ -13,7 +13,7 @@ import json
 import os
 import pwd
 
-from ..common import _read_text
+from ..common import read_text
 from ..privilege import call_as, ids_of_uid, path_owner, proc_ids
 
 
@@ -71,7 +71,7 @@ def resolve_model_config(model, hf_config_path=None, env=None, user_home=None, c
                 ref = os.path.join(hub, repo, "refs", "main")
                 chosen = []
                 try:
-                    chosen.append(os.path.join(snaps, _read_text(ref).strip(), "config.json"))
+                    chosen.append(os.path.join(snaps, read_text(ref).strip(), "config.json"))
                 except OSError:
                     pass
                 chosen += sorted(glob.glob(os.path.join(snaps, "*", "config.json")))
@@ -83,7 +83,7 @@ def resolve_model_config(model, hf_config_path=None, env=None, user_home=None, c
 
 
 def read_model_config(path):
-    data = json.loads(_read_text(path, MAX_CONFIG_BYTES))
+    data = json.loads(read_text(path, MAX_CONFIG_BYTES))
     picked = {k: data[k] for k in CONFIG_KEYS if k in data}
     text = data.get("text_config")
     if isinstance(text, dict):

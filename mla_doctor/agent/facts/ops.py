@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..common import _now, _user_name
+from ..common import time_now, user_name
 from ..protocol import AGENT_VERSION
 from .gpu import gpu_section
 from .install import locate_vllm, vllm_identity
@@ -46,12 +46,12 @@ def _text_architectures(model):
 
 
 def op_static(plan):
-    t0 = _now()
+    t0 = time_now()
     errors = []
     digests = None
     host = {"hostname": os.uname().nodename,  # gethostname(2) is uname(2)'s nodename; socket costs ~3 ms
             "agent_python": list(sys.version_info[:3]),
-            "uid": os.getuid(), "user": _user_name(os.getuid())}
+            "uid": os.getuid(), "user": user_name(os.getuid())}
     candidates = _step(errors, "servers", find_servers) or []
     servers, lookalikes, server_error = identify(plan, candidates)
     loc = _step(errors, "locate", locate_vllm, plan, servers, errors) or {"dir": None, "tried": []}
@@ -91,7 +91,7 @@ def op_static(plan):
     for s in servers:
         s.pop("_raw_env", None)
         s.pop("_argv", None)
-    result["elapsed_s"] = round(_now() - t0, 4)
+    result["elapsed_s"] = round(time_now() - t0, 4)
     return result
 
 

@@ -12,7 +12,7 @@ import glob
 import os
 import re
 
-from ..common import _int_or_none, _read_text, _run, _user_name, _which
+from ..common import int_or_none, read_text, run_argv, user_name, find_executable
 
 
 # Server processes we recognise in /proc/<pid>/cmdline.
@@ -61,7 +61,7 @@ def redact_env(env):
     return out
 
 
-def _proc_cmdline(pid):
+def proc_cmdline(pid):
     try:
         raw = open("/proc/%s/cmdline" % pid, "rb").read()
     except OSError:
@@ -69,7 +69,7 @@ def _proc_cmdline(pid):
     return [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
 
 
-def _proc_environ(pid):
+def proc_environ(pid):
     try:
         raw = open("/proc/%s/environ" % pid, "rb").read()
     except OSError:
@@ -82,7 +82,7 @@ def _proc_environ(pid):
     return env
 
 
-def _proc_status(pid):
+def proc_status(pid):
     fields = {}
     try:
         for line in open("/proc/%s/status" % pid):
@@ -130,11 +130,11 @@ def arg_value(argv, *names):
     return None
 
 
-def _supervisor(pid, argv):
+def supervisor(pid, argv):
     """Who would restart this server behind our back: systemd, docker, kubernetes, supervisord."""
     sup = {"kind": "process"}
     try:
-        cg = _read_text("/proc/%s/cgroup" % pid)
+        cg = read_text("/proc/%s/cgroup" % pid)
     except OSError:
         cg = ""
     sup["cgroup"] = cg.strip().splitlines()[-1] if cg.strip() else None
@@ -155,7 +155,7 @@ def _supervisor(pid, argv):
         unit = um.group(1)
         sup["kind"] = "systemd"
         sup["unit"] = unit
-        rc, out, _ = _run(["systemctl", "show", unit, "-p", "Restart", "-p", "FragmentPath",
+        rc, out, _ = run_argv(["systemctl", "show", unit, "-p", "Restart", "-p", "FragmentPath",
                            "-p", "User", "-p", "MainPID"], timeout=5)
         if rc == 0:
             for line in out.splitlines():
@@ -163,15 +163,15 @@ def _supervisor(pid, argv):
                 sup[k.lower()] = v
         return sup
     # supervisord: an ancestor process runs supervisord
-    ppid = _proc_status(pid).get("PPid")
+    ppid = proc_status(pid).get("PPid")
     seen = 0
     while ppid and ppid not in ("0", "1") and seen < 32:
-        a = _proc_cmdline(ppid) or []
+        a = proc_cmdline(ppid) or []
         if any("supervisord" in os.path.basename(x) for x in a[:2]):
             sup["kind"] = "supervisord"
             sup["supervisor_pid"] = int(ppid)
             break
-        ppid = _proc_status(ppid).get("PPid")
+        ppid = proc_status(ppid).get("PPid")
         seen += 1
     return sup
 
@@ -223,7 +223,7 @@ def _interpreter_of(argv, env, cwd):
         return a0
     if "/" in a0:
         return os.path.normpath(os.path.join(cwd, a0)) if cwd else None
-    return _which(a0, path=env.get("PATH") or "") if env else None
+    return find_executable(a0, path=env.get("PATH") or "") if env else None
 
 
 def _venv_root(pid, python):
@@ -231,10 +231,10 @@ def _venv_root(pid, python):
     root = os.path.dirname(os.path.dirname(python))
     cfg = _in_root(pid, os.path.join(root, "pyvenv.cfg"))
     # read, not only stat'ed: a venv the server's user cannot read is not proof; a regular file only (no FIFO:
-    # _read_text checks on the descriptor); common's reader, as every static fact: the static audit loads no
+    # read_text checks on the descriptor); common's reader, as every static fact: the static audit loads no
     # module that changes files (fs)
     try:
-        _read_text(cfg, 4096)
+        read_text(cfg, 4096)
     except OSError:
         return None
     return root
@@ -245,7 +245,7 @@ def _vllm_version(pid, site):
     for di in sorted(glob.glob(_in_root(pid, os.path.join(glob.escape(site), "vllm*.dist-info")))):
         meta_path = os.path.join(di, "METADATA")
         try:
-            head = _read_text(meta_path, 4096)  # a regular file only (checked on the descriptor)
+            head = read_text(meta_path, 4096)  # a regular file only (checked on the descriptor)
         except OSError:
             continue
         meta = dict((k.strip().lower(), v.strip()) for k, _, v in
@@ -322,7 +322,7 @@ def _listening(pid):
     ports = set()
     for table in ("tcp", "tcp6"):
         try:
-            lines = _read_text("/proc/%s/net/%s" % (pid, table), 16 << 20).splitlines()[1:]
+            lines = read_text("/proc/%s/net/%s" % (pid, table), 16 << 20).splitlines()[1:]
         except OSError:
             continue
         for line in lines:
@@ -368,8 +368,8 @@ def identify(plan, candidates):
     other process that looks like vLLM is reported as a look-alike with why, and never run, restarted, given
     the records directory or used as evidence; several servers and no --pid: `error` lists them."""
     plan = plan or {}
-    want_pid = _int_or_none(plan.get("pid"))
-    want_port = _int_or_none(plan.get("port"))
+    want_pid = int_or_none(plan.get("pid"))
+    want_port = int_or_none(plan.get("port"))
     servers, lookalikes = [], []
     for s in candidates:
         if want_pid is not None and s["pid"] != want_pid:
@@ -409,14 +409,14 @@ def find_servers():
     pids = [p for p in os.listdir("/proc") if p.isdigit()]
     matched = {}
     for pid in pids:
-        argv = _proc_cmdline(pid)
+        argv = proc_cmdline(pid)
         if argv and is_server_argv(argv):
             matched[pid] = argv
     for pid, argv in sorted(matched.items(), key=lambda kv: int(kv[0])):
-        st = _proc_status(pid)
+        st = proc_status(pid)
         if st.get("PPid") in matched:  # a child re-exec of the same server
             continue
-        env = _proc_environ(pid)
+        env = proc_environ(pid)
         uid = (st.get("Uid") or "0").split()[0]
         try:
             exe = os.readlink("/proc/%s/exe" % pid)
@@ -427,7 +427,7 @@ def find_servers():
         except OSError:
             cwd = None
         port = arg_value(argv, "--port")
-        sup = _supervisor(pid, argv)
+        sup = supervisor(pid, argv)
         mapped = _mapped_vllm_dirs(pid)
         stdout_name, stdout_path = _stdout_target(pid)
         servers.append({
@@ -435,7 +435,7 @@ def find_servers():
             "argv": redact_argv(argv),
             "exe": exe,
             "cwd": cwd,
-            "user": _user_name(uid),
+            "user": user_name(uid),
             "uid": int(uid),
             "environ_readable": env is not None,
             "env": redact_env(env or {}),
@@ -446,11 +446,11 @@ def find_servers():
             "bind_host": arg_value(argv, "--host"),
             "model_arg": server_model_arg(argv),
             "served_model_name": arg_value(argv, "--served-model-name"),
-            "tensor_parallel_size": _int_or_none(arg_value(argv, "--tensor-parallel-size", "-tp")),
-            "pipeline_parallel_size": _int_or_none(arg_value(argv, "--pipeline-parallel-size", "-pp")),
+            "tensor_parallel_size": int_or_none(arg_value(argv, "--tensor-parallel-size", "-tp")),
+            "pipeline_parallel_size": int_or_none(arg_value(argv, "--pipeline-parallel-size", "-pp")),
             "speculative_config": arg_value(argv, "--speculative-config", "--speculative_config"),
             "speculative_model": arg_value(argv, "--speculative-model"),
-            "num_speculative_tokens": _int_or_none(arg_value(argv, "--num-speculative-tokens")),
+            "num_speculative_tokens": int_or_none(arg_value(argv, "--num-speculative-tokens")),
             "attention_backend_arg": arg_value(argv, "--attention-backend"),
             "enforce_eager": "--enforce-eager" in argv,
             "hf_config_path": arg_value(argv, "--hf-config-path"),

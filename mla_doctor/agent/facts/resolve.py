@@ -17,7 +17,7 @@ import hashlib
 import os
 import re
 
-from ..common import _read_regular
+from ..common import read_regular
 
 REGISTRY = "model_executor/models/registry.py"
 DECODE = ("forward_mqa", "_forward_decode")
@@ -162,7 +162,7 @@ class Source(object):
     def mod(self, rel):
         if rel not in self.mods:
             try:
-                data = _read_regular(os.path.join(self.vdir, rel))
+                data = read_regular(os.path.join(self.vdir, rel))
                 self.mods[rel] = _Mod(rel, data.decode("utf-8", "replace"), hashlib.sha256(data).hexdigest())
             except (OSError, SyntaxError, ValueError):
                 self.mods[rel] = None
@@ -246,7 +246,7 @@ class Source(object):
             out = []
             for kind, fm, fn, p, _w in self.class_expr(m, expr.func, local, depth + 1, plat)[:4]:
                 if kind == "func":
-                    for ret, cond in _returns(fn.body, fm):
+                    for ret, cond in returned_exprs(fn.body, fm):
                         out.extend(self.class_expr(fm, ret, {}, depth + 1, p, cond or when))
             return out
         return []
@@ -302,7 +302,7 @@ class Source(object):
         return None
 
 
-def _returns(body, m, cond=None):
+def returned_exprs(body, m, cond=None):
     """(returned expression, the enclosing `if` line) of a function body."""
     out = []
     for node in body:
@@ -310,13 +310,13 @@ def _returns(body, m, cond=None):
             out.append((node.value, cond))
         elif isinstance(node, ast.If):
             t = m.text_of(node)
-            out.extend(_returns(node.body, m, t))
-            out.extend(_returns(node.orelse, m, ("else of: " + t) if node.orelse else cond))
+            out.extend(returned_exprs(node.body, m, t))
+            out.extend(returned_exprs(node.orelse, m, ("else of: " + t) if node.orelse else cond))
         elif isinstance(node, (ast.For, ast.While, ast.With, ast.Try)):
             for f in ("body", "orelse", "finalbody"):
-                out.extend(_returns(getattr(node, f, []) or [], m, cond))
+                out.extend(returned_exprs(getattr(node, f, []) or [], m, cond))
             for h in getattr(node, "handlers", []) or []:
-                out.extend(_returns(h.body, m, cond))
+                out.extend(returned_exprs(h.body, m, cond))
     return out
 
 
@@ -766,7 +766,7 @@ def _family_has_hint(src, rel, reg=None, depth=0):
     texts = []
     for p in paths:
         try:
-            texts.append((p, _read_regular(os.path.join(src.vdir, p)).decode("utf-8", "replace")))
+            texts.append((p, read_regular(os.path.join(src.vdir, p)).decode("utf-8", "replace")))
         except OSError:
             pass
     if any(_MLA_HINT.search(t) for _p, t in texts):

@@ -8,7 +8,7 @@ import glob
 import os
 import re
 
-from ..common import _read_regular, _sha
+from ..common import read_regular, sha256_hex
 
 # The marks around every block a run inserts (written by change/inserts.py, told from other edits by integrity.py).
 MARK_BEGIN = "# >>> mla-doctor run %s >>>"
@@ -16,7 +16,7 @@ MARK_END = "# <<< mla-doctor run %s <<<"
 MARK_RE = re.compile(r"# >>> mla-doctor run ([A-Za-z0-9_.-]+) >>>")
 
 
-def _find_function(tree, qualname):
+def find_function(tree, qualname):
     parts = qualname.split(".")
     body = tree.body
     node = None
@@ -51,8 +51,8 @@ def resolve_targets(vdir, targets):
         for path in files:
             if path not in trees:
                 try:
-                    data = _read_regular(path)
-                    trees[path] = (ast.parse(data.decode("utf-8")), _sha(data))
+                    data = read_regular(path)
+                    trees[path] = (ast.parse(data.decode("utf-8")), sha256_hex(data))
                 except (OSError, SyntaxError, ValueError) as e:
                     trees[path] = (None, str(e))
             tree, sha = trees[path]
@@ -68,7 +68,7 @@ def resolve_targets(vdir, targets):
                                 matches.append({"rel": rel, "function": node.name + "." + meth, "line": sub.lineno,
                                                 "sha256": sha})
             else:
-                node = _find_function(tree, fn)
+                node = find_function(tree, fn)
                 if node is not None:
                     matches.append({"rel": rel, "function": fn, "line": node.lineno, "sha256": sha})
         out.append({"key": t.get("key"), "files_found": [os.path.relpath(p, vdir) for p in files],

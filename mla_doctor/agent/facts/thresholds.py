@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import re
 
-from ..common import _read_text
+from ..common import read_text
 
 _CLASS = re.compile(r"^class[ \t]+(\w+)", re.M)
 _ATTR = re.compile(r"^[ \t]+reorder_batch_threshold[ \t]*(?::[^=\n]+)?=[ \t]*(\d+)\b", re.M)
@@ -80,7 +80,7 @@ def thresholds_section(vdir, request):
             out[rel] = {"exists": False}
             continue
         try:  # read-only, like the index: the static op loads none of fs.py's file-changing machinery
-            text = _read_text(full)
+            text = read_text(full)
         except OSError as e:
             out[rel] = {"exists": True, "error": e.strerror or str(e)}
             continue

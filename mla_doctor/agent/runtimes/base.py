@@ -9,14 +9,14 @@ import socket
 import time
 
 from .. import fs
-from ..common import _now
+from ..common import time_now
 from ..facts.gpu import gpu_section
-from ..facts.logs import _filter_lines
-from ..fs import _read_json, _run_dir, _server_paths, _write_private
+from ..facts.logs import filter_lines
+from ..fs import read_json, plan_run_dir, server_paths, write_private
 from ..protocol import Refusal
 
 
-def _port_open(host, port):
+def port_open(host, port):
     try:
         s = socket.create_connection((host or "127.0.0.1", port), timeout=0.5)
         s.close()
@@ -33,12 +33,12 @@ def gpu_busy():
     return [g for g in info["gpus"] if (g.get("memory_used_mib") or 0) > 1024]
 
 
-def _gpu_free_or_refuse(plan):
+def gpu_free_or_refuse(plan):
     busy = []
-    deadline = _now() + float(plan.get("gpu_free_timeout_s", 60))
+    deadline = time_now() + float(plan.get("gpu_free_timeout_s", 60))
     while True:
         busy = gpu_busy()
-        if not busy or _now() > deadline:
+        if not busy or time_now() > deadline:
             break
         time.sleep(1)
     if busy:
@@ -46,23 +46,23 @@ def _gpu_free_or_refuse(plan):
                       % ", ".join("%s %s MiB" % (g["index"], g["memory_used_mib"]) for g in busy))
 
 
-def _restart_state(plan, capture, make_run_dir=False):
+def restart_state(plan, capture, make_run_dir=False):
     """Every runtime's restart starts here: (run_dir, spec, current). The spec (how the server ran as
     found) is captured by capture() on the run's first restart and kept 0600 in the run directory;
     later restarts and the restore read it back. Hang-ups are ignored: a lost controller must not stop
     a restart half-way."""
-    run_dir = _run_dir(plan)
+    run_dir = plan_run_dir(plan)
     if not fs.is_dir(run_dir):
         if not make_run_dir:
             raise Refusal("run %s has no run directory on this host (patch first)" % plan["run_id"])
         fs.make_private_run_dir(run_dir)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    orig_path, cur_path = _server_paths(run_dir)
+    orig_path, cur_path = server_paths(run_dir)
     if fs.exists(orig_path):
-        return run_dir, _read_json(orig_path), _read_json(cur_path) if fs.exists(cur_path) else {}
+        return run_dir, read_json(orig_path), read_json(cur_path) if fs.exists(cur_path) else {}
     spec = capture()
-    _write_private(orig_path, spec)
+    write_private(orig_path, spec)
     return run_dir, spec, {}
 
 
@@ -96,6 +96,6 @@ class Runtime:
         if log and fs.exists(log):
             data = fs.read_from(log, int(plan.get("log_offset") or 0), 8 * 1024 * 1024)
             out["log_offset"] = int(plan.get("log_offset") or 0) + len(data)
-            res = _filter_lines(data.decode("utf-8", "replace").splitlines(), plan.get("log_patterns") or {}, log)
+            res = filter_lines(data.decode("utf-8", "replace").splitlines(), plan.get("log_patterns") or {}, log)
             out["log_lines"] = res["lines"]
         return out

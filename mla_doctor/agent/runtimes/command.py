@@ -9,11 +9,11 @@ import subprocess
 import time
 
 from .. import fs
-from ..common import _now
+from ..common import time_now
 from ..facts.processes import find_servers
-from ..fs import _server_paths, _write_private
+from ..fs import server_paths, write_private
 from ..protocol import AGENT_VERSION, Refusal
-from .base import Runtime, _port_open, _restart_state
+from .base import Runtime, port_open, restart_state
 
 
 def _sh(cmd, env, timeout):
@@ -35,16 +35,16 @@ def _command_launch(spec, run_dir, n, extra_env, mode):
     if rc != 0:
         raise Refusal("start command failed (exit %d): %s" % (rc, out.strip()[-500:]))
     cur = {"runtime": "command", "launch": n, "log": log, "log_offset": offset, "mode": mode,
-           "port": spec["port"], "started": _now(), "added_env": sorted((extra_env or {}).keys())}
-    _write_private(_server_paths(run_dir)[1], cur)
+           "port": spec["port"], "started": time_now(), "added_env": sorted((extra_env or {}).keys())}
+    write_private(server_paths(run_dir)[1], cur)
     return cur
 
 
 def _command_stop(spec):
     rc, out = _sh(spec["stop"], dict(os.environ), float(spec.get("timeout", 120)))
     host = spec.get("bind_host") if spec.get("bind_host") not in (None, "", "0.0.0.0", "::") else "127.0.0.1"
-    deadline = _now() + float(spec.get("grace_s", 60))
-    while _now() < deadline and (_server_on_port(spec["port"]) or _port_open(host, spec["port"])):
+    deadline = time_now() + float(spec.get("grace_s", 60))
+    while time_now() < deadline and (_server_on_port(spec["port"]) or port_open(host, spec["port"])):
         time.sleep(0.2)
     left = _server_on_port(spec["port"])
     if left:
@@ -54,7 +54,7 @@ def _command_stop(spec):
 
 
 def op_command_restart(plan):
-    run_dir, spec, current = _restart_state(plan, lambda: {
+    run_dir, spec, current = restart_state(plan, lambda: {
         "runtime": "command", "start": plan["start"], "stop": plan["stop"], "log": plan.get("log"),
         "port": int(plan["port"]), "bind_host": plan.get("bind_host"), "timeout": plan.get("timeout", 120)})
     _command_stop(spec)

@@ -12,15 +12,15 @@ import subprocess
 import time
 
 from .. import reexec
-from ..change.daemon import _watchdog_pid, _watchdog_start, start_daemon
-from ..change.lease import lease_expired, write_lease
-from ..common import _now
-from ..facts.logs import _filter_lines
+from ..common import time_now
+from ..daemon import watchdog_pid, watchdog_start, start_daemon
+from ..facts.logs import filter_lines
 from ..facts.processes import find_servers
-from ..fs import _read_json, _server_paths, _write_private
+from ..fs import read_json, server_paths, write_private
+from ..lease import lease_expired, write_lease
 from ..protocol import AGENT_VERSION, BOOTSTRAP, Refusal
-from .base import Runtime, _gpu_free_or_refuse, _restart_state
-from .lifecycle import restore_server
+from .base import Runtime, gpu_free_or_refuse, restart_state
+from .registry import restore_server
 
 
 def _docker(args, timeout=60, stdin=None):
@@ -93,16 +93,16 @@ def _docker_restart(spec, run_dir, n, mode):
     rc, _out, err = _docker(["stop", "-t", str(grace), spec["id"]], timeout=grace + 120)
     if rc != 0:
         raise Refusal("docker stop %s failed: %s" % (spec["name"], err.decode("utf-8", "replace").strip()[-300:]))
-    _gpu_free_or_refuse(spec)
+    gpu_free_or_refuse(spec)
     since = _docker_now()
     rc, _out, err = _docker(["start", spec["id"]], timeout=120)
     if rc != 0:
         raise Refusal("docker start %s failed: %s" % (spec["name"], err.decode("utf-8", "replace").strip()[-300:]))
     info = docker_inspect(spec["id"])
     cur = {"runtime": "docker", "container": spec["id"], "launch": n, "mode": mode, "since": since,
-           "pid": info.get("pid"), "restart_count": info.get("restart_count", 0), "started": _now(),
+           "pid": info.get("pid"), "restart_count": info.get("restart_count", 0), "started": time_now(),
            "port": spec["port"]}
-    _write_private(_server_paths(run_dir)[1], cur)
+    write_private(server_paths(run_dir)[1], cur)
     return cur
 
 
@@ -112,15 +112,15 @@ def _capture_container(plan):
         raise Refusal("container %s is not running" % info["name"])
     return dict(info, runtime="docker", port=int(plan["port"]), grace_s=plan.get("grace_s", 30),
                 python=plan.get("container_python"), container_run_root=plan.get("container_run_root"),
-                run_id=plan["run_id"], captured=_now())
+                run_id=plan["run_id"], captured=time_now())
 
 
 def op_docker_restart(plan):
     # the host side of a container run has no patch run directory: this is its first write
-    run_dir, spec, current = _restart_state(plan, lambda: _capture_container(plan), make_run_dir=True)
+    run_dir, spec, current = restart_state(plan, lambda: _capture_container(plan), make_run_dir=True)
     write_lease(run_dir, plan.get("ttl") or 120)
     cur = _docker_restart(spec, run_dir, int(current.get("launch", 0)) + 1, plan.get("mode", "debug"))
-    wd = _watchdog_pid(run_dir)
+    wd = watchdog_pid(run_dir)
     if not wd and reexec.PAYLOAD:  # in-process (tests): no payload to run inside the container
         wd = start_daemon(lambda: docker_watchdog_loop(run_dir, float(plan.get("watchdog_poll", 1.0))))
     return {"agent_version": AGENT_VERSION, "op": "docker_restart", "container": spec["name"], "pid": cur["pid"],
@@ -140,7 +140,7 @@ def _container_agent(spec, plan, timeout=300):
 
 def docker_revert_and_restore(run_dir, reason, note=lambda m: None):
     """The container's files reverted (this agent inside it), then the container restarted as found."""
-    spec = _read_json(_server_paths(run_dir)[0])
+    spec = read_json(server_paths(run_dir)[0])
     res = _container_agent(spec, {"op": "revert", "run_id": spec["run_id"], "reason": reason,
                                   "run_root": spec.get("container_run_root"), "restore_server": False})
     runs = res.get("runs") or []
@@ -160,11 +160,11 @@ def docker_revert_and_restore(run_dir, reason, note=lambda m: None):
 
 
 def docker_watchdog_loop(run_dir, poll):
-    note, stop = _watchdog_start(run_dir, "host watchdog (container run)")
-    _orig_path, cur_path = _server_paths(run_dir)
+    note, stop = watchdog_start(run_dir, "host watchdog (container run)")
+    _orig_path, cur_path = server_paths(run_dir)
     while not stop:
         try:
-            cur = _read_json(cur_path)
+            cur = read_json(cur_path)
         except (OSError, ValueError):
             cur = {}
         if cur.get("mode") == "original":
@@ -186,7 +186,7 @@ def _docker_tick(cur, plan, out):
     lines = _docker_log_lines(cur["container"], cur["since"])
     seen = plan.get("log_offset") if isinstance(plan.get("log_offset"), int) else 0
     out["log_offset"] = len(lines)
-    out["log_lines"] = _filter_lines(lines[seen:], plan.get("log_patterns") or {}, "docker:" + cur["container"])[
+    out["log_lines"] = filter_lines(lines[seen:], plan.get("log_patterns") or {}, "docker:" + cur["container"])[
         "lines"]
     return out
 

@@ -12,12 +12,12 @@ import stat
 import time
 
 from .. import fs
-from ..common import _now, _pid_running, _read_text, _user_name, _which
-from ..facts.processes import _proc_cmdline, _proc_environ, _proc_status, _supervisor, arg_value, redact_argv, \
+from ..common import time_now, pid_running, read_text, user_name, find_executable
+from ..facts.processes import proc_cmdline, proc_environ, proc_status, supervisor, arg_value, redact_argv, \
     supervised_refusal
-from ..fs import _server_paths, _write_private
+from ..fs import server_paths, write_private
 from ..protocol import AGENT_VERSION, Refusal
-from .base import Runtime, _gpu_free_or_refuse, _port_open, _restart_state
+from .base import Runtime, gpu_free_or_refuse, port_open, restart_state
 
 
 RLIMITS = {"Max open files": "RLIMIT_NOFILE", "Max locked memory": "RLIMIT_MEMLOCK",
@@ -54,7 +54,7 @@ def descendants(pid):
 def _limits(pid):
     out = {}
     try:
-        for line in _read_text("/proc/%d/limits" % pid).splitlines()[1:]:
+        for line in read_text("/proc/%d/limits" % pid).splitlines()[1:]:
             for label, name in RLIMITS.items():
                 if line.startswith(label):
                     parts = line[len(label):].split()
@@ -77,21 +77,21 @@ def _fd_file(pid, fd):
 def capture_server(pid):
     """Everything needed to start this server again exactly as it runs now (raw: stays on the host)."""
     pid = int(pid)
-    argv = _proc_cmdline(pid)
-    env = _proc_environ(pid)
+    argv = proc_cmdline(pid)
+    env = proc_environ(pid)
     if not argv or env is None:
         raise Refusal("cannot read pid %d's command line and environment (run with --sudo?)" % pid)
-    st = _proc_status(pid)
+    st = proc_status(pid)
     uid = int((st.get("Uid") or "0").split()[0])
     gid = int((st.get("Gid") or "0").split()[0])
     try:
         exe = os.readlink("/proc/%d/exe" % pid)
     except OSError:
         exe = None
-    server = {"pid": pid, "argv": argv, "env": env, "uid": uid, "gid": gid, "user": _user_name(uid),
+    server = {"pid": pid, "argv": argv, "env": env, "uid": uid, "gid": gid, "user": user_name(uid),
               "cwd": os.readlink("/proc/%d/cwd" % pid), "exe": exe, "limits": _limits(pid),
-              "supervisor": _supervisor(str(pid), argv), "port": int(arg_value(argv, "--port") or 8000),
-              "bind_host": arg_value(argv, "--host"), "pgid": os.getpgid(pid), "captured": _now(),
+              "supervisor": supervisor(str(pid), argv), "port": int(arg_value(argv, "--port") or 8000),
+              "bind_host": arg_value(argv, "--host"), "pgid": os.getpgid(pid), "captured": time_now(),
               "stdout": _fd_file(pid, 1), "stderr": _fd_file(pid, 2)}
     return server
 
@@ -114,23 +114,23 @@ def stop_server(pid, grace=30.0, port=None, bind_host=None):
             os.killpg(pid, signal.SIGTERM)
         except OSError:
             pass
-    deadline = _now() + grace
-    while _now() < deadline and any(_pid_running(p) for p in victims):
+    deadline = time_now() + grace
+    while time_now() < deadline and any(pid_running(p) for p in victims):
         time.sleep(0.1)
-    killed = [p for p in victims if _pid_running(p)]
+    killed = [p for p in victims if pid_running(p)]
     for p in killed:
         try:
             os.kill(p, signal.SIGKILL)
         except OSError:
             pass
-    deadline2 = _now() + 10
-    while _now() < deadline2 and any(_pid_running(p) for p in victims):
+    deadline2 = time_now() + 10
+    while time_now() < deadline2 and any(pid_running(p) for p in victims):
         time.sleep(0.1)
     host = bind_host if bind_host not in (None, "", "0.0.0.0", "::") else "127.0.0.1"
-    deadline3 = _now() + 10
-    while port and _now() < deadline3 and _port_open(host, port):
+    deadline3 = time_now() + 10
+    while port and time_now() < deadline3 and port_open(host, port):
         time.sleep(0.1)
-    return {"stopped": [p for p in victims], "killed": killed, "left": [p for p in victims if _pid_running(p)]}
+    return {"stopped": [p for p in victims], "killed": killed, "left": [p for p in victims if pid_running(p)]}
 
 
 def _resolve_exe(spec):
@@ -141,7 +141,7 @@ def _resolve_exe(spec):
         cand = os.path.join(spec["cwd"], a0)
         if os.access(cand, os.X_OK):
             return cand
-    found = _which(a0, path=spec["env"].get("PATH"))
+    found = find_executable(a0, path=spec["env"].get("PATH"))
     return found or spec.get("exe") or a0
 
 
@@ -255,20 +255,20 @@ def _capture_process(plan):
 
 def op_server_restart(plan):
     """Stop the server found at plan["pid"] and relaunch it with the run's debug settings."""
-    run_dir, spec, current = _restart_state(plan, lambda: _capture_process(plan))
+    run_dir, spec, current = restart_state(plan, lambda: _capture_process(plan))
     current = current or {"pid": spec["pid"]}
     stopped = stop_server(current["pid"], float(plan.get("grace_s", 30)), spec["port"], spec.get("bind_host"))
     if stopped["left"]:
         raise Refusal("processes survived SIGKILL: %s" % stopped["left"])
-    _gpu_free_or_refuse(plan)
+    gpu_free_or_refuse(plan)
     n = int(current.get("launch", 0)) + 1
     log_path = fs.server_log_path(run_dir, n)
     hand_records_to(run_dir, spec["uid"], spec["gid"])
     pid, argv, exe, _log = launch_server(spec, log_path, plan.get("env") or {}, plan.get("add_args") or [],
                                          plan.get("drop_env") or [])
-    cur = {"pid": pid, "launch": n, "log": log_path, "started": _now(), "mode": plan.get("mode", "debug"),
+    cur = {"pid": pid, "launch": n, "log": log_path, "started": time_now(), "mode": plan.get("mode", "debug"),
            "added_args": plan.get("add_args") or [], "added_env": sorted((plan.get("env") or {}).keys())}
-    _write_private(_server_paths(run_dir)[1], cur)
+    write_private(server_paths(run_dir)[1], cur)
     return {"agent_version": AGENT_VERSION, "op": "server_restart", "pid": pid, "log": log_path,
             "stopped": stopped, "argv": redact_argv(argv), "exe": exe, "port": spec["port"],
             "bind_host": spec.get("bind_host"), "user": spec["user"], "previous_pid": current["pid"]}
@@ -281,8 +281,8 @@ class ProcessRuntime(Runtime):
         return op_server_restart(plan)
 
     def restore(self, spec, run_dir, current, note):
-        _orig_path, cur_path = _server_paths(run_dir)
-        if current.get("mode") == "original" and current.get("pid") and _pid_running(current["pid"]):
+        _orig_path, cur_path = server_paths(run_dir)
+        if current.get("mode") == "original" and current.get("pid") and pid_running(current["pid"]):
             return {"restored": True, "pid": current["pid"], "already": True}
         if current.get("pid"):
             stop_server(current["pid"], 30.0, spec["port"], spec.get("bind_host"))
@@ -295,12 +295,12 @@ class ProcessRuntime(Runtime):
         if log_path != original:
             offset = 0
         # the original server logged wherever its stdout pointed; keep that: relaunch writes the run log
-        _write_private(cur_path, {"pid": pid, "launch": n, "log": log_path, "started": _now(), "mode": "original"})
+        write_private(cur_path, {"pid": pid, "launch": n, "log": log_path, "started": time_now(), "mode": "original"})
         note("server relaunched with its original argv as pid %d" % pid)
         return {"restored": True, "pid": pid, "log": log_path, "log_offset": offset}
 
     def check_alive(self, cur, out):
-        out["alive"] = bool(cur.get("pid")) and _pid_running(cur["pid"])
+        out["alive"] = bool(cur.get("pid")) and pid_running(cur["pid"])
 
 
 RUNTIME = ProcessRuntime()

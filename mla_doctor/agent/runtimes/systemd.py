@@ -11,12 +11,12 @@ import re
 import time
 
 from .. import fs
-from ..common import _now, _run
-from ..facts.logs import _filter_lines
-from ..facts.processes import _proc_cmdline, is_server_argv
-from ..fs import _server_paths, _write_private, atomic_write
+from ..common import time_now, run_argv
+from ..facts.logs import filter_lines
+from ..facts.processes import proc_cmdline, is_server_argv
+from ..fs import server_paths, write_private, atomic_write
 from ..protocol import AGENT_VERSION, Refusal
-from .base import Runtime, _gpu_free_or_refuse, _restart_state
+from .base import Runtime, gpu_free_or_refuse, restart_state
 from .process import hand_records_to
 
 
@@ -25,7 +25,7 @@ UNIT_RE = re.compile(r"^[A-Za-z0-9:_.@-]+$")
 
 
 def _systemctl(args, timeout=120):
-    rc, out, err = _run(["systemctl", "--no-ask-password"] + list(args), timeout=timeout)
+    rc, out, err = run_argv(["systemctl", "--no-ask-password"] + list(args), timeout=timeout)
     return rc, out, err
 
 
@@ -68,7 +68,7 @@ def render_dropin(env, exec_argv=None):
 
 def _journal(unit, args, timeout):
     """journalctl -u UNIT ARGS as message lines, and the cursor of the last entry shown (None: none)."""
-    rc, out, _err = _run(["journalctl", "-u", unit, "-o", "cat", "--no-pager", "-q", "--show-cursor"] + args,
+    rc, out, _err = run_argv(["journalctl", "-u", unit, "-o", "cat", "--no-pager", "-q", "--show-cursor"] + args,
                          timeout=timeout)
     lines = out.splitlines()
     if lines and lines[-1].startswith("-- cursor: "):
@@ -87,9 +87,9 @@ def journal_since(unit, cursor, limit_lines=20000):
 
 
 def _unit_wait(unit, want, timeout):
-    deadline = _now() + timeout
+    deadline = time_now() + timeout
     info = unit_show(unit)
-    while info.get("ActiveState") not in want and _now() < deadline:
+    while info.get("ActiveState") not in want and time_now() < deadline:
         time.sleep(0.2)
         info = unit_show(unit)
     return info
@@ -122,10 +122,10 @@ def _systemd_start(spec, run_dir, n, env, add_args, mode):
     info = unit_show(unit)
     cur = {"runtime": "systemd", "unit": unit, "launch": n, "mode": mode, "cursor": cursor,
            "nrestarts": int(info.get("NRestarts") or before.get("NRestarts") or 0),
-           "pid": int(info.get("MainPID") or 0) or None, "started": _now(), "port": spec["port"],
+           "pid": int(info.get("MainPID") or 0) or None, "started": time_now(), "port": spec["port"],
            "added_env": sorted(env.keys()), "added_args": list(add_args),
            "dropin": dropin if (env or add_args) else None}
-    _write_private(_server_paths(run_dir)[1], cur)
+    write_private(server_paths(run_dir)[1], cur)
     return cur
 
 
@@ -148,10 +148,10 @@ def _capture_unit(plan):
         raise Refusal("systemd unit %s is %s, not active: nothing to restart" % (unit, info.get("ActiveState")))
     main = int(info.get("MainPID") or 0)
     spec = {"runtime": "systemd", "unit": info.get("Id") or unit, "main_pid": main,
-            "argv": _proc_cmdline(main) if main else None, "port": int(plan["port"]),
+            "argv": proc_cmdline(main) if main else None, "port": int(plan["port"]),
             "bind_host": plan.get("bind_host"), "restart": info.get("Restart"), "type": info.get("Type"),
             "fragment": info.get("FragmentPath"), "dropins_before": info.get("DropInPaths"),
-            "timeout": plan.get("timeout", 120), "captured": _now(), "user": info.get("User") or None}
+            "timeout": plan.get("timeout", 120), "captured": time_now(), "user": info.get("User") or None}
     spec["dropin"] = systemd_dropin(spec["unit"], plan["run_id"])
     return spec
 
@@ -162,7 +162,7 @@ def _dropin_checked(spec, run_dir):
     if not isinstance(unit, str) or not UNIT_RE.match(unit) \
             or spec.get("dropin") != systemd_dropin(unit, os.path.basename(run_dir)):
         raise Refusal("%s names a drop-in %r that is not this run's (%s): refused, nothing removed or written"
-                      % (_server_paths(run_dir)[0], spec.get("dropin"), os.path.basename(run_dir)))
+                      % (server_paths(run_dir)[0], spec.get("dropin"), os.path.basename(run_dir)))
     return spec["dropin"]
 
 
@@ -176,11 +176,11 @@ def _hand_records(spec, run_dir):
 
 
 def op_systemd_restart(plan):
-    run_dir, spec, current = _restart_state(plan, lambda: _capture_unit(plan))
+    run_dir, spec, current = restart_state(plan, lambda: _capture_unit(plan))
     _dropin_checked(spec, run_dir)
     _hand_records(spec, run_dir)
     _systemd_stop(spec)
-    _gpu_free_or_refuse(plan)
+    gpu_free_or_refuse(plan)
     cur = _systemd_start(spec, run_dir, int(current.get("launch", 0)) + 1, plan.get("env") or {},
                          plan.get("add_args") or [], plan.get("mode", "debug"))
     return {"agent_version": AGENT_VERSION, "op": "systemd_restart", "unit": spec["unit"], "pid": cur["pid"],
@@ -213,7 +213,7 @@ def _systemd_tick(cur, plan, out):
     pos = plan.get("log_offset")
     lines, cursor = journal_since(cur["unit"], pos if isinstance(pos, str) and pos else cur.get("cursor"))
     out["log_offset"] = cursor or ""
-    out["log_lines"] = _filter_lines(lines, plan.get("log_patterns") or {}, "journal:" + cur["unit"])["lines"]
+    out["log_lines"] = filter_lines(lines, plan.get("log_patterns") or {}, "journal:" + cur["unit"])["lines"]
     return out
 
 

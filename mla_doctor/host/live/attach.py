@@ -13,6 +13,7 @@ import re
 import time
 from typing import Any
 
+from mla_doctor import interrupts
 from mla_doctor.errors import MlaDoctorError, RemoteError
 from mla_doctor.exit_codes import ExitStatus
 from mla_doctor.host.instrument import Templates
@@ -262,6 +263,20 @@ def run_attached(run: LiveRun) -> list[steps.Pass]:
         run.start_error = e.message
     finally:
         run.stop_lease()
-        if run.patched:
-            detach(run)
+        if run.patched:  # like a restore: a first Ctrl-C does not cut it (nor does the exit guard)
+            with interrupts.restoring(run.name, lambda: _left(run), run.conn.command_timeout + 30,
+                                      lambda: _detached(run)):
+                detach(run)
     return passes
+
+
+def _left(run: LiveRun) -> str:
+    return (f"left on {run.name} by run {run.run_id}: the probe in the server's processes; it removes itself when "
+            f"the run's lease ends (at most {run.ropts.ttl:g}s from now, since nothing renews it)")
+
+
+def _detached(run: LiveRun) -> str:
+    if run.report.restored:
+        return f"restored {run.name}: the probe detached, the same processes, nothing left wrapped"
+    why = "; ".join(run.live.get("restore_problems") or []) or "unknown"
+    return f"{run.name} is NOT restored ({why})"

@@ -44,7 +44,7 @@ def _run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Audi
     finally:
         run.stop_lease()
         # a first Ctrl-C/SIGTERM does not stop the restore; a second does, saying what is left and its undo
-        with interrupts.restoring(name, lambda: left_on_host(run), restore_bound_s(run)):
+        with interrupts.restoring(name, lambda: left_on_host(run), restore_bound_s(run), lambda: restored(run)):
             steps.restore(run)
     try:
         if not passes:
@@ -57,6 +57,17 @@ def _run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Audi
 def restore_bound_s(run: LiveRun) -> float:
     """The most a restore may take: the revert's command, the server's restart and its readiness wait."""
     return 2 * run.conn.command_timeout + 120 + (run.ropts.ready_timeout if run.restarted else 0)
+
+
+def restored(run: LiveRun) -> str:
+    """Said when an interrupted run's restore has ended: whether the host is as found (no report follows)."""
+    if not run.patched and not run.restarted:
+        return f"nothing was changed on {run.name}"
+    if run.report.restored:
+        return f"restored {run.name}: files reverted and the server running as found"
+    undo = revert_command(run.name, run.conn, run.aopts.python, run.run_id, run.ropts.run_root)
+    why = "; ".join(run.live.get("restore_problems") or []) or "unknown"
+    return f"{run.name} is NOT restored ({why}); to undo: {undo}"
 
 
 def left_on_host(run: LiveRun) -> str:

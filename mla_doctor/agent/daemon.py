@@ -7,26 +7,26 @@ import os
 import signal
 import time
 
-from .. import fs
-from ..common import _pid_running
-from ..protocol import Refusal
+from . import fs
+from .common import pid_running
+from .protocol import Refusal
 
 
-def _watchdog_pid(run_dir):
+def watchdog_pid(run_dir):
     """The run's watchdog pid, if that process is still running and still an mla-doctor process."""
     try:
         pid = int(fs.read_text(fs.watchdog_pid_path(run_dir)).strip())
         with open("/proc/%d/cmdline" % pid, "rb") as f:
             if b"mla-doctor" not in f.read():
                 return None
-        return pid if _pid_running(pid) else None
+        return pid if pid_running(pid) else None
     except (OSError, ValueError, Refusal):
         return None
 
 
-def _stop_watchdog(run_dir):
+def stop_watchdog(run_dir):
     """SIGTERM the run's watchdog, only if its recorded pid is still an mla-doctor process."""
-    pid = _watchdog_pid(run_dir)
+    pid = watchdog_pid(run_dir)
     if pid:
         try:
             os.kill(pid, signal.SIGTERM)
@@ -67,8 +67,8 @@ def start_daemon(fn):
         os._exit(0)
 
 
-def _watchdog_start(run_dir, what):
-    """A watchdog's first steps: its pid file (for _stop_watchdog), its log, SIGTERM as a stop request.
+def watchdog_start(run_dir, what):
+    """A watchdog's first steps: its pid file (for stop_watchdog), its log, SIGTERM as a stop request.
     Returns (note, stop): note(msg) appends to watchdog.log; stop is non-empty once asked to stop."""
     log = fs.watchdog_log_path(run_dir)
 

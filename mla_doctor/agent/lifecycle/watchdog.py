@@ -7,14 +7,14 @@ import os
 import time
 
 from .. import fs
-from ..common import _pid_running
-from ..fs import _read_json
+from ..change.lock import release_lock
+from ..change.revert import revert_run
+from ..common import pid_running
+from ..daemon import watchdog_start, start_daemon
+from ..fs import read_json
+from ..lease import lease_expired
 from ..protocol import Refusal
-from ..runtimes.lifecycle import restore_server
-from .daemon import _watchdog_start, start_daemon
-from .lease import lease_expired
-from .lock import _release_lock
-from .revert import revert_run
+from ..runtimes.registry import restore_server
 
 
 def start_watchdog(root, run_id, plan):
@@ -26,7 +26,7 @@ def start_watchdog(root, run_id, plan):
 def watchdog_loop(root, run_id, poll, agent_pid=None):
     run_dir = fs.run_dir_of(root, run_id)
     manifest_path = fs.manifest_path(run_dir)
-    note, stop = _watchdog_start(run_dir, "watchdog")
+    note, stop = watchdog_start(run_dir, "watchdog")
     try:
         held = fs.hold_dir(run_dir)  # the run directory it watches, kept open; re-verified before acting
     except (OSError, Refusal) as e:
@@ -38,13 +38,13 @@ def watchdog_loop(root, run_id, poll, agent_pid=None):
             note("run directory %s is no longer the verified one: refusing to act, exiting" % run_dir)
             return
         try:
-            state = _read_json(manifest_path).get("state")
+            state = read_json(manifest_path).get("state")
         except (OSError, ValueError, Refusal):
             state = None
         if state in ("reverted", "revert-incomplete", "revert-refused", None):
             note("run is %s: exiting" % state)
             return
-        if state == "patching" and agent_pid and _pid_running(agent_pid):
+        if state == "patching" and agent_pid and pid_running(agent_pid):
             time.sleep(poll)  # never revert under a patch still being written: it would mark the run patched after
             continue
         if lease_expired(run_dir):
@@ -59,7 +59,7 @@ def watchdog_loop(root, run_id, poll, agent_pid=None):
                     note("server: %s" % restore_server(run_dir, note))
             except Exception as e:
                 note("revert failed: %s: %s" % (type(e).__name__, e))
-            _release_lock(root, run_id)
+            release_lock(root, run_id)
             return
         time.sleep(poll)
     note("stopped by SIGTERM")
