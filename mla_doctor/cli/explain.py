@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 
 import click
 
@@ -15,10 +16,17 @@ from mla_doctor.exit_codes import ExitStatus
 
 
 def _read_config(path: str) -> dict:
-    p = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    in_dir = os.path.isdir(path)
+    p = os.path.join(path, "config.json") if in_dir else path
     try:
-        with open(p, encoding="utf-8") as f:
-            data = json.load(f)
+        # a model directory may be another user's: its config.json as a FIFO must not hang us, nor a device or
+        # a huge file fill memory (a file named by hand may be a pipe: `--model <(...)`)
+        fd = os.open(p, os.O_RDONLY | (os.O_NONBLOCK if in_dir else 0))
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            if in_dir and (not stat.S_ISREG(st.st_mode) or st.st_size > 16 << 20):
+                raise UsageError(f"{p}: not a regular file of at most 16 MiB: not read")
+            data = json.loads(f.read(16 << 20).decode("utf-8", "replace"))
     except OSError as e:
         raise UsageError(f"{p}: cannot read: {e.strerror or e}") from e
     except ValueError as e:
