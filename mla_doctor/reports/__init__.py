@@ -238,7 +238,20 @@ def check_report(path: str, doc) -> dict:
 
 
 def load_report(path: str) -> dict:
-    return check_report(path, load_json(path))
+    return check_report(path, _no_lone_surrogates(load_json(path)))
+
+
+def _no_lone_surrogates(v: Any) -> Any:
+    """A saved report is any JSON: "\\ud800" alone decodes to a str no writer (or terminal) can encode: kept
+    visible as the escape it was, never a UnicodeEncodeError (exit 70) in every format."""
+    if isinstance(v, str):
+        return v.encode("utf-8", "backslashreplace").decode("utf-8") if any(
+            "\ud800" <= c <= "\udfff" for c in v) else v
+    if isinstance(v, list):
+        return [_no_lone_surrogates(x) for x in v]
+    if isinstance(v, dict):
+        return {_no_lone_surrogates(k): _no_lone_surrogates(x) for k, x in v.items()}
+    return v
 
 
 def open_report(path: str):
@@ -253,7 +266,7 @@ def open_report(path: str):
     if st is not None and stat.S_ISLNK(st.st_mode) and not follow:
         raise OSError(errno.ELOOP, f"a symlink owned by uid {st.st_uid}: not followed")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (0 if follow else os.O_NOFOLLOW), 0o644)
-    return os.fdopen(fd, "w", encoding="utf-8")
+    return os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace")  # a lone surrogate from JSON: no crash
 
 
 def write(path: str, text: str) -> None:
