@@ -314,7 +314,7 @@ def fd_writable(link):
                 if line.startswith("flags:"):
                     flags = int(line.split()[1], 8)
                     return (not flags & getattr(os, "O_PATH", 0o10000000)
-                            and flags & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR))
+                            and flags & 3 in (os.O_WRONLY, os.O_RDWR))  # 3: O_ACCMODE
     except (OSError, ValueError, IndexError):
         pass
     return False
