@@ -13,6 +13,7 @@ from mla_doctor.diagnosis.explain import Explanation, explain
 from mla_doctor.diagnosis.log_normalise import bounded_lines
 from mla_doctor.errors import UsageError
 from mla_doctor.exit_codes import ExitStatus
+from mla_doctor.redact import redact_text, redact_tree
 
 
 def _read_config(path: str) -> dict:
@@ -131,9 +132,11 @@ def explain_cmd(log, model, version, fmt):
     ex = explain(kept.numbered(), config=config, version=version)
     ex.input = kept.to_dict()
     if fmt == "json":
-        doc = dict(ex.to_dict(), command="explain", log=log)
+        doc = redact_tree(dict(ex.to_dict(), command="explain", log=log))  # a paste goes on into tickets
         click.echo(json.dumps(doc, indent=2))
     else:
-        # the paste is another machine's text: its escapes (OSC 52, ESC[2J) must not reach the terminal
-        click.echo(terminal.text(render_text(ex, log)), nl=False)
+        # the paste is another machine's text: its escapes (OSC 52, ESC[2J) must not reach the terminal, nor
+        # its secrets the ticket the answer is pasted into (every other output is redacted: this one was not)
+        click.echo(terminal.text("".join(redact_text(line) for line in
+                                         render_text(ex, log).splitlines(keepends=True))), nl=False)
     raise SystemExit(int(ExitStatus.FAULT if ex.reading.fatal else ExitStatus.OK))

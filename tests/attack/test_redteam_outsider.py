@@ -251,14 +251,11 @@ SECRET_FORMS = ["api_key='tok3f9a8c7d6e5b4a3928QQ01'", "Namespace(port=8000, api
                 "secret_key: 3f9a8c7d6e5b4a39281706f5e4QQ09"]
 
 
-@pytest.mark.xfail(strict=True, reason="#18 red team: free-text redaction (mla_doctor/redact.py redact_text, and "
-                   "the agent's twin) catches NAME=value only for UPPER_CASE names and no `name: value` / "
-                   "`'name': 'value'` form: a fatal log line quoting `api_key='...'`, `password=...`, "
-                   "`hf_token='...'`, an argparse Namespace, `X-API-Key: ...` or `OPENAI_API_KEY: ...` prints "
-                   "the secret in LOG_FATAL's evidence (static, run, explain). The lead decides the rule "
-                   "(both redactors are held equal by a test)")
 def test_secrets_in_fatal_log_lines_are_redacted(tmp_path):
-    """Each fatal line, alone in its own log (only the first few are quoted), must not print its secret."""
+    """Free-text redaction caught NAME=value only for UPPER_CASE names: a fatal log line quoting
+    `api_key='...'`, `password=...`, `hf_token='...'`, an argparse Namespace, `X-API-Key: ...` or
+    `OPENAI_API_KEY: ...` printed the secret in LOG_FATAL's evidence (static, run, explain). Each line alone
+    in its own log (only the first few fatal lines are quoted)."""
     leaked = []
     for i, form in enumerate(SECRET_FORMS):
         log = tmp_path / f"l{i}.log"
@@ -269,6 +266,11 @@ def test_secrets_in_fatal_log_lines_are_redacted(tmp_path):
         if f"QQ{i + 1:02d}" in p.stdout:
             leaked.append(form)
     assert not leaked, f"secrets printed: {leaked}"
+    sys.path.insert(0, str(REPO))
+    from mla_doctor.redact import redact_text  # the one rule under every report (static, run, audit too)
+    assert not [f for f in SECRET_FORMS if "QQ" in redact_text(f)]
+    kept = "max_num_batched_tokens=8192 tokenizer=/m/tok prompt_token_ids=[1, 2] kv_cache_dtype=auto"
+    assert redact_text(kept) == kept  # evidence, not secrets
 
 
 # ---- saved reports (`report render`: any JSON a host or a colleague sends) -----------------------------------
