@@ -32,6 +32,13 @@ _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 _URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@?#]+@")
 # NAME=value in free text, NAME upper case (an environment variable), value up to whitespace or a quote
 _ENV_WORD = re.compile(r"\b([A-Z_][A-Z0-9_]*)=(\"[^\"\0]*\"|'[^'\0]*'|[^\s'\"\0]*)")
+# name=value / name: value / 'name': 'value' in free text, any case, the name ending in a secret word: a Python
+# repr or log line (`api_key='...'`, `Namespace(..., api_key='...')`, `X-API-Key: ...`, `password=...`); the
+# name must end there, so `max_num_batched_tokens`, `tokenizer`, `prompt_token_ids` are kept (evidence)
+_KV_SECRET = re.compile(
+    r"(?i)(?<![A-Za-z0-9_])((?:[A-Za-z0-9]+[_-])*(?:api[_-]?key|apikey|secret(?:[_-]?key)?|password|passwd|"
+    r"passphrase|credentials?|token|access[_-]?key|private[_-]?key))(?![A-Za-z0-9_])"
+    r"([\"']?[ \t]*[:=][ \t]*\[?[ \t]*[\"']?)([^\s\"',\]\)}<]+)")
 # secrets recognised by their shape alone (token formats whose prefix says what they are)
 _SHAPES = re.compile(
     r"(?<![A-Za-z0-9_-])(?:sk-[A-Za-z0-9_-]{20,}"   # OpenAI-style (sk-..., sk-proj-...)
@@ -98,6 +105,7 @@ def redact_text(text: str) -> str:
     text = _SHAPES.sub(REDACTED, text)
     text = _AUTH_SCHEME.sub(lambda m: (m.group(1) or m.group(2)) + REDACTED, text)
     text = _URL_USERINFO.sub(lambda m: m.group(1) + REDACTED + "@", text)
+    text = _KV_SECRET.sub(lambda m: m.group(1) + m.group(2) + REDACTED, text)
     text = _ENV_WORD.sub(_env_word, text)
     if "-" not in text:
         return text

@@ -94,7 +94,9 @@ def write_output(output: str, text: str, status: ExitStatus, overall: str) -> Ex
     report goes to stdout instead, a message to stderr, and the exit status stays the work's (USAGE only
     when the work itself was OK, so that a lost report is never a silent success)."""
     try:
-        with open(output, "w", encoding="utf-8") as f:
+        from mla_doctor.reports import open_report  # never through another user's link
+
+        with open_report(output) as f:
             f.write(text)
     except OSError as e:
         click.echo(text, nl=False)

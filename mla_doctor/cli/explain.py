@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 
 import click
 
@@ -12,13 +13,21 @@ from mla_doctor.diagnosis.explain import Explanation, explain
 from mla_doctor.diagnosis.log_normalise import bounded_lines
 from mla_doctor.errors import UsageError
 from mla_doctor.exit_codes import ExitStatus
+from mla_doctor.redact import redact_text, redact_tree
 
 
 def _read_config(path: str) -> dict:
-    p = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    in_dir = os.path.isdir(path)
+    p = os.path.join(path, "config.json") if in_dir else path
     try:
-        with open(p, encoding="utf-8") as f:
-            data = json.load(f)
+        # a model directory may be another user's: its config.json as a FIFO must not hang us, nor a device or
+        # a huge file fill memory (a file named by hand may be a pipe: `--model <(...)`)
+        fd = os.open(p, os.O_RDONLY | (os.O_NONBLOCK if in_dir else 0))
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            if in_dir and (not stat.S_ISREG(st.st_mode) or st.st_size > 16 << 20):
+                raise UsageError(f"{p}: not a regular file of at most 16 MiB: not read")
+            data = json.loads(f.read(16 << 20).decode("utf-8", "replace"))
     except OSError as e:
         raise UsageError(f"{p}: cannot read: {e.strerror or e}") from e
     except ValueError as e:
@@ -123,9 +132,11 @@ def explain_cmd(log, model, version, fmt):
     ex = explain(kept.numbered(), config=config, version=version)
     ex.input = kept.to_dict()
     if fmt == "json":
-        doc = dict(ex.to_dict(), command="explain", log=log)
+        doc = redact_tree(dict(ex.to_dict(), command="explain", log=log))  # a paste goes on into tickets
         click.echo(json.dumps(doc, indent=2))
     else:
-        # the paste is another machine's text: its escapes (OSC 52, ESC[2J) must not reach the terminal
-        click.echo(terminal.text(render_text(ex, log)), nl=False)
+        # the paste is another machine's text: its escapes (OSC 52, ESC[2J) must not reach the terminal, nor
+        # its secrets the ticket the answer is pasted into (every other output is redacted: this one was not)
+        click.echo(terminal.text("".join(redact_text(line) for line in
+                                         render_text(ex, log).splitlines(keepends=True))), nl=False)
     raise SystemExit(int(ExitStatus.FAULT if ex.reading.fatal else ExitStatus.OK))

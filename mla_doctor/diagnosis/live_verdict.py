@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+import shlex
 from dataclasses import dataclass
 from typing import Any
 
@@ -538,7 +539,8 @@ def rule_files_modified_live(ev: LiveEvidence) -> list[Finding]:
     return [Finding("VLLM_FILES_MODIFIED_LIVE", sev, summary,
                     [f"modified: {f}" for f in ev.modified_files[:30]],
                     "diff them against the release wheel and restore them "
-                    f"(pip install --force-reinstall --no-deps vllm=={ev.version or 'VERSION'}), then re-run")]
+                    "(pip install --force-reinstall --no-deps "
+                    f"{shlex.quote('vllm==' + (ev.version or 'VERSION'))}), then re-run")]
 
 
 def rule_prefill_mha_observed(ev: LiveEvidence) -> list[Finding]:

@@ -276,8 +276,11 @@ def classify_model(facts: ReleaseFacts, config: Optional[dict]) -> ModelClass:
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
     text = text if text.get("model_type") else config
     model_type = text.get("model_type") or config.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):  # the service user's file: any JSON at all
+        return ModelClass(False, False, None, None, "config's model_type is %s, not a string"
+                          % type(model_type).__name__, "")
     archs = config.get("architectures") or text.get("architectures") or []
-    arch = archs[0] if isinstance(archs, list) and archs else None
+    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
     has_topk = "index_topk" in text or "index_topk" in config
     where = ("vllm/%s" % facts.model_types_where.file) if facts.model_types_where else "is_deepseek_mla"
     dense = _dense_routing(facts)

@@ -6,6 +6,7 @@ JSON contract; add new ones, never rename.
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,8 +80,10 @@ def version_rules(facts, version: str, ident: dict) -> list[Finding]:
 
 def integrity_rules(scan: dict, ident: dict, version: str) -> list[Finding]:
     out = []
-    dist = ident.get("distribution") or "vllm"
-    reinstall = f"pip install --force-reinstall --no-deps {dist}=={version}"
+    # quoted: the distribution's name and version are the install owner's METADATA, and the action is pasted
+    # into a root shell ("0.32.0;curl ...|sh" must stay one word)
+    req = shlex.quote(f"{ident.get('distribution') or 'vllm'}=={version}")
+    reinstall = f"pip install --force-reinstall --no-deps {req}"
     if ident.get("install_kind") != "wheel":
         out.append(Finding(
             "VLLM_INTEGRITY_UNKNOWN", WARN,
@@ -95,7 +98,7 @@ def integrity_rules(scan: dict, ident: dict, version: str) -> list[Finding]:
             f"{len(scan['modified'])} installed vLLM file(s) differ from the wheel's RECORD (local edits: a "
             "leftover debug print, a disabled code path...)",
             [f"vllm file modified: {p}" for p in scan["modified"][:50]],
-            f"inspect with `pip download --no-deps {dist}=={version}` and diff, then restore: {reinstall}"))
+            f"inspect with `pip download --no-deps {req}` and diff, then restore: {reinstall}"))
     if scan.get("instrumented"):
         runs = sorted({r for i in scan["instrumented"] for r in i["runs"]})
         out.append(Finding(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +43,7 @@ def _check_target(directory: Path) -> None:
     """A new or empty directory, or one an earlier dump wrote (its sources are replaced): never anything else."""
     if directory.is_symlink() or (directory.exists() and not directory.is_dir()):
         raise UsageError(f"{directory}: not a directory")
+    _check_owned(directory)
     if not directory.exists() or not any(directory.iterdir()):
         return
     try:
@@ -53,11 +55,32 @@ def _check_target(directory: Path) -> None:
                          "give a new or empty directory")
 
 
+def _check_owned(directory: Path) -> None:
+    """The dump is run as root by hand (run.py), so no other user may change it: DIR, if it exists, is ours and
+    writable by no one else, and so is its parent (a sticky one such as /tmp only if root's or ours) -- else a
+    local user who made DIR (or a link in it) swaps run.py, or has root write through a link they planted."""
+    me = os.geteuid()
+    for d, what in ((directory.absolute().parent, "its parent"), (directory, "it")):
+        try:
+            st = os.lstat(d)
+        except FileNotFoundError:
+            continue
+        sticky = st.st_mode & stat.S_ISVTX and st.st_uid in (me, 0) and d != directory
+        if st.st_uid not in (me, 0) or (st.st_mode & 0o022 and not sticky):
+            raise UsageError(f"{directory}: {what} ({d}) is owned by uid {st.st_uid} with mode "
+                             f"{stat.S_IMODE(st.st_mode):04o}: another user could change the dump that root runs "
+                             "by hand; give a directory of your own")
+
+
 def _write(path: Path, text: str, mode: int = 0o644) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8", newline="") as f:  # newline="": the payload's bytes, untranslated
+    try:  # never through a link (an earlier dump's names are ours: a link there is not followed)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+    except OSError as e:
+        raise UsageError(f"{path}: cannot write: {e.strerror or e}") from e
+    with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:  # newline="": the payload's bytes, untranslated
         f.write(text)
-    os.chmod(path, mode)
+        os.fchmod(f.fileno(), mode)
 
 
 def _remove_tree(root: Path) -> None:

@@ -5,8 +5,11 @@ same formats as an audit: json, text, markdown, junit, html.
 """
 from __future__ import annotations
 
+import errno
 import importlib
 import json
+import os
+import stat
 import time
 from collections import Counter
 from typing import Any
@@ -235,12 +238,40 @@ def check_report(path: str, doc) -> dict:
 
 
 def load_report(path: str) -> dict:
-    return check_report(path, load_json(path))
+    return check_report(path, _no_lone_surrogates(load_json(path)))
+
+
+def _no_lone_surrogates(v: Any) -> Any:
+    """A saved report is any JSON: "\\ud800" alone decodes to a str no writer (or terminal) can encode: kept
+    visible as the escape it was, never a UnicodeEncodeError (exit 70) in every format."""
+    if isinstance(v, str):
+        return v.encode("utf-8", "backslashreplace").decode("utf-8") if any(
+            "\ud800" <= c <= "\udfff" for c in v) else v
+    if isinstance(v, list):
+        return [_no_lone_surrogates(x) for x in v]
+    if isinstance(v, dict):
+        return {_no_lone_surrogates(k): _no_lone_surrogates(x) for k, x in v.items()}
+    return v
+
+
+def open_report(path: str):
+    """FILE for writing a report, never through a link another user planted: a final symlink is followed only
+    when it is ours or root's (an operator's own link), otherwise refused -- `-o /tmp/report.txt` as root must not
+    write /etc/shadow through a link a local user put there (fs.protected_symlinks is not on everywhere)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    follow = st is not None and stat.S_ISLNK(st.st_mode) and st.st_uid in (os.geteuid(), 0)
+    if st is not None and stat.S_ISLNK(st.st_mode) and not follow:
+        raise OSError(errno.ELOOP, f"a symlink owned by uid {st.st_uid}: not followed")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (0 if follow else os.O_NOFOLLOW), 0o644)
+    return os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace")  # a lone surrogate from JSON: no crash
 
 
 def write(path: str, text: str) -> None:
     try:
-        with open(path, "w", encoding="utf-8") as f:
+        with open_report(path) as f:
             f.write(text)
     except OSError as e:
         raise UsageError(f"{path}: cannot write report: {e.strerror or e}") from e

@@ -208,7 +208,7 @@ def test_first_screen_and_details_show_host_strings_escaped():
     _inert(render_host_text(RunReport(command="static", hosts=[err]), width=100))
 
 
-@pytest.mark.parametrize("fmt", ["text", "markdown", "junit"])
+@pytest.mark.parametrize("fmt", ["text", "markdown", "junit", "html"])
 def test_fleet_writers_show_host_strings_escaped(fmt):
     out = reports.render(_hostile_doc(), fmt)
     _inert(out)

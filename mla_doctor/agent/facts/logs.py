@@ -90,6 +90,26 @@ def log_section(plan, server, vdir=None, digests=None):
     return res
 
 
+def _read_stdout(link, tail):
+    """The server's stdout through /proc/PID/fd/1, only while that descriptor is open for writing (fd_writable)
+    and is the very file opened here: checked after the open, so a descriptor swapped in (dup2) meanwhile is
+    caught, and read through our own descriptor (/proc/self/fd/N: the same file)."""
+    import errno
+    import os
+
+    from .processes import fd_writable
+
+    fd = os.open(link, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mine, now = os.fstat(fd), os.stat(link)
+        if (mine.st_dev, mine.st_ino) != (now.st_dev, now.st_ino) or not fd_writable(link):
+            raise OSError(errno.EPERM, "the server's stdout is not a file it writes (held by path or for reading "
+                          "only): not read as root")
+        return read_regular("/proc/self/fd/%d" % fd, tail=tail)
+    finally:
+        os.close(fd)
+
+
 def _log_lines(plan, server):
     patterns = plan.get("log_patterns") or {}
     tail = int(plan.get("log_tail_bytes") or 8 * 1024 * 1024)
@@ -110,7 +130,8 @@ def _log_lines(plan, server):
     for kind, where in sources:
         if kind in ("file", "stdout"):
             try:  # the log is the service user's: a FIFO there must not hang the agent (read_regular)
-                text = read_regular(where, tail=tail).decode("utf-8", "replace")
+                text = (_read_stdout(where, tail) if kind == "stdout" else
+                        read_regular(where, tail=tail)).decode("utf-8", "replace")
             except OSError as e:
                 errors.append("%s: %s" % (where, e.strerror or e))
                 continue

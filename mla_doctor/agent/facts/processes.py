@@ -300,7 +300,24 @@ def _stdout_target(pid):
         return None, None
     import stat as _stat
 
-    return (t, link) if _stat.S_ISREG(st.st_mode) else (None, None)
+    return (t, link) if _stat.S_ISREG(st.st_mode) and fd_writable(link) else (None, None)
+
+
+def fd_writable(link):
+    """Whether the descriptor /proc/PID/fd/N is open for writing. Reopening it through /proc is checked against
+    root's rights, not the server's: a descriptor it holds only by path (O_PATH, granted on any file in a
+    searchable directory: /etc/shadow) or only for reading must not make root read a file the server could not."""
+    pid, fd = link.split("/")[2], link.rsplit("/", 1)[1]
+    try:
+        with open("/proc/%s/fdinfo/%s" % (pid, fd)) as f:
+            for line in f:
+                if line.startswith("flags:"):
+                    flags = int(line.split()[1], 8)
+                    return (not flags & getattr(os, "O_PATH", 0o10000000)
+                            and flags & 3 in (os.O_WRONLY, os.O_RDWR))  # 3: O_ACCMODE
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
 
 
 def _listening(pid):

@@ -244,9 +244,34 @@ def _verified(pid):
         raise Refusal("pid %d is not a verified vLLM server%s: refusing to restart it" % (pid, why))
 
 
+def root_restart_refusal(spec):
+    """Why a server running as root must not be relaunched by us, or None. Relaunched as found, it runs as root
+    from its working directory (first on sys.path under `python -m`), its argv[0] (resolved by its PATH) and
+    its PYTHONPATH: a local user who can change any of them (a root server started in /tmp or a home
+    directory) gets their json.py imported as root by our restart."""
+    if spec.get("uid") != 0:
+        return None
+    from ..privilege import path_owner
+
+    paths = [("working directory", spec.get("cwd")), ("interpreter", _resolve_exe(spec))]
+    paths += [("PYTHONPATH entry", p) for p in (spec.get("env", {}).get("PYTHONPATH") or "").split(":") if p]
+    for what, path in paths:
+        if not path:
+            continue
+        owner = path_owner(path if os.path.isabs(path) else os.path.join(spec.get("cwd") or "/", path))
+        if not owner.trusted:
+            return ("pid %s runs as root with a %s another user can change (%s): restarted as found it would run "
+                    "their code as root; refused (restart it yourself from root's directories, or use --method "
+                    "attach: no restart)" % (spec.get("pid"), what, owner.why))
+    return None
+
+
 def _capture_process(plan):
     _verified(int(plan["pid"]))
     spec = capture_server(plan["pid"])
+    why = root_restart_refusal(spec)
+    if why:
+        raise Refusal(why)
     why = supervised_refusal(spec["supervisor"])
     if why and not plan.get("force_runtime"):
         raise Refusal(why)
