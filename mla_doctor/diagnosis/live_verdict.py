@@ -829,8 +829,8 @@ def rule_prompt_problems(ev: LiveEvidence) -> list[Finding]:
                                "read the server log at the time of the request"))
         if p.foreign_traffic:
             out.append(Finding("FOREIGN_TRAFFIC", WARN, f"{_prompt_label(p)}: other requests ran at the same time; "
-                               "their calls are mixed into this prompt's counts, so no path is claimed for it", [p.foreign_traffic],
-                               "re-run when the server is idle"))
+                               "their calls are mixed into this prompt's counts, so no path is claimed for it",
+                               [p.foreign_traffic], "re-run when the server is idle"))
     return out
 
 
