@@ -700,6 +700,8 @@ def rule_path_unexpected(ev: LiveEvidence) -> list[Finding]:
         obs = observed_path(p)
         if obs["prefill"] == "none" and obs["decode"] == "none" and not p.builder:
             continue  # nothing observed: PROBE_* rules explain it
+        if p.foreign_traffic:
+            continue  # other clients' calls are in these counts: FOREIGN_TRAFFIC says so, no path is claimed
         exp = expected_path(ev, p)
         bad = [k for k in ("prefill", "decode") if not _compatible(exp, obs, k)]
         if not bad:
@@ -827,8 +829,8 @@ def rule_prompt_problems(ev: LiveEvidence) -> list[Finding]:
                                "read the server log at the time of the request"))
         if p.foreign_traffic:
             out.append(Finding("FOREIGN_TRAFFIC", WARN, f"{_prompt_label(p)}: other requests ran at the same time; "
-                               "their calls are mixed into this prompt's counts", [p.foreign_traffic],
-                               "re-run when the server is idle"))
+                               "their calls are mixed into this prompt's counts, so no path is claimed for it",
+                               [p.foreign_traffic], "re-run when the server is idle"))
     return out
 
 

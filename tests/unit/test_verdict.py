@@ -438,6 +438,21 @@ def test_rule_sparse_all_mqa_version_aware():
     assert rule_sparse_all_mqa(mk()) == []  # dense
 
 
+def test_a_prompt_mixed_with_other_clients_requests_claims_no_path():
+    """Red team: a local user flooding the port during a run made the short prompt's headline PATH_UNEXPECTED
+    ("a prefix-cache hit, chunked prefill, a local edit..."), while the counts were other clients' calls."""
+    cfg = dict(BASE["model_config"], model_type="deepseek_v32", architectures=["DeepseekV32ForCausalLM"],
+               num_attention_heads=128, index_topk=2048)
+    mixed = {"name": "below", "prompt_tokens": 1000, "steps": [{"role": "decode", "q_rows": 1000}],
+             "foreign_traffic": "4096 prompt tokens from other clients during this prompt"}
+    ev = mk(prompts=[mixed], model_config=cfg, backend="FLASHMLA_SPARSE", version="0.26.0",
+            log=[{"fmt": "sel_auto", "args": ["FLASHMLA_SPARSE", "['FLASHMLA_SPARSE']"]}])
+    assert rule_path_unexpected(ev) == []
+    by = _codes(verdict(ev))
+    assert "PATH_UNEXPECTED" not in by
+    assert "no path is claimed" in by["FOREIGN_TRAFFIC"][0].summary
+
+
 def test_rule_decode_hidden():
     steps = [{"role": "prefill", "q_rows": 600},
              {"role": "builder", "repeat": 2, "tokens": {"num_decodes": 1, "num_decode_tokens": 1}}]
