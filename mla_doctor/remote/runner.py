@@ -39,11 +39,15 @@ def agent_command(python: str | None = None, sudo: bool = False, bootstrap: str 
     candidates = ([python] if python else []) + list(FALLBACK_PYTHONS)
     prefix = "sudo -n " if sudo else ""
     script = (
-        _TRUSTED_FN + ("r=1; " if sudo else 'r=1; case $(id -u 2>/dev/null) in ""|0) ;; *) r=0;; esac; ') + "s=; "
+        # the checks' own tools (id, stat, readlink, dirname) from the system's directories only: the caller's
+        # PATH may hold another user's directory; it is still the one an interpreter's name is looked up in,
+        # and the one the agent inherits
+        "u=$PATH; PATH=/usr/sbin:/usr/bin:/sbin:/bin; export PATH; "
+        + _TRUSTED_FN + ("r=1; " if sudo else 'r=1; case $(id -u 2>/dev/null) in ""|0) ;; *) r=0;; esac; ') + "s=; "
         "for p in " + " ".join(shlex.quote(c) for c in candidates) + "; do "
-        'if x=$(command -v "$p" 2>/dev/null); then '
+        'if x=$(PATH=$u; command -v "$p" 2>/dev/null); then '
         'case $x in /*) ;; *) x=$PWD/$x;; esac; '
-        f'if ok "$x"; then cd / && exec {prefix}"$x" -I -S -B -c {shlex.quote(bootstrap)}; fi; '
+        f'if ok "$x"; then cd / && PATH=$u && exec {prefix}"$x" -I -S -B -c {shlex.quote(bootstrap)}; fi; '
         's="$s $x"; '
         "fi; done; "
         "echo 'mla-doctor: no Python interpreter found on this host (tried: "

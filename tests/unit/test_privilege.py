@@ -136,7 +136,7 @@ def test_a_fifo_named_pth_hangs_nothing(tmp_path, root, monkeypatch):
     assert info is None and "timed out" in err and time.monotonic() - t0 < 15
 
 
-def test_the_root_agent_never_starts_on_an_interpreter_another_user_controls(tmp_path, root):
+def test_the_root_agent_never_starts_on_an_interpreter_another_user_controls(tmp_path, root, monkeypatch):
     """The real shell script: as root it skips a --python the venv owner controls and runs on a trusted one,
     always -I -S -B from /."""
     python, site = _user_venv(tmp_path)
@@ -152,12 +152,31 @@ def test_the_root_agent_never_starts_on_an_interpreter_another_user_controls(tmp
                        text=True, timeout=60, cwd=str(tmp_path))
     assert not marker.exists(), "root ran the venv owner's interpreter"
     assert p.returncode == 0 and p.stdout.split() == ["/", "1", "1", "1"], (p.stdout, p.stderr)
-    empty = tmp_path / "nopath"
-    empty.mkdir()
+    # no trusted interpreter to fall back on: refused, naming the one it would not run
+    from mla_doctor.remote import runner
+    monkeypatch.setattr(runner, "FALLBACK_PYTHONS", ())
     p = subprocess.run(["/bin/sh", "-c", agent_command(str(python), bootstrap=probe)], capture_output=True,
-                       text=True, timeout=60, env={"PATH": str(empty)})
+                       text=True, timeout=60)
     assert p.returncode == 127 and "refused to run as root on an interpreter another user can change" in p.stderr
     assert str(python) in p.stderr and not marker.exists()
+
+
+def test_the_interpreter_check_never_runs_tools_from_the_callers_path(tmp_path, root):
+    """Red team: a directory of another user's on root's PATH held `id`, `stat`, `readlink` and `dirname`; the
+    script that decides which interpreter root may start ran them as root (a fork bomb, here: `id` calling
+    itself). The tools come from the system's directories; the PATH still finds the interpreter by name."""
+    hostile = tmp_path / "bin"
+    hostile.mkdir()
+    marker = tmp_path / "RAN"
+    for tool in ("id", "stat", "readlink", "dirname"):
+        (hostile / tool).write_text(f"#!/bin/sh\necho {tool} >> {marker}\n")
+        os.chmod(hostile / tool, 0o755)
+    os.lchown(hostile, NOBODY, NOBODY)
+    probe = "import sys; print(sys.flags.isolated)"
+    p = subprocess.run(["/bin/sh", "-c", agent_command("python3", bootstrap=probe)], capture_output=True,
+                       text=True, timeout=60, env={"PATH": f"{hostile}:/usr/bin:/bin"})
+    assert not marker.exists(), marker.read_text()
+    assert p.returncode == 0 and p.stdout.split() == ["1"], (p.stdout, p.stderr)
 
 
 # --------------------------------------------------------------------------- the server, identified
