@@ -19,8 +19,6 @@ import pytest
 ALL = "*"  # every test of the file
 # file (test_<name>.py) -> the names (test_<name>) of its tests that start a process, however short, or ALL
 LOCAL: dict[str, object] = {
-    "attach_host": {"the_default_needs_no_consent_a_restart_method_does"},
-    "attach_probe": ALL,
     "agent_bundle": {"a_payload_that_is_not_framed_is_refused_clearly",
         "a_traceback_names_the_agent_module_file_and_line", "framing_survives_any_byte_in_payload_and_plan",
         "running_the_agent_writes_nothing", "static_through_the_bootstrap_loads_no_module_that_changes_files",
@@ -38,6 +36,8 @@ LOCAL: dict[str, object] = {
         "every_op_on_one_agent_process_with_the_one_shot_answers", "protocol_call_with_a_session_uses_it",
         "the_serving_agent_exits_when_the_transport_closes"},
     "agent_startup": {"a_static_audit_starts_without_the_heavy_stdlib_modules"},
+    "attach_host": {"the_default_needs_no_consent_a_restart_method_does"},
+    "attach_probe": ALL,
     "bench_scripts": {"help_runs"},
     "cli_and_results": {"help_lists_connection_options", "missing_ssh_config_names_the_file",
         "no_host_is_a_usage_error_with_parseable_json", "unknown_option_is_exit_2_and_json"},
@@ -60,6 +60,7 @@ LOCAL: dict[str, object] = {
     "first_screen": {"colour_on_a_terminal_only_never_piped_nor_with_no_color", "connection_local_runs_locally",
         "the_dry_run_plan_is_redacted"},
     "fleet_html_browser": ALL,
+    "fleet_interrupt_restore": ALL,
     "host_target": {"execute_runs_a_plan_over_one_connection_and_stops_at_the_first_failure"},
     "install_writes": {"a_users_install_is_patched_and_restored_as_that_user",
         "patch_refuses_a_directory_symlink_planted_in_the_tree",
@@ -75,6 +76,7 @@ LOCAL: dict[str, object] = {
         "a_users_interpreter_is_asked_as_that_user_and_its_pth_never_runs_as_root",
         "pid_travels_from_the_command_line_to_the_agent",
         "run_as_drops_uid_gid_and_groups_and_bounds_time_and_output",
+        "the_interpreter_check_never_runs_tools_from_the_callers_path",
         "the_root_agent_keeps_a_clean_environment_and_cwd_root",
         "the_root_agent_never_starts_on_an_interpreter_another_user_controls",
         "the_server_is_the_process_serving_its_port_and_look_alikes_are_reported",
@@ -88,8 +90,7 @@ LOCAL: dict[str, object] = {
         "virtual_env_names_the_install_when_argv0_does_not"},
     "speed_equivalence": {"static_local_json_is_what_it_was_before_the_levers"},
     "static_reads": {"a_huge_sparse_source_file_is_refused_without_reading_it"},
-    "transport_sshd": ALL,  # one real sshd (the module fixture) for every test of the file
-    "fleet_interrupt_restore": ALL,  # one real sshd, the real agent patching real sources
+    "transport_sshd": ALL,
 }
 
 
