@@ -10,7 +10,7 @@ import os
 import re
 
 from ..common import read_regular
-from .resolve import returned_exprs
+from .resolve import chain, returned_exprs
 
 
 _BACKEND_DIRS = ("v1/attention/backends", "attention/backends", "models", "model_executor/layers/attention")
@@ -254,19 +254,10 @@ def layer_backends(src, m, cls):
                     be = _backend_of_class(src, nb[1], nb[2]) if nb else None
                     if be and be["class"] not in seen:
                         seen.add(be["class"])
-                        target = ".".join((_chain_text(t.value), "__class__"))
+                        target = ".".join((chain(t.value) or ["?"]) + ["__class__"])
                         out["other_backends"].append(dict(
                             be, named_by="%s (%s = %s, %s:%s)" % (nb[0], target, it[2].name, mm.rel, st.lineno),
                             named_at="%s:%s" % (nb[1].rel, nb[3])))
                     break
     return out
 
-
-def _chain_text(e):
-    parts = []
-    while isinstance(e, ast.Attribute):
-        parts.append(e.attr)
-        e = e.value
-    if isinstance(e, ast.Name):
-        parts.append(e.id)
-    return ".".join(parts[::-1])

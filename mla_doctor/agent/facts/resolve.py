@@ -43,10 +43,10 @@ _ALL = ("nvidia", "amd", "xpu", "cpu")
 
 def _test_platforms(node):
     """The platforms an `if` test selects ("typing" for TYPE_CHECKING), or None when it is no platform test."""
-    if isinstance(node, (ast.Name, ast.Attribute)) and (_chain(node) or [""])[-1] == "TYPE_CHECKING":
+    if isinstance(node, (ast.Name, ast.Attribute)) and (chain(node) or [""])[-1] == "TYPE_CHECKING":
         return "typing"
     if isinstance(node, ast.Call):
-        c = _chain(node.func)
+        c = chain(node.func)
         if c and c[-1] in _PLAT_CALLS:
             return set(_PLAT_CALLS[c[-1]].split("+"))
         return None
@@ -329,7 +329,7 @@ def _locals(fn):
     return out
 
 
-def _chain(expr):
+def chain(expr):
     """`self.impl.forward_mqa` -> ["self", "impl", "forward_mqa"] (None when not a plain dotted name)."""
     parts = []
     while isinstance(expr, ast.Attribute):
@@ -359,7 +359,7 @@ def _slice_of(arg):
 
 
 def _name(e):
-    c = _chain(e)
+    c = chain(e)
     return ".".join(c) if c else "?"
 
 
@@ -376,7 +376,7 @@ def _entry_calls(fn):
     out = []
     for n in ast.walk(fn):
         if isinstance(n, ast.Call):
-            c = _chain(n.func)
+            c = chain(n.func)
             if c and len(c) >= 2 and (c[-1] in ENTRIES or c[-2:] == ["impl", "forward"]):
                 out.append((n, c))
     return out
@@ -463,7 +463,7 @@ class Resolver(object):
         for _fm, init in inits:
             for n in ast.walk(init):
                 if isinstance(n, ast.Call):
-                    c = _chain(n.func)
+                    c = chain(n.func)
                     if c and len(c) == 2 and c[0] == "self" and c[1] != "__init__":
                         h = self.src.method(m, cls, c[1])
                         if h:
@@ -474,7 +474,7 @@ class Resolver(object):
             for n in ast.walk(fn):
                 if not isinstance(n, ast.Call):
                     continue
-                c = _chain(n.func)
+                c = chain(n.func)
                 if c and (_SKIP_NAME.search(c[-1]) or c[-1][:1].islower() and c[0] != "self"
                           and c[-1] not in local):
                     continue  # a norm/linear/MoE by its name, or a plain function call: no layer built there
@@ -544,7 +544,7 @@ class Resolver(object):
                 if cur is None:
                     continue
                 for n in ast.walk(cur[2]):
-                    ch = _chain(n.func) if isinstance(n, ast.Call) else None
+                    ch = chain(n.func) if isinstance(n, ast.Call) else None
                     if ch and len(ch) == 2 and ch[0] == "self" and ch[1] in meths:
                         t = meths[ch[1]]
                         tk = (t[0].rel, t[1].name, t[2].name)
@@ -598,7 +598,7 @@ class Resolver(object):
                 for n in ast.walk(fn):
                     if not isinstance(n, ast.Call) or not n.args:
                         continue
-                    ch = _chain(n.func)
+                    ch = chain(n.func)
                     sl = _slice_of(n.args[0])
                     if not ch or len(ch) != 2 or ch[0] != "self" or ch[1] in ENTRIES:
                         continue
@@ -649,7 +649,7 @@ class Resolver(object):
                             and isinstance(n.value, (ast.List, ast.Tuple)):
                         lists.setdefault(n.targets[0].id, []).append(n.value)
                 for n in ast.walk(fn):
-                    ch = _chain(n.func) if isinstance(n, ast.Call) else None
+                    ch = chain(n.func) if isinstance(n, ast.Call) else None
                     if not ch or ch[-1] != "init_vllm_registered_model":
                         continue
                     kw = next((k.value for k in n.keywords if k.arg == "architectures"), None)
@@ -724,7 +724,7 @@ def _raises(src, m, cls):
             if isinstance(fn, ast.FunctionDef) and fn.name == "__init__":
                 for n in ast.walk(fn):
                     if isinstance(n, ast.Raise) and n.exc is not None:
-                        e = _chain(n.exc.func if isinstance(n.exc, ast.Call) else n.exc) or ["?"]
+                        e = chain(n.exc.func if isinstance(n.exc, ast.Call) else n.exc) or ["?"]
                         return {"file": mm.rel, "line": n.lineno, "exception": e[-1]}
     return None
 
