@@ -178,7 +178,9 @@ def test_a_busy_server_is_refused_before_anything_changes(server, tmp_path):
         while running() < 1 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert running() >= 1, "the busy clients never got a request running"
-        p, h = mla_doctor(run_root=tmp_path / "rr")
+        # the agent's ops share the cores with two 400-token requests: the default 120 s per command timed out
+        # once in a fresh clone with busy loops on both cores; 600 s still ends a hang, and a refusal is quick
+        p, h = mla_doctor("--command-timeout", "600", run_root=tmp_path / "rr")
     finally:
         stop.set()
         for t in threads:

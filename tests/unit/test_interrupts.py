@@ -75,6 +75,25 @@ def test_a_finished_restore_then_ends_the_command(capsys):
     assert done == [1] and "still restoring h1" in capsys.readouterr().err
 
 
+def test_a_restore_that_fails_after_the_interrupt_still_says_whether_the_host_is_back(capsys):
+    """Seen on a fresh clone with busy loops on both cores: the restore of an interrupted `run` raised, and the
+    command ended without saying whether the host was put back (the outcome was said only on success)."""
+    with interrupts.handling():
+        with pytest.raises(RuntimeError):
+            with interrupts.restoring("h1", lambda: "?", 5, lambda: "h1 is NOT restored (x); to undo: revert"):
+                send(signal.SIGINT)
+                raise RuntimeError("the proof timed out")
+    err = capsys.readouterr().err
+    assert "h1 is NOT restored (x); to undo: revert" in err
+    interrupts.reset()
+    with interrupts.handling():
+        with pytest.raises(interrupts.Interrupted):
+            with interrupts.restoring("h1", lambda: "left", 5, lambda: "restored h1"):
+                send(signal.SIGINT)
+                send(signal.SIGINT)  # the second stops the restore: what is left is said, never "restored"
+    assert "restored h1" not in capsys.readouterr().err
+
+
 def test_the_guard_exits_when_something_blocks_past_the_interrupt(tmp_path):
     script = textwrap.dedent("""
         import os, signal, time

@@ -304,6 +304,8 @@ def restore(run: LiveRun) -> None:
                                     f"{live.get('baseline_completion')!r} before, {after!r} after")
         except MlaDoctorError as e:
             problems.append(f"server restore failed: {e.message}")
+        except Exception as e:  # noqa: BLE001 - a restore ends by saying what it could not prove, never by a traceback
+            problems.append(f"server restore not proven: {type(e).__name__}: {e}")
     report.restored = not problems
     live["restore_problems"] = problems
     if problems:
