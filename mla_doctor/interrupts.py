@@ -173,25 +173,22 @@ def restoring(host: str, left: Callable[[], str], expected_s: float,
              f"Ctrl-C again to stop restoring and leave {host} as it is now")
         _S.pending = _S.signum
     _S.restore.append((host, left, expected_s))
-    failed: BaseException | None = None
     try:
         yield
-    except BaseException as e:
-        failed = e
+    except Exception:  # the restore itself failed (Interrupted, a second signal, is no Exception: it said what is left)
+        if _S.pending is not None and len(_S.restore) == 1 and outcome is not None:
+            try:  # still say whether the host is back: the operator must learn it; the error then goes on
+                _say(outcome())
+            except Exception as e:  # noqa: BLE001 - the outcome is a message; never hide the restore's error
+                _say(f"{host}: could not tell whether the restore put it back ({type(e).__name__}: {e})")
         raise
     finally:
         _S.restore.pop()
-        if _S.pending is not None and not _S.restore:
-            signum, _S.pending = _S.pending, None
-            # said also when the restore itself failed (the operator must learn it), not when a second signal
-            # stopped it (that one said what is left)
-            if outcome is not None and not isinstance(failed, Interrupted):
-                try:
-                    _say(outcome())
-                except Exception as e:  # noqa: BLE001 - the outcome is a message; never hide the restore's error
-                    _say(f"{host}: could not tell whether the restore put it back ({type(e).__name__}: {e})")
-            if failed is None:
-                raise Interrupted(signum)
+    if _S.pending is not None and not _S.restore:
+        signum, _S.pending = _S.pending, None
+        if outcome is not None:
+            _say(outcome())
+        raise Interrupted(signum)
 
 
 def reset() -> None:
