@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import vllm_cpu
+from tests.support.vllm_cpu import start_times
 
 pytestmark = [pytest.mark.vllm]
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,17 +30,6 @@ def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("attach") / "server.log"
     with vllm_cpu.local_server(log_path=log) as s:
         yield s
-
-
-def start_times(pids):
-    out = {}
-    for p in pids:
-        try:
-            data = Path(f"/proc/{p}/stat").read_bytes()
-            out[p] = int(data[data.rfind(b")") + 2:].split()[19])
-        except OSError:
-            pass
-    return out
 
 
 def mla_doctor(*args, run_root, timeout=600, prefix=(), env=None):

@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import vllm_cpu
+from tests.support.vllm_cpu import start_times
 
 pytestmark = [pytest.mark.vllm]
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,17 +68,6 @@ def vllm_tree_state() -> dict[str, tuple]:
         state[str(p)] = (hashlib.sha256(p.read_bytes()).hexdigest(), st.st_mode, st.st_mtime_ns)
     state["probe-modules"] = tuple(sorted(x.name for x in site.glob("mla_doctor_probe_*")))
     return state
-
-
-def start_times(pids):
-    out = {}
-    for p in pids:
-        try:
-            data = Path(f"/proc/{p}/stat").read_bytes()
-            out[p] = int(data[data.rfind(b")") + 2:].split()[19])
-        except OSError:
-            pass
-    return out
 
 
 def api_argv(server) -> tuple[int, list[str]]:

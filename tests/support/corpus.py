@@ -179,14 +179,20 @@ def agent_index(dist: str, version: str, request: dict) -> dict:
 def release_venv(dest: Path, dist: str, version: str) -> Path:
     """A venv at `dest` (no pip) whose site-packages hold the release's sources and dist-info, as an install
     has them; its interpreter is `dest/bin/python`."""
-    tree = ensure(dist, version)
+    venv_with_tree(dest, ensure(dist, version))
+    return dest
+
+
+def venv_with_tree(dest: Path, tree: Path) -> Path:
+    """A venv at `dest` (no pip) with `tree`'s entries (a release's package and dist-info) in its site-packages;
+    returns the site-packages directory."""
     base = getattr(sys, "_base_executable", sys.executable)
     subprocess.run([base, "-m", "venv", "--without-pip", str(dest)], check=True, capture_output=True)
     site = next(dest.glob("lib/python3*/site-packages"))
     for p in sorted(tree.iterdir()):
         if not p.name.startswith("."):
             subprocess.run(["cp", "-R", str(p), str(site)], check=True)
-    return dest
+    return site
 
 
 def main(argv: list[str]) -> int:

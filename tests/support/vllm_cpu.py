@@ -84,6 +84,19 @@ class VllmCpuError(RuntimeError):
     """The venv, the model or the server could not be made ready."""
 
 
+def start_times(pids) -> dict[int, int]:
+    """pid -> its start time in clock ticks since boot (/proc/PID/stat field 22): a pid reused by another
+    process has another start time. A process gone is left out."""
+    out = {}
+    for p in pids:
+        try:
+            data = Path(f"/proc/{p}/stat").read_bytes()
+            out[p] = int(data[data.rfind(b")") + 2:].split()[19])
+        except OSError:
+            pass
+    return out
+
+
 # ---------------------------------------------------------------- paths
 
 

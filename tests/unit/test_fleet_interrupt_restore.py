@@ -34,6 +34,7 @@ from mla_doctor.host.steps import Command, Patch
 from mla_doctor.host.target import HostTarget
 from mla_doctor.results import HostReport
 from tests.support import loopback_sshd, small_vllm
+from tests.support.corpus import venv_with_tree
 
 pytestmark = pytest.mark.sshd
 
@@ -52,16 +53,6 @@ def sshd(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory):
     return small_vllm.build(tmp_path_factory.mktemp("small") / "vllm-0.33.0")
-
-
-def _venv(dest: Path, tree: Path) -> Path:
-    base = getattr(sys, "_base_executable", sys.executable)
-    subprocess.run([base, "-m", "venv", "--without-pip", str(dest)], check=True, capture_output=True)
-    site = next(dest.glob("lib/python3*/site-packages"))
-    for p in sorted(tree.iterdir()):
-        if not p.name.startswith("."):
-            subprocess.run(["cp", "-R", str(p), str(site)], check=True)
-    return site
 
 
 def record_mismatches(site: Path) -> list[str]:
@@ -89,7 +80,7 @@ class Fleet:
         self.sshd = sshd
         self.sites, self.roots, self.targets, self.before = {}, {}, {}, {}
         for h in HOSTS:
-            self.sites[h] = _venv(base / h, tree)
+            self.sites[h] = venv_with_tree(base / h, tree)
             self.roots[h] = str(base / f"{h}-runs")
             self.targets[h] = HostTarget(name=h, address=sshd.target, python=str(base / h / "bin" / "python"),
                                          conn=sshd.options(command_timeout=120, connect_timeout=30))
