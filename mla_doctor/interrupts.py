@@ -176,19 +176,27 @@ def restoring(host: str, left: Callable[[], str], expected_s: float,
     try:
         yield
     except Exception:  # the restore itself failed (Interrupted, a second signal, is no Exception: it said what is left)
-        if _S.pending is not None and len(_S.restore) == 1 and outcome is not None:
-            try:  # still say whether the host is back: the operator must learn it; the error then goes on
-                _say(outcome())
-            except Exception as e:  # noqa: BLE001 - the outcome is a message; never hide the restore's error
-                _say(f"{host}: could not tell whether the restore put it back ({type(e).__name__}: {e})")
+        _say_outcome(host, outcome)  # still say whether the host is back: the operator must learn it
         raise
+    else:
+        _say_outcome(host, outcome)
     finally:
         _S.restore.pop()
     if _S.pending is not None and not _S.restore:
         signum, _S.pending = _S.pending, None
-        if outcome is not None:
-            _say(outcome())
         raise Interrupted(signum)
+
+
+def _say_outcome(host: str, outcome: Callable[[], str] | None) -> None:
+    """Once an interrupted run's restore has ended, whether it put the host back. Said while the restore is still
+    registered, so the exit guard (armed by the interrupt, waiting for no restore) cannot cut it; only by the
+    outermost restore, and only when an interrupt led here."""
+    if _S.pending is None or len(_S.restore) != 1 or outcome is None:
+        return
+    try:
+        _say(outcome())
+    except Exception as e:  # noqa: BLE001 - the outcome is a message; never hide the restore's own error
+        _say(f"{host}: could not tell whether the restore put it back ({type(e).__name__}: {e})")
 
 
 def reset() -> None:

@@ -131,5 +131,5 @@ def stage(attacker) -> Stage:
     try:
         yield st
     finally:
-        subprocess.run(["pkill", "-TERM", "-f", f"--run-root {st.run_root}"], capture_output=True)  # noqa: none
+        subprocess.run(["pkill", "-TERM", "-f", f"--run-root {st.run_root}"], capture_output=True)
         shutil.rmtree(base, ignore_errors=True)

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -141,15 +140,6 @@ def test_controller_sigkilled_mid_run_the_probe_removes_itself_within_the_lease(
 
 
 def test_a_busy_server_is_refused_before_anything_changes(server, tmp_path):
-    stop = threading.Event()
-
-    def busy():
-        while not stop.is_set():
-            try:
-                server.complete([5], 400, timeout=120, ignore_eos=True)
-            except Exception:
-                return
-
     def running() -> float:
         status, body = server.get("/metrics", timeout=30)
         for line in body.decode("utf-8", "replace").splitlines():
@@ -157,24 +147,18 @@ def test_a_busy_server_is_refused_before_anything_changes(server, tmp_path):
                 return float(line.rsplit(None, 1)[-1])
         return 0.0
 
-    # two clients, so that one request is always in flight (one alone leaves a gap between its requests that
-    # the idle check can fall into), and mla-doctor starts only once the server says it is serving: an event,
-    # not a sleep (a loaded machine may take seconds to start the first request)
-    threads = [threading.Thread(target=busy, daemon=True) for _ in range(2)]
-    for t in threads:
-        t.start()
-    try:
+    # a relay of streamed requests keeps one in flight for the whole run (clients looping on their own requests
+    # left a gap that the idle check fell into once, on busy cores), and mla-doctor starts only once the server
+    # streams and says it is serving: events, not sleeps (a loaded machine may take seconds to start a request)
+    with server.kept_busy() as streaming:
+        assert streaming.wait(300), "the busy client never got a token back"
         deadline = time.monotonic() + 120
         while running() < 1 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert running() >= 1, "the busy clients never got a request running"
-        # the agent's ops share the cores with two 400-token requests: the default 120 s per command timed out
-        # once in a fresh clone with busy loops on both cores; 600 s still ends a hang, and a refusal is quick
+        assert running() >= 1, "the server streams but does not count a running request"
+        # the agent's ops share the cores with the busy requests: the default 120 s per command timed out once
+        # in a fresh clone with busy loops on both cores; 600 s still ends a hang, and a refusal is quick
         p, h = mla_doctor("--command-timeout", "600", run_root=tmp_path / "rr")
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(120)
     assert h["status"] == "error" and h["error_kind"] == "ServerBusy", h.get("error")
     assert "refusing to attach" in h["error"] and "restart" not in h["error"]  # attach restarts nothing
     assert run_dirs(tmp_path / "rr") == []

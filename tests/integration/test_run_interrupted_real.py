@@ -103,7 +103,8 @@ class Cli:
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.err: list[str] = []
         self.out: list[str] = []
-        threading.Thread(target=self._read_err, daemon=True).start()
+        self._err_t = threading.Thread(target=self._read_err, daemon=True)
+        self._err_t.start()
         self._out_t = threading.Thread(target=lambda: self.out.extend(self.proc.stdout), daemon=True)
         self._out_t.start()
 
@@ -143,7 +144,11 @@ class Cli:
             self.proc.wait(30)
             raise AssertionError(f"still running {timeout:g}s after the interrupt:\n{self.stderr()[-4000:]}") \
                 from None
+        # both readers to their EOF: the process has exited, but on a loaded machine a reader may not have read
+        # its last lines yet (the outcome line is the last on stderr: once, only it was missing)
         self._out_t.join(30)
+        self._err_t.join(30)
+        assert not self._err_t.is_alive() and not self._out_t.is_alive(), "stdout/stderr still open after exit"
         return self.proc.returncode
 
     def stderr(self) -> str:

@@ -31,6 +31,7 @@ from tests.support.fixture_json import join_text
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "agent"
 
 POLLS_HTTP = {"/health"}  # the readiness loop's poll: its failures are timing, not behaviour
+REPEATED_HTTP = POLLS_HTTP | {"/metrics"}  # asked again beyond the recording (the idle check's samples): as last time
 BACKGROUND_OPS = {"renew"}  # the lease keeper's, on its own thread and clock
 
 
@@ -136,7 +137,7 @@ class FakeAgent:
             return last or next(ex for ex in self.script if matches(ex))
         if key == ("agent", "tick") and last is not None:
             return dict(last, answer=dict(last["answer"], log_lines=[]))  # polled again: nothing new logged
-        if key[0] == "http" and key[2] in POLLS_HTTP and last is not None:
+        if key[0] == "http" and key[2] in REPEATED_HTTP and last is not None:
             return last
         nxt = self.script[self.pos] if self.pos < len(self.script) else None
         sent = f"agent op {key[1]!r}" if key[0] == "agent" else f"HTTP {key[1]} {key[2]}"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import http.client as http_client  # `http` is this module's request helper
 import json
 import os
 import re
@@ -27,6 +28,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -380,6 +382,61 @@ class LocalServer:
         if status != 200:
             raise VllmCpuError(f"/v1/completions answered {status}: {data}")
         return data
+
+    @contextlib.contextmanager
+    def kept_busy(self, clients: int = 2, max_tokens: int = 1000) -> Iterator[threading.Event]:
+        """Keep the server busy for the whole ``with`` body, as a real one is: ``clients`` streaming clients, each
+        sending its next request as soon as the last ends, each started once the one before it has its first
+        token (staggered: clients started together finish together). The tiny model makes ~300 tokens/s, so
+        each request lasts seconds; between two of one client's requests there is a gap of milliseconds, in
+        which vllm:num_requests_running can read 0 (the idle check counts tokens over a window for that reason).
+        Yields the event set once the first client streams; leaving closes every stream (vLLM aborts a request
+        whose client is gone)."""
+        stop = threading.Event()
+        started = [threading.Event() for _ in range(clients)]
+        conns: list[http_client.HTTPConnection] = []
+        lock = threading.Lock()
+        body = json.dumps({"model": SERVED_MODEL_NAME, "prompt": [5], "max_tokens": max_tokens, "temperature": 0,
+                           "ignore_eos": True, "stream": True})
+
+        def client(n: int) -> None:
+            if n and not started[n - 1].wait(600):
+                return
+            while not stop.is_set():
+                conn = http_client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+                with lock:
+                    if stop.is_set():
+                        return
+                    conns.append(conn)
+                try:
+                    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+                    for line in conn.getresponse():
+                        if line.startswith(b"data: {"):
+                            started[n].set()
+                except (OSError, http_client.HTTPException):
+                    stop.wait(0.5)  # closed by the exit below, or the server refused: never a tight loop
+                finally:
+                    conn.close()
+                    with lock:
+                        conns.remove(conn)
+
+        threads = [threading.Thread(target=client, args=(n,), daemon=True) for n in range(clients)]
+        for t in threads:
+            t.start()
+        try:
+            yield started[0]
+        finally:
+            with lock:
+                stop.set()
+                open_conns = list(conns)
+            for c in open_conns:
+                with contextlib.suppress(OSError):
+                    if c.sock is not None:
+                        c.sock.shutdown(socket.SHUT_RDWR)
+            for e in started:
+                e.set()  # a client still waiting for the one before it ends now
+            for t in threads:
+                t.join(60)
 
     # -- processes
     def pids(self, zombies: bool = False) -> list[int]:

@@ -67,7 +67,7 @@ LOCAL: dict[str, object] = {
         "revert_never_follows_a_package_directory_swapped_for_a_symlink"},
     "interrupts": {"a_fleet_audit_on_sigterm_writes_the_finished_hosts_and_the_retry_file",
         "static_in_the_banner_phase_ends_at_once", "static_while_the_agent_runs_ends_at_once",
-        "the_guard_exits_when_something_blocks_past_the_interrupt"},
+        "the_guard_exits_when_something_blocks_past_the_interrupt", "the_guard_does_not_cut_the_outcome_of_a_restore"},
     "inventory_conventions": {"connection_local_in_the_plan_and_never_silently_ssh",
         "extra_vars_override_inventory_connection_vars",
         "templates_in_expect_values_are_not_parsed_before_rendering"},

@@ -94,6 +94,32 @@ def test_a_restore_that_fails_after_the_interrupt_still_says_whether_the_host_is
     assert "restored h1" not in capsys.readouterr().err
 
 
+def test_the_guard_does_not_cut_the_outcome_of_a_restore(tmp_path):
+    """The outcome is said while the restore is still registered: said after it, a slow outcome (a loaded machine)
+    raced the exit guard armed by the interrupt, and the command ended without saying whether the host was back."""
+    script = textwrap.dedent("""
+        import os, signal, time
+        from mla_doctor import interrupts
+        interrupts.GUARD_S = 0.5
+        def outcome():
+            time.sleep(3)  # past the guard's bound
+            return "restored h1: as found"
+        with interrupts.handling():
+            try:
+                try:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    time.sleep(60)
+                finally:
+                    with interrupts.restoring("h1", lambda: "left", 5, outcome):
+                        pass
+            except interrupts.Interrupted:
+                print("raised after the outcome", flush=True)
+        """)
+    p = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert "restored h1: as found" in p.stderr and "exiting now" not in p.stderr, p.stderr
+    assert "raised after the outcome" in p.stdout
+
+
 def test_the_guard_exits_when_something_blocks_past_the_interrupt(tmp_path):
     script = textwrap.dedent("""
         import os, signal, time

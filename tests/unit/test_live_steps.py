@@ -98,6 +98,27 @@ def test_a_busy_server_is_refused_and_nothing_changes(fake, kb):
     assert report.restored is None
 
 
+def test_a_server_busy_between_the_idle_samples_is_refused(fake, kb):
+    """No request running at the instant of any sample, but tokens generated between them: a busy server (seen
+    on the real one under load: its running gauge read 0 about half the time while a client kept it busy)."""
+    import copy
+    import re
+
+    i = fake.index("/metrics")
+    later = copy.deepcopy(fake.script[i])
+    later["text"] = re.sub(r'(vllm:generation_tokens_total\{[^}]*\}) ([0-9.e+]+)',
+                           lambda m: f"{m.group(1)} {float(m.group(2)) + 37:g}", later["text"])
+    assert later["text"] != fake.script[i]["text"]
+    fake.splice(i + 1, i + 1, [later])
+    report, _ = run(fake, kb)
+    assert (report.status, report.error_kind) == (HostStatus.ERROR, "ServerBusy"), report.error
+    assert report.error.startswith("the server handled 37 token(s) of other clients' requests during the 1s idle "
+                                   "check (vllm:prompt_tokens_total + vllm:generation_tokens_total): refusing to "
+                                   "restart it"), report.error
+    assert fake.ops_sent() == ["static"] and report.restored is None
+    assert [x[1] for x in fake.http_sent].count("/metrics") == 2  # refused at the sample that saw it
+
+
 def test_force_runs_a_busy_server(fake, kb):
     m = fake.http("/metrics")
     m["text"] += 'vllm:num_requests_running{engine="1",model_name="tiny-mla"} 1.0\n'

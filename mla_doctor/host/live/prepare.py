@@ -3,6 +3,7 @@ baseline completion and prepare the patch. A refusal here leaves the host exactl
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 from mla_doctor.errors import MlaDoctorError, RemoteError, UsageError
@@ -142,7 +143,14 @@ def baseline(run: LiveRun) -> None:
     http = run.http
     assert http is not None
     run.step("check the server is idle")
-    refusals.check_idle(http.metrics(), run.ropts.force, run.ropts.method)
+    first = http.metrics()
+    refusals.check_idle(first, run.ropts.force, run.ropts.method)
+    for i in range(1, refusals.IDLE_SAMPLES):
+        if run.ropts.force:
+            break
+        time.sleep(refusals.IDLE_EVERY_S)
+        refusals.check_idle(http.metrics(), run.ropts.force, run.ropts.method, earlier=first,
+                            window_s=i * refusals.IDLE_EVERY_S)
     try:
         model = http.json("GET", "/v1/models")["data"][0]
         before = completion(http, model["id"], BASELINE_PROMPT, 8)["choices"][0]["text"]

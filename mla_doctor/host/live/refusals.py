@@ -68,15 +68,35 @@ def bad_setting(e: ValueError) -> HostRefusal:
     return HostRefusal("BadSetting", f"second pass: {e}")
 
 
-def check_idle(metrics: dict[str, float], force: bool, method: str = "patch") -> None:
+# The idle check samples /metrics over a short window (prepare.baseline): one sample of the gauges misses a busy
+# server between its requests (a real one under load read 0 running half the time), the token counters do not.
+IDLE_SAMPLES = 3
+IDLE_EVERY_S = 1.0
+IDLE_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+IDLE_COUNTERS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+
+
+def check_idle(metrics: dict[str, float], force: bool, method: str = "patch",
+               earlier: dict[str, float] | None = None, window_s: float = 0.0) -> None:
     """A server serving requests is not restarted, nor attached to, unless --force (attach: gdb stops each
-    model process while it queues the probe, and the probe's records would mix in the users' requests)."""
-    busy = metrics.get("vllm:num_requests_running", 0.0)
-    if busy and not force:
-        what = ("refusing to attach to it (gdb pauses each model process briefly, and the users' requests would "
-                "mix into the probe's records)" if method == "attach" else "refusing to restart it")
-        raise HostRefusal("ServerBusy", f"the server is serving {busy:g} request(s) (vllm:num_requests_running): "
-                                        f"{what}; retry when idle, or --force")
+    model process while it queues the probe, and the probe's records would mix in the users' requests).
+    `metrics` is the latest /metrics sample; `earlier`, the window's first: tokens counted between the two are
+    traffic, even when no request is running at the instant of either sample."""
+    if force:
+        return
+    what = ("refusing to attach to it (gdb pauses each model process briefly, and the users' requests would "
+            "mix into the probe's records)" if method == "attach" else "refusing to restart it")
+    running, waiting = (metrics.get(g, 0.0) for g in IDLE_GAUGES)
+    if running or waiting:
+        queued = f", {waiting:g} waiting" if waiting else ""
+        raise HostRefusal("ServerBusy", f"the server is serving {running:g} request(s){queued} "
+                                        f"(vllm:num_requests_running): {what}; retry when idle, or --force")
+    if earlier is not None:
+        tokens = sum(metrics.get(c, 0.0) - earlier.get(c, 0.0) for c in IDLE_COUNTERS)
+        if tokens > 0:
+            raise HostRefusal("ServerBusy", f"the server handled {tokens:g} token(s) of other clients' requests "
+                                            f"during the {window_s:g}s idle check ({' + '.join(IDLE_COUNTERS)}): "
+                                            f"{what}; retry when idle, or --force")
 
 
 def not_answering(e: Exception) -> HostRefusal:
