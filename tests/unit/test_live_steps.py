@@ -112,7 +112,7 @@ def test_a_server_busy_between_the_idle_samples_is_refused(fake, kb):
     fake.splice(i + 1, i + 1, [later])
     report, _ = run(fake, kb)
     assert (report.status, report.error_kind) == (HostStatus.ERROR, "ServerBusy"), report.error
-    assert report.error.startswith("the server handled 37 token(s) of other clients' requests during the 1s idle "
+    assert report.error.startswith("the server handled 37 token(s) of other clients' requests during the 0.5s idle "
                                    "check (vllm:prompt_tokens_total + vllm:generation_tokens_total): refusing to "
                                    "restart it"), report.error
     assert fake.ops_sent() == ["static"] and report.restored is None
