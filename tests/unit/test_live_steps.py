@@ -196,6 +196,10 @@ def test_refusal_type_lands_in_the_report():
         refusals.check_idle({"vllm:num_requests_running": 1.0}, force=False)
     assert e.value.on(r) is r and (r.status, r.error_kind) == (HostStatus.ERROR, "ServerBusy")
     refusals.check_idle({"vllm:num_requests_running": 1.0}, force=True)
+    with pytest.raises(HostRefusal, match=r"serving 0 request\(s\), 3 waiting \(vllm:num_requests_running, "
+                                          r"vllm:num_requests_waiting\)"):
+        refusals.check_idle({"vllm:num_requests_waiting": 3.0}, force=False)  # queued, none running yet
+    refusals.check_idle({"vllm:prompt_tokens_total": 5.0}, force=False, earlier={"vllm:prompt_tokens_total": 9.0})
     refusals.check_symbols([])
     with pytest.raises(HostRefusal, match="refusing to patch: symbols not found: a; b"):
         refusals.check_symbols(["a", "b"])

@@ -88,9 +88,9 @@ def check_idle(metrics: dict[str, float], force: bool, method: str = "patch",
             "mix into the probe's records)" if method == "attach" else "refusing to restart it")
     running, waiting = (metrics.get(g, 0.0) for g in IDLE_GAUGES)
     if running or waiting:
-        queued = f", {waiting:g} waiting" if waiting else ""
+        queued, names = (f", {waiting:g} waiting", ", ".join(IDLE_GAUGES)) if waiting else ("", IDLE_GAUGES[0])
         raise HostRefusal("ServerBusy", f"the server is serving {running:g} request(s){queued} "
-                                        f"(vllm:num_requests_running): {what}; retry when idle, or --force")
+                                        f"({names}): {what}; retry when idle, or --force")
     if earlier is not None:
         tokens = sum(metrics.get(c, 0.0) - earlier.get(c, 0.0) for c in IDLE_COUNTERS)
         if tokens > 0:
