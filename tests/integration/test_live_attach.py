@@ -147,9 +147,10 @@ def test_a_busy_server_is_refused_before_anything_changes(server, tmp_path):
                 return float(line.rsplit(None, 1)[-1])
         return 0.0
 
-    # a relay of streamed requests keeps one in flight for the whole run (clients looping on their own requests
-    # left a gap that the idle check fell into once, on busy cores), and mla-doctor starts only once the server
-    # streams and says it is serving: events, not sleeps (a loaded machine may take seconds to start a request)
+    # staggered streaming clients keep the server busy for the whole run, with the millisecond gaps between
+    # requests that a real busy server has (one reading of the running gauge fell into one, on busy cores: the
+    # idle check now counts tokens over its window), and mla-doctor starts only once the server streams and says
+    # it is serving: events, not sleeps (a loaded machine may take seconds to start a request)
     with server.kept_busy() as streaming:
         assert streaming.wait(300), "the busy client never got a token back"
         deadline = time.monotonic() + 120

@@ -145,9 +145,7 @@ def baseline(run: LiveRun) -> None:
     run.step("check the server is idle")
     first = http.metrics()
     refusals.check_idle(first, run.ropts.force, run.ropts.method)
-    for i in range(1, refusals.IDLE_SAMPLES):
-        if run.ropts.force:
-            break
+    for i in range(1, 1 if run.ropts.force else refusals.IDLE_SAMPLES):  # --force: no window to wait for
         time.sleep(refusals.IDLE_EVERY_S)
         refusals.check_idle(http.metrics(), run.ropts.force, run.ropts.method, earlier=first,
                             window_s=i * refusals.IDLE_EVERY_S)
