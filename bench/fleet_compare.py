@@ -81,7 +81,8 @@ def child_mla_lib(spec: dict) -> dict:
     import resource
 
     t_imp = time.perf_counter()
-    from mla_doctor.host.audit import AuditOptions, audit_host
+    from mla_doctor.host.audit import AuditOptions
+    from mla_doctor.host.library import audit_host
     from mla_doctor.diagnosis.knowledge import load_knowledge
     from mla_doctor.results import plain
     from mla_doctor.ssh.transport import ConnectOptions

@@ -20,7 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mla_doctor.host.audit import AuditOptions, audit_host  # noqa: E402
+from mla_doctor.host.audit import AuditOptions  # noqa: E402
+from mla_doctor.host.library import audit_host  # noqa: E402
 from mla_doctor.diagnosis.knowledge import load_knowledge  # noqa: E402
 from mla_doctor.ssh.transport import ConnectOptions  # noqa: E402
 from tests.support import corpus  # noqa: E402

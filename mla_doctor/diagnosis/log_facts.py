@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from mla_doctor.diagnosis.knowledge import load_data
+from mla_doctor.diagnosis.log_names import Fact, backend_code_names, backend_name, display_names
 
 __all__ = ["Decision", "Record", "load_markers", "decide", "LOOKED_FOR", "combine_captures"]
 
@@ -208,8 +209,6 @@ def _release_without_sparse(version: str) -> bool:
 
 def _backend_in(msg: str) -> Optional[str]:
     """The backend an encoder / indexer line names (its format states no placeholder for it)."""
-    from mla_doctor.diagnosis.log_reading import backend_name
-
     for m in _BACKEND_WORD.finditer(msg):
         name = backend_name(m.group(1))
         if name and ("ATTN" in name or "MLA" in name or name in ("FLASHINFER", "TORCH_SDPA", "XFORMERS")):
@@ -228,8 +227,6 @@ def _backend_elsewhere(out: Any, recs: List[Record], markers: dict) -> None:
     FlashInferBackend backend"), else the backend whose own code raised the fatal exception (its module in the
     traceback's frames, its enum or display name opening the exception's message). A backend that validation
     rejected ("Selected backend X is not valid", "No valid attention backend") is never the model's."""
-    from mla_doctor.diagnosis.log_reading import Fact, backend_code_names, backend_name, display_names
-
     modules = backend_code_names()[1]
     enums = set(modules.values()) | set(backend_code_names()[0].values()) | set(display_names().values())
     # only a display text that names an attention kernel ("Aiter MLA", "Torch SDPA"), never a bare "Triton"
@@ -585,8 +582,6 @@ def _fatal(out: Any, recs: List[Record], markers: dict) -> None:
     """Fatal lines, and ``fatal_error``: the LAST exception that ended a process (its traceback's last line, a
     raised format, an exception logged at ERROR or printed bare on stderr), else the last death message;
     ``fatal_cause``: the first of them that is not a wrapper ("See root cause above")."""
-    from mla_doctor.diagnosis.log_reading import Fact
-
     open_tb: Dict[Any, int] = {}          # process key -> first line of the traceback being read
     exceptions: List[Any] = []
     deaths: List[Any] = []

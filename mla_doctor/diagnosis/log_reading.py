@@ -26,8 +26,10 @@ from typing import Any, Dict, Iterable, List, Optional, Pattern, Sequence, Tuple
 
 
 from mla_doctor.diagnosis.log_facts import cg_mode
-from mla_doctor.diagnosis.knowledge import load_data, load_knowledge, parse_version
+from mla_doctor.diagnosis.knowledge import parse_version
 from mla_doctor.diagnosis.log_normalise import clean_line, normalise, split_record
+from mla_doctor.diagnosis.log_names import (MEANINGS_FILE, Fact, backend_code_names,  # noqa: F401
+                                           backend_name, display_names, load_meanings)
 from mla_doctor.diagnosis.log_runs import (ProcessRun, load_run_starts, numbered, run_start_patterns,  # noqa: F401
                                           split_runs)
 
@@ -38,7 +40,6 @@ __all__ = ["Format", "Match", "Fact", "LogReading", "Matcher", "load_formats", "
 
 _KNOWLEDGE = Path(__file__).with_name("knowledge")
 FORMATS_FILE = _KNOWLEDGE / "log_formats.json"
-MEANINGS_FILE = _KNOWLEDGE / "log_meanings.yaml"
 from mla_doctor.diagnosis.log_runs import RUNS_FILE  # noqa: E402,F401  (still importable here)
 
 _TOKEN = re.compile(r"%%|%[-+ #0]*\d*(?:\.\d+)?[sdifrx]|\{[^{}]*\}")
@@ -218,14 +219,6 @@ class Format:
 def load_formats() -> dict:
     with open(FORMATS_FILE, encoding="utf-8") as f:
         return json.load(f)
-
-
-@functools.lru_cache(maxsize=1)
-def load_meanings() -> dict:
-    data = load_data(MEANINGS_FILE)  # libyaml, or the knowledge's pickled copy (pure-Python yaml: ~15 ms a process)
-    data["_rules"] = [(re.compile(r["text"]), r) for r in data["rules"]]
-    data["_reject"] = re.compile(data["not_an_attention_backend"])
-    return data
 
 
 def meaning_of(fmt: str, level: str) -> Meaning:
@@ -523,38 +516,6 @@ def matcher(releases: Optional[Sequence[str]] = None, harvested: Optional[List[d
 # --------------------------------------------------------------------------- reading a log
 
 @dataclass
-class Fact:
-    n: int                      # line number in the log (the first, for a wrapped line)
-    text: str                   # the record as logged (colour and wrappers removed)
-    kind: str                   # the format's meaning (attention_backend, engine, fatal, moe, ...)
-    value: Optional[str]        # the backend / version / count the line states
-    format: str                 # the vLLM format string it matched
-    source: str                 # "vllm/<file>:<line>" of that format (newest release that has it)
-    releases: List[str]         # releases whose sources hold this format
-    process: Optional[str] = None
-    partial: bool = False       # the line matched only the head of the format (a truncated quote)
-    lines: List[int] = field(default_factory=list)   # every original line it decided from (a traceback: start, end)
-    rule: Optional[str] = None  # the rule that made it a fact (fatal: which traceback form)
-    role: Optional[str] = None  # a backend line's: model, drafter, encoder, indexer
-    engine: Optional[str] = field(default=None, repr=False, compare=False)     # the engine its format states
-    sets: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
-    groups: List[str] = field(default_factory=list, repr=False, compare=False)
-    files: Tuple[str, ...] = field(default=(), repr=False, compare=False)     # every file its format is in
-
-    def to_dict(self) -> dict:
-        out = {"line": self.n, "text": self.text, "kind": self.kind, "value": self.value,
-               "format": self.format, "source": self.source, "releases": self.releases,
-               "process": self.process, "partial": self.partial}
-        if self.lines and self.lines != [self.n]:
-            out["lines"] = list(self.lines)
-        if self.rule:
-            out["rule"] = self.rule
-        if self.role:
-            out["role"] = self.role
-        return out
-
-
-@dataclass
 class LogReading:
     version: Optional[str] = None          # as stated (argument, banner or engine line)
     version_line: Optional[int] = None
@@ -604,66 +565,6 @@ class LogReading:
 
 
 MAX_STEPS = 16_000_000   # matcher work per log (characters scanned + formats tried): beyond it, the read stops
-
-
-@functools.lru_cache(maxsize=1)
-def display_names() -> Dict[str, str]:
-    """Display text -> enum name, as each release's platform code pairs its ``Using <text> backend`` line with
-    the backend it returns (``knowledge/backend_display_names.json``, tools/gen_backend_names.py): the name most
-    sites give, among those sharing a word with the text."""
-    try:
-        with open(_KNOWLEDGE / "backend_display_names.json", encoding="utf-8") as f:
-            doc = json.load(f)["names"]
-    except (OSError, ValueError, KeyError):
-        return {}
-    out = {}
-    for text, names in doc.items():
-        flat = re.sub(r"[^A-Z]", "", text.upper()).replace("ATTENTION", "ATTN")
-
-        def score(item: Tuple[str, dict], flat: str = flat) -> Tuple[int, int]:
-            return (sum(1 for part in item[0].split("_") if part and part in flat), item[1]["sites"])
-
-        best = max(names.items(), key=score)
-        if score(best)[0]:
-            out[text] = best[0]
-    return out
-
-
-@functools.lru_cache(maxsize=1)
-def backend_code_names() -> Tuple[Dict[str, str], Dict[str, str]]:
-    """(backend class -> enum, backend module -> enum), from the releases' AttentionBackendEnum registries."""
-    try:
-        with open(_KNOWLEDGE / "backend_display_names.json", encoding="utf-8") as f:
-            doc = json.load(f)
-        return dict(doc.get("classes") or {}), dict(doc.get("modules") or {})
-    except (OSError, ValueError):
-        return {}, {}
-
-
-def backend_name(raw: Optional[str], aliases: Optional[Dict[str, str]] = None) -> Optional[str]:
-    """vLLM's enum name for a backend as a line prints it: the enum (``AttentionBackendEnum.X``), its
-    ``get_name()``, or the platform's display text (``Torch SDPA`` -> TORCH_SDPA)."""
-    if not raw:
-        return None
-    name = raw.strip().strip("'\"")
-    m = re.match(r"<?(?:AttentionBackendEnum|_Backend|Backend)\.(\w+)", name)
-    if m:
-        name = m.group(1)
-    names = load_meanings().get("names") or {}
-    if aliases is None:
-        aliases = load_knowledge().data.get("backend_aliases") or {}
-    got = aliases.get(name) or names.get(name) or display_names().get(name)
-    if got:
-        return got
-    classes = backend_code_names()[0]
-    if name in classes:
-        return classes[name]
-    stem = re.sub(r"(?:MetadataBuilder|Backend|Impl|Metadata)$", "", name)
-    if stem != name and stem + "Backend" in classes:   # CutlassMLAMetadataBuilder -> CutlassMLABackend
-        return classes[stem + "Backend"]
-    if name.endswith("_VLLM_V1"):   # 0.7-0.9's V1 enum spelling; the knowledge keys the backend without it
-        return aliases.get(name[:-8]) or name[:-8]
-    return name
 
 
 def _value(match: Match, aliases: Optional[Dict[str, str]]) -> Optional[str]:

@@ -92,18 +92,6 @@ def static_on(transport: Transport, name: str, conn: ConnectOptions, opts: Audit
     return report
 
 
-def audit_host(target: str | None, conn: ConnectOptions, opts: AuditOptions,
-               kb: Knowledge | None = None) -> HostReport:
-    """Audit one host (a library call, the benchmarks'): the one-step plan `static` runs, through
-    `host.execute`. Never raises for host problems: they become the report's status."""
-    from mla_doctor.host.executor import execute
-    from mla_doctor.host.steps import Audit
-    from mla_doctor.host.target import HostTarget, host_label
-
-    host = HostTarget(name=host_label(target, conn), address=target, conn=conn, python=opts.python)
-    return execute(host, [Audit(model=opts.model, log=opts.log)], kb=kb)
-
-
 def build_static_report(name: str, raw: dict[str, Any], kb: Knowledge) -> HostReport:
     report = HostReport(host=name)
     servers = raw.get("servers") or []
@@ -162,7 +150,8 @@ def build_static_report(name: str, raw: dict[str, Any], kb: Knowledge) -> HostRe
         report.server = report.server.with_(other_install=apart)
     model_class = None
     if model_raw:
-        model_class = classify_model(facts, model_raw.get("config"))
+        # the installed release's own is_deepseek_mla list (the resolution's) wins over the table's
+        model_class = classify_model(facts, model_raw.get("config"), code=raw.get("resolution"))
     # the attention code that runs, as the installed files state it (agent/facts/resolve.py)
     code_paths = code_paths_section(facts, raw.get("resolution"), ModelSection.of(model_raw).config)
     if code_paths is not None:

@@ -1,5 +1,5 @@
 """The soak: SOAK_N (1,000) `static` audits of one host over this one process's lifetime, through the library's
-entry point (`host.audit.audit_host`, as a long-running controller calls it, a few at a time), then SOAK_CLI_N
+entry point (`host.library.audit_host`, as a long-running controller calls it, a few at a time), then SOAK_CLI_N
 (200) over the CLI. Nothing may grow once warmed up: memory (RSS), file descriptors, threads, temp files (the
 controller's own temp directory and HOME), processes left on the host. The host is one real sshd on loopback
 (tests/support/loopback_sshd.py; in a PID namespace of its own, so the audit's process scan sees only the
@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from mla_doctor.diagnosis.knowledge import load_knowledge
-from mla_doctor.host.audit import AuditOptions, audit_host
+from mla_doctor.host.audit import AuditOptions
+from mla_doctor.host.library import audit_host
 from tests.support import loopback_sshd, small_vllm
 
 pytestmark = pytest.mark.soak

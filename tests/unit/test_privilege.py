@@ -183,7 +183,7 @@ def test_the_interpreter_check_never_runs_tools_from_the_callers_path(tmp_path, 
 
 SERVER_CODE = r"""
 import mmap, os, socket, sys, time
-so, port, listen = sys.argv[1], int(sys.argv[4]), sys.argv[5] == "1"
+so, port, listen = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
 f = open(so, "rb"); m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
 s = socket.socket()
 if listen:
@@ -203,15 +203,21 @@ def _free_port():
 def spawn():
     procs = []
 
-    def start(so, port, listen=True, uid=None, stdout=None):
+    def start(so, port, listen=True, uid=None, stdout=None, imports=True, args=None, cwd="/"):
+        """`imports`: the install is on the process's own PYTHONPATH (its interpreter imports it); without,
+        the process only maps the .so (a look-alike's mmap)."""
         def drop():
             if uid is not None:
                 os.setgroups([])
                 os.setresgid(uid, uid, uid)
                 os.setresuid(uid, uid, uid)
-        p = subprocess.Popen([PY3, "-c", SERVER_CODE, str(so), "vllm.entrypoints.openai.api_server", "--port",
-                              str(port), "1" if listen else "0"], stdout=stdout or subprocess.PIPE,
-                             preexec_fn=drop, cwd="/")
+        argv = args if args is not None else ["--port", str(port)]
+        env = {"PATH": "/usr/bin:/bin"}
+        if imports:
+            env["PYTHONPATH"] = str(os.path.dirname(os.path.dirname(so)))
+        p = subprocess.Popen([PY3, "-c", SERVER_CODE, str(so), str(port), "1" if listen else "0",
+                              "vllm.entrypoints.openai.api_server", *argv], stdout=stdout or subprocess.PIPE,
+                             preexec_fn=drop, cwd=cwd, env=env)
         procs.append(p)
         if stdout is None:
             assert p.stdout.readline().strip() == b"ready"
@@ -256,6 +262,60 @@ def test_the_server_is_the_process_serving_its_port_and_look_alikes_are_reported
     assert why[idle.pid].startswith("does not listen on port")
     assert "not its owner's server" in why[foreign.pid]
     assert processes.verified_servers({"pid": real.pid})[0] == [(real.pid, 0)]
+
+
+def test_the_port_is_read_as_vllm_reads_it_and_a_mapping_alone_proves_nothing(tmp_path, root, spawn):
+    """Issue 27's critical attack: the real server takes its port from `--config` YAML (argv has no --port),
+    another user's process mmaps root's world-readable vllm/_C.abi3.so and listens on a port of its own. The
+    real server is the one proven (its listening socket, the port vLLM reads), the other a look-alike."""
+    vdir, so = _install(tmp_path, "sys")
+    cfgdir = tmp_path / "cfg"
+    cfgdir.mkdir()
+    port = _free_port()
+    (cfgdir / "serve.yaml").write_text(f"model: /models/x\nport: {port}  # the API port\nhost: 127.0.0.1\n")
+    real = spawn(so, port, args=["--config", "serve.yaml"], cwd=str(cfgdir))  # relative: its own cwd
+    mimic = spawn(so, _free_port(), uid=65533, imports=False)  # maps root's .so, imports nothing of it
+    servers, looks, error = processes.identify({}, _ours([real, mimic]))
+    assert [s["pid"] for s in servers] == [real.pid] and error is None, (looks, error)
+    assert servers[0]["port"] == port and servers[0]["port_from"] == "--config serve.yaml"
+    [look] = looks
+    assert look["pid"] == mimic.pid and "does not import" in look["why"] and "proves nothing" in look["why"]
+    # the operator's --port decides between the two; the look-alike's own port proves nothing for it
+    servers, _l, error = processes.identify({"port": look["listening_ports"][0]}, _ours([real, mimic]))
+    assert servers == [] and str(mimic.pid) in error and "--pid" in error
+
+
+def test_a_config_the_server_user_cannot_read_is_never_read_by_root(tmp_path, root, spawn):
+    """The --config name is the service user's to choose: a link to a root-only file is opened as that user
+    (refused by the kernel), never by root; the port is then unknown and the process no proven server."""
+    _vdir, so = _install(tmp_path, "theirs", owner=NOBODY)
+    secret = tmp_path / "root-only.yaml"
+    secret.write_text(f"port: {_free_port()}\n")
+    os.chmod(secret, 0o600)
+    link = tmp_path / "link.yaml"
+    link.symlink_to(secret)
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    os.chmod(fifo, 0o666)
+    a = spawn(so, _free_port(), uid=NOBODY, args=["--config", str(link)])
+    b = spawn(so, _free_port(), uid=NOBODY, args=["--config", str(fifo)])
+    t0 = time.monotonic()
+    found = {c["pid"]: c for c in _ours([a, b])}
+    assert time.monotonic() - t0 < 15, "a FIFO named as --config hung the agent"
+    assert found[a.pid]["port"] is None and "not readable as the server's user" in found[a.pid]["port_from"]
+    assert found[b.pid]["port"] is None
+    servers, looks, error = processes.identify({}, list(found.values()))
+    assert servers == [] and "cannot be read the way vLLM reads it" in error
+
+
+def test_one_look_alike_is_a_usage_error_listing_it_never_vllm_not_found(tmp_path, root, spawn):
+    _vdir, so = _install(tmp_path, "sys")
+    port = _free_port()
+    mimic = spawn(so, port, uid=65533, imports=False)
+    servers, looks, error = processes.identify({}, _ours([mimic]))
+    assert servers == [] and [x["pid"] for x in looks] == [mimic.pid]
+    assert error.startswith("no process is proven to be the vLLM server") and f"pid {mimic.pid} (user" in error
+    assert f"port {port}" in error and str(so.parent) in error and "--pid" in error
 
 
 def test_two_servers_are_a_usage_error_until_pid_names_one(tmp_path, root, spawn):

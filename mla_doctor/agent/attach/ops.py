@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import glob
 import hashlib
-import json
 import os
 import signal
 import time
@@ -21,6 +20,7 @@ from ..common import time_now
 from ..fs import lease_path, read_json, plan_run_dir, run_root, server_paths, write_json, atomic_write
 from ..protocol import AGENT_VERSION, Refusal
 from . import checks, inject, procs
+from .closing import close_run, detached_records
 
 PROBE_NAME = "attach-probe.py"
 
@@ -180,37 +180,6 @@ def end_lease(run_dir):
         epoch = 0
     write_json(lease_path(run_dir), {"expires": 1, "ttl": 0, "renewed": time_now(), "epoch": epoch,
                                        "detach": True}, 0o644)
-
-
-def close_run(root, run_id, run_dir, reason):
-    from ..change.lock import release_lock
-    from ..change.revert import revert_run
-
-    try:
-        res = revert_run(run_dir, reason=reason)
-    finally:
-        release_lock(root, run_id)
-    return {"state": res.get("state")}
-
-
-def detached_records(run_dir):
-    """pid -> the probe's `detached` record (and pid -> `attached`), read as the records op reads."""
-    det, att = {}, {}
-    chunks, _refused_files, _capped = fs.read_records(run_dir, {}, 64 << 20)
-    for _name, _off, data in chunks:
-        for line in data.split(b"\n"):
-            if b'"detached"' not in line and b'"attached"' not in line:
-                continue
-            try:
-                rec = json.loads(line.decode("utf-8"))
-            except ValueError:
-                continue
-            if isinstance(rec, dict) and isinstance(rec.get("pid"), int):
-                if rec.get("event") == "detached":
-                    det[rec["pid"]] = rec
-                elif rec.get("event") == "attached":
-                    att[rec["pid"]] = rec
-    return det, att
 
 
 def op_detach(plan):

@@ -12,6 +12,7 @@ import time
 from .. import fs
 from ..fs import read_json
 from ..protocol import Refusal
+from .closing import close_run, detached_records
 
 DETACH_WAIT_S = 20.0
 
@@ -25,7 +26,6 @@ def start(root, run_id, poll=0.5):
 def loop(root, run_id, poll):
     from ..daemon import watchdog_start
     from ..lease import lease_expired
-    from .ops import close_run, detached_records
 
     run_dir = fs.run_dir_of(root, run_id)
     note, stop = watchdog_start(run_dir, "attach watchdog")

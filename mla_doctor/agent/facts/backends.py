@@ -10,7 +10,7 @@ import os
 import re
 
 from ..common import read_regular
-from .resolve import chain, returned_exprs
+from .syntax import chain, returned_exprs
 
 
 _BACKEND_DIRS = ("v1/attention/backends", "attention/backends", "models", "model_executor/layers/attention")

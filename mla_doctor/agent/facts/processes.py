@@ -12,7 +12,8 @@ import glob
 import os
 import re
 
-from ..common import int_or_none, read_text, run_argv, user_name, find_executable
+from ..common import int_or_none, read_regular, read_text, run_argv, user_name, find_executable
+from ..privilege import call_as, proc_ids
 
 
 # Server processes we recognise in /proc/<pid>/cmdline.
@@ -255,6 +256,45 @@ def _vllm_version(pid, site):
     return None, None
 
 
+def _site_dirs(pid, prefix, env):
+    """The directories this interpreter imports packages from: its prefix's site directories (as site.py
+    lists them, /usr/local's too for /usr), its own PYTHONPATH, its user site under its own HOME."""
+    pats = ["lib/python3*/site-packages", "lib/python3*/dist-packages", "lib64/python3*/site-packages",
+            "lib/python3/dist-packages", "local/lib/python3*/dist-packages", "local/lib/python3*/site-packages"]
+    out = []
+    if prefix:
+        for pat in pats:
+            found = glob.glob(_in_root(pid, os.path.join(glob.escape(prefix), pat)))
+            out += [f[len(_in_root(pid, "")):] for f in found]
+        if prefix == "/usr":
+            for pat in pats[:2]:
+                found = glob.glob(_in_root(pid, os.path.join("/usr/local", pat)))
+                out += [f[len(_in_root(pid, "")):] for f in found]
+    for d in (env.get("PYTHONPATH") or "").split(":"):
+        if os.path.isabs(d):
+            out.append(d)
+    home = env.get("HOME")
+    if home and os.path.isabs(home):
+        out += [f[len(_in_root(pid, "")):] for f in
+                glob.glob(_in_root(pid, os.path.join(glob.escape(home), ".local/lib/python3*/site-packages")))]
+    return out
+
+
+def imported_vllm_dir(pid, mapped, sites, same_root):
+    """The mapped vllm package directory the process's own interpreter imports (its parent is one of the
+    interpreter's site directories), else None: any process can map a world-readable vllm/_C.abi3.so, so a
+    mapping alone proves nothing."""
+    def norm(p):
+        p = os.path.normpath(p)
+        return os.path.realpath(p) if same_root else p
+
+    wanted = {norm(d) for d in sites}
+    for vdir in mapped:
+        if norm(os.path.dirname(vdir)) in wanted:
+            return vdir
+    return None
+
+
 def server_install(pid, argv, env, exe, cwd, mapped):
     """Which install a server runs from: its interpreter's prefix (the venv root: pyvenv.cfg beside the bin/ of
     argv[0], of $VIRTUAL_ENV, of /proc/PID/exe; else the exe's own prefix), and the vllm package it has
@@ -271,21 +311,59 @@ def server_install(pid, argv, env, exe, cwd, mapped):
             break
     if prefix is None and exe:
         prefix, prefix_from = os.path.dirname(os.path.dirname(exe)), "exe"
-    vdir, vdir_from = (mapped[0], "mapped") if mapped else (None, None)
+    try:
+        same_root = os.readlink(_in_root(pid, "")) == "/"
+    except OSError:
+        same_root = False
+    vdir = imported_vllm_dir(pid, mapped, _site_dirs(pid, prefix, env), same_root)
+    vdir_from = "mapped, under its interpreter's site directories" if vdir else None
+    if vdir is None and mapped:  # mapped from elsewhere: not the install it runs (a look-alike's mmap)
+        return {"python": python or exe, "prefix": prefix, "prefix_from": prefix_from, "virtual_env": venv,
+                "vllm_dir": None, "vllm_dir_from": None, "foreign_mapped": list(mapped), "distribution": None,
+                "version": None, "vllm_dir_real": None}
     if vdir is None and prefix:
         found = sorted(glob.glob(_in_root(pid, os.path.join(glob.escape(prefix), "lib", "python3*", "site-packages",
                                                          "vllm", "__init__.py"))))
         if found:
             vdir, vdir_from = os.path.dirname(found[0])[len(_in_root(pid, "")):], "prefix site-packages"
     dist, version = _vllm_version(pid, os.path.dirname(vdir)) if vdir else (None, None)
-    try:
-        same_root = os.readlink(_in_root(pid, "")) == "/"
-    except OSError:
-        same_root = False
     return {"python": python or exe, "prefix": prefix, "prefix_from": prefix_from, "virtual_env": venv,
             "vllm_dir": vdir, "vllm_dir_from": vdir_from, "distribution": dist, "version": version,
             # as this host's paths resolve (a container's are its own: kept as it sees them)
             "vllm_dir_real": os.path.realpath(vdir) if vdir and same_root else vdir}
+
+
+DEFAULT_PORT = 8000  # vLLM's --port default
+MAX_CONFIG_BYTES = 1 << 20
+_YAML_PORT_RE = re.compile(r"""(?m)^port[ \t]*:[ \t]*(["']?)([0-9]{1,5})\1[ \t]*(?:#.*)?$""")
+
+
+def _read_config_port(path):
+    """`port:` of a vLLM --config YAML file (top-level key, as vLLM's parser turns it into --port), or None.
+    A regular file only, bounded (read_regular: a FIFO hangs nothing)."""
+    m = _YAML_PORT_RE.search(read_regular(path, max_size=MAX_CONFIG_BYTES).decode("utf-8", "replace"))
+    return int(m.group(2)) if m else None
+
+
+def server_port(pid, argv, cwd):
+    """(port, where it came from) the way vLLM reads it: `--port` on the command line wins, else `port:` in
+    the `--config FILE` YAML (read as the server's own user: root never opens a file of theirs by name),
+    else 8000. vLLM reads no environment variable for the API port (VLLM_PORT is its internal one)."""
+    port = arg_value(argv, "--port")
+    if port is not None:
+        return (int(port), "--port") if port.isdigit() else (None, "--port %r is not a number" % port)
+    cfg = arg_value(argv, "--config")
+    if cfg:
+        path = cfg if os.path.isabs(cfg) else os.path.join(cwd or "/", cfg)
+        try:
+            same_root = os.readlink(_in_root(pid, "")) == "/"
+            got = call_as(proc_ids(pid), _read_config_port, (path if same_root else _in_root(pid, path),),
+                          timeout=10.0)
+        except OSError as e:
+            return None, "--config %s: not readable as the server's user (%s)" % (cfg, e.strerror or e)
+        if got is not None:
+            return int(got), "--config " + cfg
+    return DEFAULT_PORT, "default"
 
 
 def _stdout_target(pid):
@@ -360,6 +438,10 @@ def _install_owner(vdir, pid):
 def _why_not(s, want_port):
     """Why a process that looks like vLLM is not taken for the server (None: it is)."""
     inst = s.get("install") or {}
+    if inst.get("foreign_mapped"):
+        return ("maps vLLM's native code from %s, which its own interpreter (prefix %s) does not import: a "
+                "mapping of a world-readable file proves nothing" % (", ".join(inst["foreign_mapped"]),
+                                                                     inst.get("prefix")))
     if not inst.get("vllm_dir"):
         return "maps no vLLM package and its interpreter's prefix holds none"
     owner = _install_owner(inst["vllm_dir"], s["pid"])
@@ -368,10 +450,9 @@ def _why_not(s, want_port):
     if owner not in (0, s["uid"]):
         return ("runs as %s (uid %d) a vLLM at %s owned by uid %d: not its owner's server"
                 % (s["user"], s["uid"], inst["vllm_dir"], owner))
-    if want_port is not None:
-        port = want_port
-    else:
-        port = s["port"]
+    port = want_port if want_port is not None else s.get("port")
+    if port is None:
+        return "its port cannot be read the way vLLM reads it (%s)" % s.get("port_from")
     if port not in (s.get("listening_ports") or []):
         return ("does not listen on port %d (listens on %s)"
                 % (port, ", ".join(str(p) for p in s.get("listening_ports") or []) or "nothing"))
@@ -407,10 +488,28 @@ def identify(plan, candidates):
             ": " + x["why"] for x in lookalikes if x["pid"] == want_pid))
     elif len(servers) > 1:
         error = ("several vLLM servers: %s; name one with --pid (or --port)"
-                 % "; ".join("pid %d (%s, port %s, %s)" % (s["pid"], s["user"], s["port"],
-                                                          (s.get("install") or {}).get("vllm_dir"))
-                             for s in servers))
+                 % "; ".join(_candidate(s) for s in servers))
+    elif not servers and lookalikes:  # never "vLLM not found": say what was seen and why none is proven
+        by_pid = {s["pid"]: s for s in candidates}
+        error = ("no process is proven to be the vLLM server%s; %d look%s like one: %s; name the server with "
+                 "--pid (or --port)" % (" on port %d" % want_port if want_port is not None else "", len(lookalikes),
+                                        "s" if len(lookalikes) == 1 else "",
+                                        "; ".join("%s: %s" % (_candidate(by_pid[x["pid"]]), x["why"])
+                                                  for x in lookalikes)))
+    for x in lookalikes:
+        x["port"] = _port_of(candidates, x["pid"])
     return servers, lookalikes, error
+
+
+def _port_of(candidates, pid):
+    return next((c.get("port") for c in candidates if c["pid"] == pid), None)
+
+
+def _candidate(s):
+    """pid, user, port and install of one process that looks like vLLM (a usage error lists each)."""
+    inst = s.get("install") or {}
+    return "pid %d (user %s, port %s, install %s)" % (s["pid"], s["user"], s.get("port"), inst.get("vllm_dir") or
+                                                      ", ".join(inst.get("foreign_mapped") or []) or "none")
 
 
 def verified_servers(plan=None):
@@ -443,7 +542,7 @@ def find_servers():
             cwd = os.readlink("/proc/%s/cwd" % pid)
         except OSError:
             cwd = None
-        port = arg_value(argv, "--port")
+        port, port_from = server_port(pid, argv, cwd)
         sup = supervisor(pid, argv)
         mapped = _mapped_vllm_dirs(pid)
         stdout_name, stdout_path = _stdout_target(pid)
@@ -458,7 +557,8 @@ def find_servers():
             "env": redact_env(env or {}),
             "supervisor": sup,
             "process_runtime_refusal": supervised_refusal(sup),  # why `--runtime process` must not restart it
-            "port": int(port) if port and port.isdigit() else 8000,
+            "port": port,  # as vLLM reads it; identify() proves the process holds its listening socket
+            "port_from": port_from,
             "listening_ports": _listening(pid),
             "bind_host": arg_value(argv, "--host"),
             "model_arg": server_model_arg(argv),

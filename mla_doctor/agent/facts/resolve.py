@@ -18,6 +18,7 @@ import os
 import re
 
 from ..common import read_regular
+from .syntax import chain, returned_exprs
 
 REGISTRY = "model_executor/models/registry.py"
 DECODE = ("forward_mqa", "_forward_decode")
@@ -302,24 +303,6 @@ class Source(object):
         return None
 
 
-def returned_exprs(body, m, cond=None):
-    """(returned expression, the enclosing `if` line) of a function body."""
-    out = []
-    for node in body:
-        if isinstance(node, ast.Return) and node.value is not None:
-            out.append((node.value, cond))
-        elif isinstance(node, ast.If):
-            t = m.text_of(node)
-            out.extend(returned_exprs(node.body, m, t))
-            out.extend(returned_exprs(node.orelse, m, ("else of: " + t) if node.orelse else cond))
-        elif isinstance(node, (ast.For, ast.While, ast.With, ast.Try)):
-            for f in ("body", "orelse", "finalbody"):
-                out.extend(returned_exprs(getattr(node, f, []) or [], m, cond))
-            for h in getattr(node, "handlers", []) or []:
-                out.extend(returned_exprs(h.body, m, cond))
-    return out
-
-
 def _locals(fn):
     """name -> [assigned expressions] of a function (for `attn_cls = A if c else B; attn_cls(...)`)."""
     out = {}
@@ -327,18 +310,6 @@ def _locals(fn):
         if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
             out.setdefault(n.targets[0].id, []).append(n.value)
     return out
-
-
-def chain(expr):
-    """`self.impl.forward_mqa` -> ["self", "impl", "forward_mqa"] (None when not a plain dotted name)."""
-    parts = []
-    while isinstance(expr, ast.Attribute):
-        parts.append(expr.attr)
-        expr = expr.value
-    if isinstance(expr, ast.Name):
-        parts.append(expr.id)
-        return parts[::-1]
-    return None
 
 
 def _slice_of(arg):
