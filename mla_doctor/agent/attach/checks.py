@@ -79,7 +79,9 @@ def interpreter_refusals(proc):
     """The process must be a CPython whose dynamic symbols include the two the injection calls."""
     pid = proc["pid"]
     lib = proc.get("libpython")
-    path = "/proc/%d/root%s" % (pid, lib) if lib else "/proc/%d/exe" % pid
+    # the mapping itself (map_files) or the process's own executable: never the library's name, which the
+    # service user controls (a FIFO there hung the agent)
+    path = proc.get("libpython_map") if lib else "/proc/%d/exe" % pid
     try:
         found = defined_symbols(path, INTERPRETER_SYMBOLS + CPYTHON_SYMBOLS)
     except (OSError, ElfError) as e:

@@ -5,9 +5,12 @@ symbol table cannot be attached to by name, and one without any CPython symbol i
 """
 from __future__ import annotations
 
+import os
+import stat
 import struct
 
 MAX_TABLE = 64 << 20  # a symbol or string table larger than this is not read (a hostile file)
+MAX_FILE = 2 << 30  # a libpython or python executable: tens of MiB
 
 
 class ElfError(Exception):
@@ -17,7 +20,22 @@ class ElfError(Exception):
 def defined_symbols(path, wanted):
     """The subset of `wanted` (names) that `path` defines in its .dynsym (ELF64 little-endian only)."""
     wanted = set(wanted)
-    with open(path, "rb") as f:
+    # the interpreter's files are the service user's: a FIFO or device put there must not hang or feed us, so
+    # opened non-blocking and checked on the descriptor (callers pass /proc/PID/map_files/..., the very file the
+    # process mapped, never a name it controls)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise ElfError("%s is not a regular file" % path)
+    if st.st_size > MAX_FILE:
+        os.close(fd)
+        raise ElfError("%s is larger than %d bytes: not read" % (path, MAX_FILE))
+    with os.fdopen(fd, "rb") as f:
         head = f.read(64)
         if len(head) < 64 or head[:4] != b"\x7fELF":
             raise ElfError("%s is not an ELF file" % path)

@@ -16,13 +16,16 @@ import signal
 import time
 
 from .. import fs
-from ..common import time_now
+from ..facts.logs import descriptor_ident
+from ..common import ScanBudget, read_static, time_now, unread_why
+from ..privilege import NOBODY, call_as, ids_of_uid, path_owner
 from ..fs import lease_path, read_json, plan_run_dir, run_root, server_paths, write_json, atomic_write
 from ..protocol import AGENT_VERSION, Refusal
 from . import checks, inject, procs
 from .closing import close_run, detached_records
 
 PROBE_NAME = "attach-probe.py"
+MAX_RECORD = 64 << 20  # a wheel's RECORD: a few hundred KiB
 
 
 def _refused(out, problems):
@@ -68,33 +71,58 @@ def op_attach_check(plan):
 
 
 def install_digest(vdir):
-    """The install's *.py against the wheel's RECORD: (files hashed, modified, digest of all hashes)."""
+    """The install's *.py against the wheel's RECORD: (files hashed, modified, digest of all hashes). RECORD and
+    every file it lists are the install owner's: read as that owner when root does not control the whole path
+    (the kernel then refuses what the owner could not read: a directory linked to a root-only one), and in any
+    case only through the one door (common.read_static: no final symlink followed, regular files only, bounded,
+    no FIFO, no device); a file it refuses counts as modified, with why."""
+    try:
+        owner = path_owner(vdir)
+    except OSError:
+        owner = None
+    if owner is not None and owner.trusted:
+        return _install_digest(vdir)
+    try:
+        return call_as(ids_of_uid(owner.uid if owner is not None else NOBODY), _install_digest, (vdir,),
+                       timeout=120.0)
+    except OSError as e:
+        return {"record": None, "error": "the install's RECORD was not read (as its owner): %s" % (e.strerror or e)}
+
+
+def _install_digest(vdir):
     site = os.path.dirname(vdir)
     record = None
-    for di in sorted(glob.glob(os.path.join(site, "vllm*.dist-info"))):
-        if os.path.isfile(os.path.join(di, "RECORD")):
-            record = os.path.join(di, "RECORD")
-            break
+    for di in sorted(glob.glob(os.path.join(glob.escape(site), "vllm*.dist-info"))):
+        try:
+            text = read_static(os.path.join(di, "RECORD"), max_size=MAX_RECORD).decode("utf-8", "replace")
+        except OSError:
+            continue
+        record = os.path.join(di, "RECORD")
+        break
     if record is None:
         return {"record": None}
-    h, modified, n = hashlib.sha256(), [], 0
-    with open(record) as f:
-        rows = [ln.rstrip("\n").rsplit(",", 2) for ln in f]
+    h, modified, unread, n = hashlib.sha256(), [], {}, 0
+    budget = ScanBudget()
+    rows = [ln.rsplit(",", 2) for ln in text.splitlines()]
     for row in rows:
-        if len(row) != 3 or not row[0].startswith("vllm/") or not row[0].endswith(".py") or "=" not in row[1]:
+        if len(row) != 3 or not row[0].startswith("vllm/") or not row[0].endswith(".py") or "=" not in row[1] \
+                or ".." in row[0].split("/"):
             continue
         try:
-            with open(os.path.join(site, row[0]), "rb") as g:
-                data = g.read()
-        except OSError:
+            data = read_static(os.path.join(site, row[0]), budget)
+        except OSError as e:
             modified.append(row[0])
+            unread[row[0]] = unread_why(e)
             continue
         digest = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
         n += 1
         h.update(row[0].encode() + b"\0" + digest.encode() + b"\n")
         if digest != row[1]:
             modified.append(row[0])
-    return {"record": record, "files": n, "modified": modified, "digest": h.hexdigest()}
+    out = {"record": record, "files": n, "modified": modified, "digest": h.hexdigest()}
+    if unread:
+        out["unread"] = dict(sorted(unread.items())[:50])
+    return out
 
 
 def op_attach(plan):
@@ -130,11 +158,12 @@ def op_attach(plan):
                 "processes": [{"pid": p["pid"], "start_time": p["start_time"], "comm": p["comm"]} for p in found]}
     out["lease"] = write_lease(run_dir, plan.get("ttl", 0))
     write_json(fs.manifest_path(run_dir), manifest)
-    log = server.get("stdout_file")
+    log, link = server.get("stdout_file"), server.get("stdout_fd")
     cur = {"runtime": "process", "pid": server["pid"], "attach": True}
-    if isinstance(log, str) and os.path.isfile(log):
-        cur["log"] = log
-        out["log"], out["log_offset"] = log, os.path.getsize(log)
+    ident = descriptor_ident(link) if isinstance(link, str) else None
+    if ident:  # each tick reads through the server's own descriptor, that very file: never by its name
+        cur["log_fd"], cur["log_ident"], cur["log_name"] = link, ident[:2], log
+        out["log"], out["log_offset"] = log, ident[2]
     write_json(server_paths(run_dir)[1], cur)  # tick: alive and the server's own log; no restore spec
     data = source.encode("utf-8")
     probe_path = os.path.join(run_dir, PROBE_NAME)

@@ -64,10 +64,11 @@ def children_of(root):
 
 
 def _maps_full(pid):
-    """/proc/PID/maps can exceed 64 KiB for a torch process: read it whole."""
+    """(address range, path) of each file mapping; /proc/PID/maps can exceed 64 KiB for a torch process: read
+    it whole."""
     try:
         with open("/proc/%d/maps" % int(pid)) as f:
-            return [ln.split(None, 5)[5].strip() for ln in f if len(ln.split(None, 5)) == 6]
+            return [(ln.split(None, 1)[0], ln.split(None, 5)[5].strip()) for ln in f if len(ln.split(None, 5)) == 6]
     except OSError:
         return []
 
@@ -79,12 +80,17 @@ def describe(pid):
         exe = os.readlink("/proc/%d/exe" % pid)
     except OSError:
         exe = None
-    maps = _maps_full(pid)
-    libpython = next((m for m in maps if os.path.basename(m).startswith("libpython3")), None)
+    ranged = _maps_full(pid)
+    maps = [m for _r, m in ranged]
+    lib = next(((r, m) for r, m in ranged if os.path.basename(m).startswith("libpython3")), None)
+    libpython = lib[1] if lib else None
     return {"pid": int(pid), "start_time": start_time(pid), "comm": _read("/proc/%d/comm" % pid).decode(
         "utf-8", "replace").strip(), "uid": int((st.get("Uid") or "-1").split()[0]), "ppid": int(st.get("PPid") or 0),
         "tracer_pid": int(st.get("TracerPid") or 0), "state": (st.get("State") or "?")[:1], "exe": exe,
-        "libpython": libpython, "maps_vllm": sorted({m[:m.rfind("/vllm/") + 5] for m in maps
+        "libpython": libpython,
+        # the very file the process mapped (never re-found by a name its owner controls: a FIFO planted there)
+        "libpython_map": "/proc/%d/map_files/%s" % (int(pid), lib[0]) if lib else None,
+        "maps_vllm": sorted({m[:m.rfind("/vllm/") + 5] for m in maps
                                                      if "/vllm/" in m and m.endswith(".so")})}
 
 
@@ -92,21 +98,24 @@ def model_processes(server_pid, vllm_dir):
     """The server and its descendants that map vLLM's native code from `vllm_dir` (the resource tracker
     and other helpers do not, and never wake to run a pending call)."""
     out = []
+    mine = {vllm_dir, os.path.realpath(vllm_dir)}  # maps name files resolved
     for pid in [int(server_pid)] + children_of(server_pid):
         d = describe(pid)
         if d["start_time"] is None:
             continue
-        if any(m == vllm_dir or m.endswith(vllm_dir) for m in d["maps_vllm"]):
+        if mine.intersection(d["maps_vllm"]):  # its own mapping of this very install, not one that merely ends alike
             out.append(d)
     return out
 
 
-def identify_server(pid):
-    """The server the audit found, verified now: the one call to swap for issue 18's verified
-    identification (agent/facts/processes.py)."""
-    from ..facts.processes import find_servers
+def identify_server(pid, port=None):
+    """The server the audit found, proven again now (facts/processes.identify: the process holding the
+    listening socket of its port, of `port` when given, running an install its own interpreter imports, root's
+    or its own), else None: a look-alike is never attached to."""
+    from ..facts.processes import find_servers, identify
 
-    for s in find_servers():
-        if s.get("pid") == int(pid):
+    servers, _looks, error = identify({"pid": int(pid), "port": port}, find_servers())
+    for s in servers:
+        if s.get("pid") == int(pid) and not error:
             return {k: v for k, v in s.items() if not k.startswith("_")}
     return None

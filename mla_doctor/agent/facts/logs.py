@@ -110,6 +110,49 @@ def _read_stdout(link, tail):
         os.close(fd)
 
 
+def descriptor_ident(link):
+    """[st_dev, st_ino] of the file the server's descriptor /proc/PID/fd/N is open on (that very file: the magic
+    link is resolved by the kernel to the open file, never by its name), or None."""
+    import os
+
+    try:
+        st = os.stat(link)
+    except OSError:
+        return None
+    return [st.st_dev, st.st_ino, st.st_size]
+
+
+def read_descriptor_from(link, ident, offset, limit):
+    """The server's log from a byte offset, read through its own descriptor /proc/PID/fd/N only while that is
+    still the very file recorded at attach (`ident`: device and inode), a regular file, open by the server for
+    writing: never re-opened by its name (a deleted log's "<name> (deleted)" planted by another user), so no
+    other file's bytes reach the report. b"" otherwise."""
+    import os
+    import stat
+
+    from .processes import fd_writable
+
+    try:
+        fd = os.open(link, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return b""
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or [st.st_dev, st.st_ino] != list(ident or [])[:2] or not fd_writable(link):
+            return b""
+        os.lseek(fd, int(offset), os.SEEK_SET)
+        chunks, left = [], int(limit)
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def _log_lines(plan, server):
     patterns = plan.get("log_patterns") or {}
     tail = int(plan.get("log_tail_bytes") or 8 * 1024 * 1024)

@@ -477,6 +477,8 @@ def identify(plan, candidates):
                            s["pid"] == want_pid else want_port)
             if why and want_pid is not None and why.startswith("does not listen"):
                 why = None  # --pid names it: a server still starting listens on nothing yet
+        if not why and want_port is not None:  # proven on the operator's port: requests go there
+            s["port"], s["port_from"] = want_port, "--port (proven: its listening socket)"
         if why:
             lookalikes.append({"pid": s["pid"], "user": s["user"], "uid": s["uid"], "argv": s["argv"],
                                "listening_ports": s.get("listening_ports"), "why": why})

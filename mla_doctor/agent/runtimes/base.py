@@ -11,7 +11,7 @@ import time
 from .. import fs
 from ..common import time_now
 from ..facts.gpu import gpu_section
-from ..facts.logs import filter_lines
+from ..facts.logs import filter_lines, read_descriptor_from
 from ..fs import read_json, plan_run_dir, server_paths, write_private
 from ..protocol import Refusal
 
@@ -92,6 +92,13 @@ class Runtime:
 
     def read_log(self, cur, plan, out):
         """The log file from the plan's byte offset (the server's own file, or the run's log)."""
+        if not plan.get("log") and cur.get("log_fd"):  # an attach run: the server's descriptor, never its name
+            offset = int(plan.get("log_offset") or 0)
+            data = read_descriptor_from(cur["log_fd"], cur.get("log_ident"), offset, 8 * 1024 * 1024)
+            out["log_offset"] = offset + len(data)
+            out["log_lines"] = filter_lines(data.decode("utf-8", "replace").splitlines(), plan.get("log_patterns")
+                                            or {}, cur.get("log_name") or cur["log_fd"])["lines"]
+            return out
         log = plan.get("log") or cur.get("log")
         if log and fs.exists(log):
             data = fs.read_from(log, int(plan.get("log_offset") or 0), 8 * 1024 * 1024)

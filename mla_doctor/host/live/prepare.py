@@ -119,6 +119,7 @@ def find_server(run: LiveRun, container: dict[str, Any] | None) -> None:
 def reach_server(run: LiveRun, container: dict[str, Any] | None) -> HostHTTP:
     """HTTP to the server's port on the host (or, for a container with its own network, from inside it)."""
     server, ropts = run.server, run.ropts
+    refusals.check_port_proven(server)  # no request, and so no API key, before the port's owner is proven
     http = HostHTTP(run.host_tr, server["port"], server.get("bind_host"), ropts.api_key_env)
     http.sudo = run.host_sudo
     if container is not None and container.get("network_mode") != "host":

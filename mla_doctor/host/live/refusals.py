@@ -40,6 +40,18 @@ def the_server(servers: list[dict[str, Any]], error: str | None = None) -> dict[
     return servers[0]
 
 
+def check_port_proven(server: dict[str, Any]) -> None:
+    """Requests (and with them the operator's API key) go only to the port the agent proved this server holds
+    the listening socket of (agent/facts/processes.py identify); a server named by --pid that listens on
+    nothing yet, or on another port, gets none."""
+    port, listening = server.get("port"), server.get("listening_ports") or []
+    if not isinstance(port, int) or port not in listening:
+        raise HostRefusal("PortNotProven", f"the server (pid {server.get('pid')}) is not proven to hold the listening "
+                                           f"socket of port {port} (it listens on "
+                                           f"{', '.join(str(p) for p in listening) or 'nothing'}): no request, and "
+                                           "no API key, is sent to it; name the port it serves with --port")
+
+
 def check_runtime(runtime: str, unit: str | None, server: dict[str, Any]) -> None:
     """The runtime must be able to restart this server, and nothing else may restart it behind our back."""
     rt = TABLE[runtime]
