@@ -35,6 +35,20 @@ class LayerPath:
     # named_by, named_at}; it wins over the platform's generic selection (DeepSeek V4 on CPU: CPU_V4_MLA_SPARSE)
     backend: Optional[Dict[str, Any]] = None
     other_backends: List[Dict[str, Any]] = field(default_factory=list)  # its SWA cache's, indexer's
+    # the config-reading `if` tests the layer is built under (resolve.py's when_config): Kimi K3.1's DSA layer
+    # only `if config.is_dsa_layer(i)` (dsa_config), its dense one otherwise
+    when_config: List[Dict[str, Any]] = field(default_factory=list)
+
+    def built_by(self, config: Optional[dict]) -> bool:
+        """False when a test the layer needs true reads only config keys the served config lacks."""
+        cfg = _text(config)
+        if not cfg:
+            return True
+        for c in self.when_config:
+            keys = [k for k in c.get("keys") or [] if isinstance(k, str)]
+            if not c.get("negated") and keys and all(cfg.get(k) is None for k in keys):
+                return False
+        return True
 
     @property
     def decode_symbol(self) -> str:
@@ -63,6 +77,9 @@ class FamilyPath:
     # draft on CPU): "Class (vllm/file:line)"; then nothing of another branch runs
     taken_builds_none: Optional[str] = None
     taken_raises: Optional[str] = None  # "NotImplementedError (vllm/file:line)": where that stub raises
+    # layers the served config does not build (their `if` reads config keys it lacks): "Class (vllm/file:line)
+    # needs <keys> (test at vllm/file:line)"
+    not_built: List[str] = field(default_factory=list)
 
     @property
     def platforms(self) -> List[str]:
@@ -92,10 +109,12 @@ class FamilyPath:
                 "registry": self.registry, "module": self.module, "platform_taken": self.platform_taken,
                 "platforms": self.platforms, "prefill": self.prefill, "generic": self.generic,
                 "taken_builds_none": self.taken_builds_none, "taken_raises": self.taken_raises,
+                "not_built_by_config": self.not_built,
                 "layers": [{"platform": lp.platform, "class": lp.cls, "ref": "vllm/%s:%s" % (lp.file, lp.line),
                             "when": lp.when, "prefill": lp.prefill, "decode": lp.decode,
                             "prefill_entries": lp.prefill_refs, "dispatch": lp.dispatch, "generic": lp.generic,
-                            "through": lp.through, "backend": lp.backend, "other_backends": lp.other_backends}
+                            "through": lp.through, "backend": lp.backend, "other_backends": lp.other_backends,
+                            "when_config": lp.when_config}
                            for lp in self.layers]}
 
 
@@ -131,7 +150,7 @@ def _layer(platform: str, lp: dict) -> LayerPath:
                      line=int(lp.get("line") or 0),
                      when=lp.get("when"), prefill=str(lp.get("prefill") or "?"), decode=list(dict.fromkeys(decode)),
                      prefill_refs=list(dict.fromkeys(pre)), dispatch=list(dict.fromkeys(disp)), generic=generic,
-                     through=through)
+                     through=through, when_config=[c for c in lp.get("when_config") or [] if isinstance(c, dict)])
 
 
 def _backend(b: Optional[dict]) -> Optional[Dict[str, Any]]:
@@ -171,8 +190,33 @@ def served_path(resolution: Optional[dict], config: Optional[dict]) -> Optional[
     archs = _archs(config)
     for fp in family_paths(resolution):
         if fp.architecture in archs and fp.running():
-            return fp
+            return _built(fp, config)
     return None
+
+
+def _built(fp: FamilyPath, config: Optional[dict]) -> FamilyPath:
+    """The family path with only the layers the served config builds (a layer under `if config.X` whose keys
+    the config lacks runs nowhere: Kimi-Linear without dsa_config has no DSA layer, hence no forward_mha)."""
+    keep = [lp for lp in fp.layers if lp.built_by(config)]
+    if not keep or len(keep) == len(fp.layers):
+        return fp
+    kept = {id(lp) for lp in keep}
+    for lp in fp.layers:
+        if id(lp) not in kept:
+            need = next(c for c in lp.when_config if not c.get("negated")
+                        and all(_text(config).get(k) is None for k in c.get("keys") or []))
+            fp.not_built.append("%s (vllm/%s:%s) needs config %s (%s at vllm/%s:%s)" % (
+                lp.cls, lp.file, lp.line, " or ".join(need["keys"]), str(need.get("test", "")).strip(),
+                need.get("file"), need.get("line")))
+    fp.layers = keep
+    return fp
+
+
+def _text(config: Optional[dict]) -> dict:
+    """The served text config (a VL model's text_config), or {}."""
+    cfg = config if isinstance(config, dict) else {}
+    tc = cfg.get("text_config")
+    return tc if isinstance(tc, dict) and tc.get("model_type") else cfg
 
 
 def _archs(config: Optional[dict]) -> List[str]:
@@ -291,6 +335,9 @@ def compare_family(facts: Any, fp: FamilyPath) -> List[Dict[str, Any]]:
         fam = next((f for f in fams if f.get("name") == fp.family), None)
     plats = set(fam.get("platforms") or ()) if fam else set()
     mine = [lp for lp in fp.running() if not plats or plats & set(lp.platform.split("+"))] or fp.running()
+    # a layer built only when the config says so (Kimi K3.1's DSA layers: `if config.is_dsa_layer(i)`) is the
+    # code's per-layer fact; the table's one prefill kind is the family's unconditional layer's
+    mine = [lp for lp in mine if not any(not c.get("negated") for c in lp.when_config)] or mine
     kinds = {lp.prefill for lp in mine}
     if fam is None:
         if fp.private and not fp.generic:

@@ -270,7 +270,17 @@ def _dense_routing(facts: ReleaseFacts) -> str:
                facts.decode_common.symbol if facts.decode_common else "the decode entry", facts.prefill.symbol))
 
 
-def classify_model(facts: ReleaseFacts, config: Optional[dict]) -> ModelClass:
+def _nested_topk(text: dict) -> Optional[str]:
+    """The nested config holding index_topk (Kimi K3.1's `dsa_config`: its layers chosen per layer), or None."""
+    for k, v in text.items():
+        if isinstance(v, dict) and v.get("index_topk") is not None:
+            return str(k)
+    return None
+
+
+def classify_model(facts: ReleaseFacts, config: Optional[dict], code: Optional[dict] = None) -> ModelClass:
+    """Is this model MLA / sparse (DSA) in this release, and why. `code`: the agent's resolution (its
+    `mla_model_types`, read from the installed release's own is_deepseek_mla) wins over the table's list."""
     if not isinstance(config, dict) or not config:
         return ModelClass(False, False, None, None, "no model config available", "")
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
@@ -282,7 +292,14 @@ def classify_model(facts: ReleaseFacts, config: Optional[dict]) -> ModelClass:
     archs = config.get("architectures") or text.get("architectures") or []
     arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
     has_topk = "index_topk" in text or "index_topk" in config
+    nested = None if has_topk else _nested_topk(text)
     where = ("vllm/%s" % facts.model_types_where.file) if facts.model_types_where else "is_deepseek_mla"
+    read = (code or {}).get("mla_model_types") if isinstance(code, dict) else None
+    mla_types, eagle_targets = facts.mla_model_types, facts.eagle_targets
+    if isinstance(read, dict) and read.get("types"):
+        # the installed release's own list: a family the table never heard of (0.34's mistral_large_4) is MLA
+        mla_types, eagle_targets = frozenset(read["types"]), frozenset(read.get("eagle_targets") or ())
+        where = "vllm/%s:%s, read from the installed code" % (read.get("file"), read.get("line"))
     dense = _dense_routing(facts)
 
     def no(reason, notes=()):
@@ -294,17 +311,17 @@ def classify_model(facts: ReleaseFacts, config: Optional[dict]) -> ModelClass:
         return no("config has no model_type")
     if model_type in facts.not_mla_notes:
         return no(facts.not_mla_notes[model_type])
-    if not facts.mla_model_types:
+    if not mla_types:
         return no("vLLM %s has no MLA path (DeepSeek attention is decompressed MHA)" % (facts.version or "?"))
     if facts.not_causal_disables and text.get("is_causal") is False:
         return no("is_causal is false: bidirectional variants use the non-MLA path (ModelConfig.use_mla)")
     mt = model_type
     if model_type == "eagle":
         inner = config.get("model") if isinstance(config.get("model"), dict) else {}
-        if inner.get("model_type") not in facts.eagle_targets:
+        if inner.get("model_type") not in eagle_targets:
             return no("EAGLE draft whose target model_type %r is not an MLA target in this release"
                       % inner.get("model_type"))
-    elif model_type not in facts.mla_model_types:
+    elif model_type not in mla_types:
         return no("model_type %r is not in this release's is_deepseek_mla list (%s)" % (model_type, where))
     if facts.compress_ratios_head_dim and text.get("compress_ratios"):
         if text.get("head_dim") is None:
@@ -313,6 +330,8 @@ def classify_model(facts: ReleaseFacts, config: Optional[dict]) -> ModelClass:
         return no("model_type %r is listed but kv_lora_rank is missing/null" % mt)
 
     notes = ["VLLM_MLA_DISABLE=1 would turn MLA off (dense MHA through a non-MLA backend, no log line)"]
+    if isinstance(read, dict) and read.get("types"):
+        notes.append("model_type %r is MLA by %s (is_deepseek_mla)" % (mt, where))
     module = next((m for m in facts.dsa_modules if arch in m.architectures), None)
     if facts.sparse_mode == "none":
         if has_topk:
@@ -331,7 +350,18 @@ def classify_model(facts: ReleaseFacts, config: Optional[dict]) -> ModelClass:
                    "vllm/model_executor/models/config.py)" % arch)
     else:
         sparse = has_topk
-    if sparse:
+    if nested and not sparse and facts.sparse_mode != "none":
+        # per layer: only the layers the nested config names are sparse, the others run dense MLA
+        return ModelClass(True, True, model_type, arch,
+                          "sparse MLA (DSA) on some layers: config's %s has index_topk (chosen per layer from "
+                          "%s); the other layers run dense MLA" % (nested, nested), facts.sparse_routing,
+                          failure, notes)
+    if sparse and not has_topk:
+        # always sparse by the code (is_v32 = True), not by the config: never "config has index_topk"
+        reason = ("sparse MLA (DSA): %s's module is always sparse (index_topk used unconditionally); "
+                  "the config has no index_topk" % arch)
+        routing = facts.sparse_routing
+    elif sparse:
         reason = "sparse MLA (DSA): config has index_topk (hasattr gate)"
         routing = facts.sparse_routing
     else:

