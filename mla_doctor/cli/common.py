@@ -117,8 +117,9 @@ def emit(report: RunReport, fmt: str, output: str | None) -> ExitStatus:
     else:
         from mla_doctor.reports.host_text import render as render_host_text
 
-        color = not output and sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-        text = render_host_text(report, verbose=STATE.verbose, color=color)
+        width = terminal_width(output)  # piped or to a file: not wrapped at all (no path broken for grep)
+        color = width > 0 and not os.environ.get("NO_COLOR")
+        text = render_host_text(report, verbose=STATE.verbose, color=color, width=width)
     status = report.exit_status()
     if output:
         return write_output(output, text, status, report.overall())
@@ -146,6 +147,15 @@ def command_name(argv) -> str:
                 break
             continue
         words.append(a)
+def terminal_width(output: str | None) -> int:
+    """The width text is fitted to: the terminal's columns on a terminal; piped or to a file, 0 (not wrapped)."""
+    if output or not sys.stdout.isatty():
+        return 0
+    import shutil
+
+    return max(shutil.get_terminal_size().columns, 40)
+
+
         if a != "report":
             break
     return " ".join(words)
@@ -220,6 +230,20 @@ class LazyGroup(click.Group):
         return self.commands.get(cmd_name)
 
     def load_all(self) -> None:
+GLOBAL_FLAGS = ("--verbose", "--debug")
+
+
+def _value_options(cmd) -> set[str]:
+    """Every option name of a command (and a subgroup's commands) that takes a value."""
+    out: set[str] = set()
+    cmds = [cmd] + (list(cmd.commands.values()) if isinstance(cmd, click.Group) else [])
+    for c in cmds:
+        for p in getattr(c, "params", []):
+            if isinstance(p, click.Option) and not p.is_flag and not p.count:
+                out.update(p.opts + p.secondary_opts)
+    return out
+
+
         """Every command (the config file's keys are checked against all commands' options)."""
         for name in self.lazy_commands:
             self.get_command(None, name)
@@ -238,6 +262,50 @@ class LazyGroup(click.Group):
                 # an unloaded command's line: click's own shortening of the first paragraph, via a stand-in
                 formatter.write_dl([(n, (c or click.Command(n, help=h)).get_short_help_str(limit))
                                     for n, c, h in rows])
+
+    def parse_args(self, ctx, args):
+        """The group's own options (-v, --debug, --config) wherever people type them: those after the command
+        are moved before it (`mla-doctor static --local -v` is `mla-doctor -v static --local`)."""
+        return super().parse_args(ctx, self._hoisted(ctx, list(args)))
+
+    def _hoisted(self, ctx, args: list[str]) -> list[str]:
+        i = 0
+        while i < len(args) and args[i].startswith("-") and args[i] != "--":  # the group's own, before the command
+            i += 2 if args[i] == "--config" else 1
+        if i >= len(args) or args[i] == "--" or args[i] not in self.list_commands(ctx):
+            return args
+        takes_value = _value_options(self.get_command(ctx, args[i]))
+        head, rest, moved = args[:i + 1], [], []
+        j = i + 1
+        while j < len(args):
+            a = args[j]
+            if a == "--":  # what follows is an argument, never an option
+                rest += args[j:]
+                break
+            if a in GLOBAL_FLAGS or (a.startswith("-v") and set(a[1:]) == {"v"}) or a.startswith("--config="):
+                moved.append(a)
+            elif a == "--config" and j + 1 < len(args):
+                moved += args[j:j + 2]
+                j += 1
+            elif a in takes_value and j + 1 < len(args):  # an option's value is never read as a global option
+                rest += args[j:j + 2]
+                j += 1
+            else:
+                rest.append(a)
+            j += 1
+        return args[:i] + moved + head[i:] + rest
+
+    def resolve_command(self, ctx, args):
+        """click's, with "did you mean" for a mistyped command (`mla-doctor stat`)."""
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and self.get_command(ctx, name) is None:
+            import difflib
+
+            close = difflib.get_close_matches(name, self.list_commands(ctx), n=3, cutoff=0.5)
+            close += [c for c in self.list_commands(ctx) if c.startswith(name) and c not in close]
+            if close:
+                ctx.fail(f"No such command {name!r}. Did you mean {' or '.join(repr(c) for c in close[:3])}?")
+        return super().resolve_command(ctx, args)
 
 
 @click.group(cls=LazyGroup, lazy_commands=LAZY_COMMANDS,

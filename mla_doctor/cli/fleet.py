@@ -19,6 +19,7 @@ from mla_doctor.cli.common import (
     cli,
     handle_errors,
     output_file_option,
+    terminal_width,
     write_output,
 )
 from mla_doctor.cli.progress import Progress
@@ -170,7 +171,7 @@ def audit_cmd(inventory_path, limit, playbook_name, forks, serial, max_fail_perc
             timeout_for=lambda name: float(plans[name].host.vars.get("host_timeout") or default_timeout),
             events=events,
             # Ctrl-C / SIGTERM: a runbook that changes hosts puts each running host back before the report
-            undo=fleet_undo(plans, defaults, kw.get("python")) if pb.changes else None)
+            undo=fleet_undo(plans, defaults, kw.get("python")) if pb.changes or pb.attaches else None)
         meta.update(peak_running=sched.peak, stopped_early=sched.stopped and not sched.interrupted)
         if sched.interrupted:
             interrupted = True
@@ -198,7 +199,7 @@ def audit_cmd(inventory_path, limit, playbook_name, forks, serial, max_fail_perc
     except UsageError as e:
         status = status if status != ExitStatus.OK else ExitStatus.USAGE
         click.echo(f"mla-doctor: error: {e} (the audit ended {doc['overall']}, exit {doc['exit_status']})", err=True)
-    text = reports.render(doc, fmt)
+    text = reports.render(doc, fmt, terminal_width(output))
     if output:
         status = write_output(output, text, status, doc["overall"])
     else:
@@ -235,7 +236,10 @@ def _print_plan(plans, pb, meta, fmt, output, kw) -> None:
             lines.append(f"restarts servers: rolling, at most {meta['serial']} down at once, stop when more than "
                          f"{meta['max_fail_percent']:g}% of hosts failed")
         else:
-            lines.append(f"{'changes files' if pb.changes else 'read-only'}: up to {meta['forks']} hosts at once")
+            what = ("changes files" if pb.changes else
+                    "attaches a probe to the running servers (no file changed, no restart)" if pb.attaches else
+                    "read-only")
+            lines.append(f"{what}: up to {meta['forks']} hosts at once")
         for h in doc["hosts"]:
             c = h["connect"]
             who = ("local (no SSH)" if c["connection"] == "local" else
@@ -272,7 +276,8 @@ def playbooks_cmd(fmt):
     click.echo("runbooks (audit --playbook NAME):")
     for e in items:
         if e["kind"] == "runbook":
-            tag = "restarts servers" if e["restarts"] else ("changes files" if e["changes"] else "read-only")
+            tag = ("restarts servers" if e["restarts"] else "changes files" if e["changes"] else
+                   "attaches, no file" if e.get("attaches") else "read-only")  # by what the steps do
             click.echo(f"  {e['name']:<14} {tag:<17} {e['description']}")
             click.echo(f"  {'':<14} steps: {', '.join(e['steps'])}")
     targets = [e for e in items if e["kind"] == "targets"]
@@ -321,7 +326,7 @@ def report_merge(files, fmt, output, junit_out, md_out, html_out, retry_file):
     if retry_file:
         reports.write(retry_file, "".join(f"{h}\n" for h in doc["fleet"]["retry"]))
     _write_extra(doc, {"junit": junit_out, "markdown": md_out, "html": html_out})
-    text = reports.render(doc, fmt)
+    text = reports.render(doc, fmt, terminal_width(output))
     if output:
         reports.write(output, text)
     else:
@@ -343,7 +348,7 @@ def report_render(file, fmt, output):
     doc = _loaded(file)
     if "fleet" not in doc:
         doc = reports.finish(doc)
-    text = reports.render(doc, fmt)
+    text = reports.render(doc, fmt, terminal_width(output))
     if output:
         reports.write(output, text)
     else:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
 from mla_doctor.agent import protocol as agent_protocol
-from mla_doctor.remote import formats_cache, parse_cache, runner
+from mla_doctor.remote import formats_cache, parse_cache, resolve_cache, runner
 from mla_doctor.ssh.local import LocalTransport, Transport
 
 OPS = agent_protocol.OPS  # the ops, from the agent's one op table (agent/protocol.py DISPATCH)
@@ -481,6 +481,8 @@ def call(transport: Transport, request: Request[A], *, python: str | None = None
             plan["index"] = dict(plan["index"], known=known)
         # the modules whose log formats are cached here are not harvested again (remote/formats_cache.py)
         plan.update(formats_cache.plan_fields(local=isinstance(transport, LocalTransport)))
+        if isinstance(plan.get("resolve"), dict):  # the release's resolution held here is not redone
+            plan["resolve"] = resolve_cache.plan_field(plan["resolve"])
     if session is None:
         raw = runner.run_agent(transport, plan, python=python, sudo=sudo, timeout=timeout)
     else:
@@ -488,4 +490,5 @@ def call(transport: Transport, request: Request[A], *, python: str | None = None
     if isinstance(request, StaticRequest):
         parse_cache.merge(raw, plan.get("symbols") or [], store=isinstance(transport, LocalTransport))
         formats_cache.merge(raw, store=isinstance(transport, LocalTransport))
+        resolve_cache.merge(raw, store=isinstance(transport, LocalTransport))
     return request.answer(raw)  # type: ignore[return-value]

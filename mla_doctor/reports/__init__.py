@@ -173,14 +173,16 @@ def comparable(doc: dict) -> dict:
     return d
 
 
-def render(doc: dict, fmt: str) -> str:
+def render(doc: dict, fmt: str, width: int = 0) -> str:
+    """The report in `fmt`; `width` fits the text page to a terminal (0: not wrapped; other formats ignore it)."""
     doc = redact_tree(doc)  # the last net: a saved report (`report render|merge`) is redacted like a live one
     if fmt == "json":
         return json.dumps(doc, indent=2) + "\n"
     if fmt not in _WRITERS:
         raise UsageError(f"unknown report format {fmt!r} ({', '.join(FORMATS)})")
     # writers load on demand (jinja2 only for html); each imports its rows from this module
-    return importlib.import_module(_WRITERS[fmt]).render(doc)
+    writer = importlib.import_module(_WRITERS[fmt])
+    return writer.render(doc, width) if fmt == "text" else writer.render(doc)
 
 
 MAX_JSON_DEPTH = 100  # a report nests ~10 deep; every walker (redaction, writers, json.dumps) recurses

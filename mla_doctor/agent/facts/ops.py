@@ -14,7 +14,7 @@ from .integrity import parse_record, scan_tree, side_code
 from .logs import log_section
 from .model import model_section
 from .processes import find_servers, identify
-from .resolve import resolve_paths
+from .resolve_hint import resolution
 from .symbols import index_tree, symbols_to_search
 from .targets import resolve_targets
 from .thresholds import threshold_files, thresholds_section
@@ -84,10 +84,11 @@ def op_static(plan):
     result["log"] = _step(errors, "log", log_section, plan, server, loc.get("dir"), digests)
     result["gpu"] = _step(errors, "gpu", gpu_section)
     if loc.get("dir") and isinstance(plan.get("resolve"), dict):  # the attention code that runs, from the files
-        result["resolution"] = _step(errors, "resolution", resolve_paths, loc["dir"],
+        # once per release: the controller's stored answer where the scan proved the tree (resolve_hint.py)
+        result["resolution"] = _step(errors, "resolution", resolution, loc["dir"], plan["resolve"],
                                      plan["resolve"].get("architectures") or _architectures(result.get("model")),
-                                     result.get("vllm"), result.get("gpu"), 64, plan["resolve"].get("max_modules"),
-                                     _text_architectures(result.get("model")))
+                                     result.get("vllm"), result.get("gpu"), _text_architectures(result.get("model")),
+                                     record, result.get("scan"))
     for s in servers:
         s.pop("_raw_env", None)
         s.pop("_argv", None)
