@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from mla_doctor.diagnosis.knowledge import load_data
+from mla_doctor.diagnosis.log_life import ABORT_START, ABORT_WHAT, SIGNAL_DEATH, Death, announced, read_life
 from mla_doctor.diagnosis.log_names import Fact, backend_code_names, backend_name, display_names
 
 __all__ = ["Decision", "Record", "load_markers", "decide", "LOOKED_FOR", "combine_captures"]
@@ -399,7 +400,8 @@ def decide(out: Any, recs: List[Record], prompts: List[Tuple[int, str]]) -> None
         else:
             out.prefill_backend = f
     # ---- fatal (before the backend fallbacks: a crashing backend is read from the fatal traceback)
-    _fatal(out, recs, markers)
+    placed = _fatal(out, recs, markers)
+    _unplaced(out, recs, placed)
     if out.attention_backend is None:
         _backend_elsewhere(out, recs, markers)
     for key, f in (("attention_backend", out.attention_backend), ("prefill_backend", out.prefill_backend)):
@@ -578,15 +580,32 @@ def _sparse(out: Any, recs: List[Record], markers: dict) -> None:
         out.sparse_lines = got.lines
 
 
-def _fatal(out: Any, recs: List[Record], markers: dict) -> None:
-    """Fatal lines, and ``fatal_error``: the LAST exception that ended a process (its traceback's last line, a
-    raised format, an exception logged at ERROR or printed bare on stderr), else the last death message;
-    ``fatal_cause``: the first of them that is not a wrapper ("See root cause above")."""
+def _unplaced(out: Any, recs: List[Record], placed: set) -> None:
+    """The lines the header grammar could not place: no vLLM header, no process tag, no format matched, not part
+    of a traceback or an abort. Counted and reported (never dropped silently): they are read as plain text."""
+    lines = [r for r in recs if r.msg and r.level is None and r.where is None and not r.tags and r.fact is None
+             and r.n not in placed and not r.msg[:1].isspace()]
+    if lines:
+        out.normalised["unplaced"] = {"count": len(lines), "lines": [r.n for r in lines[:10]],
+                                      "example": lines[0].text[:160]}
+
+
+def _fatal(out: Any, recs: List[Record], markers: dict) -> set:
+    """Fatal lines, read by structure: a traceback block (a ``Traceback`` header, or frames only, up to its
+    exception line, per process), a raised format, an exception logged at ERROR or printed bare on stderr, a
+    C++ abort (``terminate called …`` and its ``what():``), a death by signal, a death message. Then the
+    process-life model (``log_life``) decides the cause, which process died and whether a requested shutdown
+    makes the errors after it teardown (not fatal). ``fatal_error``: the LAST exception that ended a process;
+    ``fatal_cause``: the line that says WHY (never a wrapper when the paste holds the real cause). Returns the
+    line numbers read as parts of a traceback or an abort (placed, for the unplaced-lines count)."""
     open_tb: Dict[Any, int] = {}          # process key -> first line of the traceback being read
     exceptions: List[Any] = []
-    deaths: List[Any] = []
+    found: List[Death] = []
+    placed: set = set()
+    abort: Dict[Any, Death] = {}          # process key -> a "terminate called ..." waiting for its what()
+    wrappers = markers["_fatal_wrappers"]
 
-    def add(r: Record, value: str, rule: str, start: int, fact: Any = None) -> Any:
+    def add(r: Record, value: str, rule: str, start: int, fact: Any = None, kind: str = "exception") -> Any:
         if fact is None:
             fact = Fact(r.n, r.text, "fatal", value, "", "", [], r.tags[-1] if r.tags else None)
             out.facts.append(fact)
@@ -595,13 +614,35 @@ def _fatal(out: Any, recs: List[Record], markers: dict) -> None:
         fact.lines = sorted({start, r.n})
         if fact not in out.fatal:
             out.fatal.append(fact)
+        found.append(Death(fact, start, (r.tags, r.pid), bool(wrappers.search(r.text)), kind))
         return fact
 
+    last_rec: Dict[Any, Record] = {}      # process key -> its previous record
     for r in recs:
         key = (r.tags, r.pid)
         f = r.fact
         fatal_fmt = f is not None and f.kind == "fatal"
         quiet = r.level in ("WARNING", "WARN", "INFO", "DEBUG")
+        if r.msg and not _TRACEBACK.match(r.msg):
+            last_rec[key] = r
+        if key in open_tb:
+            placed.add(r.n)
+        pending = abort.pop(key, None)
+        if pending is not None:
+            wm = ABORT_WHAT.match(r.msg)
+            if wm:   # the C++ exception's message: the line that says why; the terminate line is its context
+                out.fatal.remove(pending.fact)
+                out.facts.remove(pending.fact)
+                found.remove(pending)
+                add(r, "abort", "C++ abort: terminate called, what() (line %d)" % pending.start, pending.start,
+                    kind="abort")
+                placed.add(r.n)
+                continue
+        if ABORT_START.match(r.msg) and not quiet:
+            add(r, "abort", "C++ abort: terminate called", r.n, kind="abort")
+            abort[key] = found[-1]
+            placed.add(r.n)
+            continue
         vw = _V0_WORKER_EXC.match(r.msg)
         if vw:   # V0's worker: "Exception in worker X while processing method m: <message>, Traceback (...)"
             open_tb[key] = r.n
@@ -609,21 +650,39 @@ def _fatal(out: Any, recs: List[Record], markers: dict) -> None:
             continue
         if _TRACEBACK.match(r.msg):
             open_tb[key] = r.n
+            placed.add(r.n)
+            prev = last_rec.get(key)
+            if prev is not None and r.level in ("ERROR", "CRITICAL") and prev.level == r.level \
+                    and prev.n not in placed and prev.fact is None and prev.msg and not announced(prev.msg) \
+                    and not any(d.fact.n == prev.n for d in found):
+                # logger.exception(msg): the ERROR line just before its traceback says what failed (the only
+                # "why" when the paste cuts the traceback before its exception line)
+                add(prev, "exception", "the ERROR line announcing the traceback at line %d" % r.n, prev.n,
+                    kind="announce")
+            last_rec[key] = r
             continue
         if _FRAME.match(r.msg):
             open_tb.setdefault(key, r.n)
+            placed.add(r.n)
             continue
         if _CHAINED.match(r.msg):
+            placed.add(r.n)
             continue
         exc = _exception(r)
         rep = _REPR_EXC.match(r.msg) if exc is None else None
-        if rep:
-            exc = (rep.group("exc"), r.msg)
+        if rep:   # "RuntimeError('Engine loop has died')" logged before its traceback: it announces that exception
+            if not quiet and (r.level in ("ERROR", "CRITICAL") or r.level is None):
+                add(r, rep.group("exc"), "exception repr logged at %s" % (r.level or "no level"), r.n, kind="announce")
+            continue
+        if not quiet and r.level in ("ERROR", "CRITICAL", None) and announced(r.msg):
+            add(r, "exception", "the line announcing a traceback", r.n, f if fatal_fmt else None, kind="announce")
+            continue
         if exc is not None and not exc[0].endswith("Warning"):
             if r.msg.startswith("FAILED ") and exc[0] == "AssertionError":
                 continue   # pytest's summary of the test's own assert: the test's verdict, not a process dying
             start = open_tb.pop(key, None)
             if start is not None or _PYTEST.match(r.msg):
+                placed.add(r.n)
                 if quiet and not fatal_fmt:
                     continue
                 rule = ("pytest short form" if _PYTEST.match(r.msg) else
@@ -635,15 +694,20 @@ def _fatal(out: Any, recs: List[Record], markers: dict) -> None:
                        else "uncaught exception printed on stderr")
                 exceptions.append(add(r, exc[0], why, r.n, f if fatal_fmt else None))
                 continue
-        if fatal_fmt:
-            deaths.append(add(r, f.value or "fatal", "fatal format line", r.n, f))
+        if not quiet and SIGNAL_DEATH.match(r.msg):
+            add(r, "signal", "death by signal", r.n, f, kind="signal")
+            continue
+        if fatal_fmt or r.level == "CRITICAL":   # vLLM logs CRITICAL only as a process gives up
+            add(r, (f.value if f is not None else None) or "fatal",
+                "fatal format line" if fatal_fmt else "logged at CRITICAL", r.n, f, kind="message")
             continue
         if r.level in ("ERROR", "CRITICAL", None) and markers["_death_wording"].search(r.msg):
-            deaths.append(add(r, "died", "death wording", r.n, f))
+            add(r, "died", "death wording", r.n, f, kind="message")
             continue
         if f is None and ("EngineDeadError" in r.msg or "CUDA out of memory" in r.msg
-                          or "torch.OutOfMemoryError" in r.msg):
-            deaths.append(add(r, "engine_dead" if "EngineDead" in r.msg else "cuda_oom", "fatal wording", r.n))
+                          or "torch.OutOfMemoryError" in r.msg) and not quiet:
+            add(r, "engine_dead" if "EngineDead" in r.msg else "cuda_oom", "fatal wording", r.n,
+                kind="message" if "EngineDead" in r.msg else "oom")
     for key, start in open_tb.items():   # a traceback cut before its exception line: shown, not fatal
         r = next(x for x in recs if x.n == start and (x.tags, x.pid) == key)
         if any(e.n == start for e in exceptions):
@@ -651,14 +715,33 @@ def _fatal(out: Any, recs: List[Record], markers: dict) -> None:
         fact = Fact(r.n, r.text, "traceback", None, "", "", [], r.tags[-1] if r.tags else None)
         fact.rule = "traceback without its exception line (the paste ends first): not read as fatal"
         out.facts.append(fact)
+        if r.level in ("ERROR", "CRITICAL", None):   # a process printed its traceback: it died, the paste cut why
+            fact.rule = ("traceback %s without its exception line (the paste ends first): a death whose cause is "
+                         "not in the paste" % ("logged at %s" % r.level if r.level else "printed on stderr"))
+            found.append(Death(fact, r.n, key, False, "cut"))
+    life = read_life(recs, found)
+    out.life = life
+    for f in life.teardown:   # errors after a requested shutdown: the server going down, not a death
+        if f in out.fatal:
+            out.fatal.remove(f)
+        f.kind, f.rule = "teardown", "after the requested shutdown (line %s): teardown, not a death (%s)" % (
+            life.shutdown_line, f.rule)
     out.fatal.sort(key=lambda x: x.n)
-    wrappers = markers["_fatal_wrappers"]
-    exceptions.sort(key=lambda x: x.n)
-    deaths.sort(key=lambda x: x.n)
-    last = exceptions[-1] if exceptions else (deaths[-1] if deaths else None)
-    if last is not None:
+    ended = sorted((d.fact for d in found if d.fact in out.fatal and d.kind != "message"), key=lambda x: x.n) \
+        or sorted((d.fact for d in found if d.fact in out.fatal), key=lambda x: x.n)
+    if ended:
+        last = ended[-1]
         out.fatal_error = last
-        out.decided["fatal"] = Decision(last.value, "the last fatal %s (%s)" % (
-            "exception" if exceptions else "death message", last.rule), list(last.lines or [last.n]), last.text)
-        cause = next((c for c in exceptions + deaths if not wrappers.search(c.text)), last)
-        out.fatal_cause = cause
+        out.fatal_cause = life.cause or last
+        cause = out.fatal_cause
+        out.decided["fatal"] = Decision(cause.value, "the line that says why: %s (%s)%s" % (
+            "the first failure that is not a wrapper" if life.wrapper is not None or cause is not last
+            else "the failure", cause.rule,
+            "; wrapped as line %d" % life.wrapper.n if life.wrapper is not None else ""),
+            list(cause.lines or [cause.n]), cause.text)
+        out.decided["died"] = Decision(life.died, life.died_rule, list(cause.lines or [cause.n]), cause.text)
+    if life.shutdown:
+        out.decided["shutdown"] = Decision(True, "requested shutdown%s, before anything died" % (
+            " (%s)" % life.shutdown_signal if life.shutdown_signal else ""),
+            [life.shutdown_line] if life.shutdown_line else [], life.shutdown_text)
+    return placed

@@ -57,20 +57,31 @@ _RAY_REPEAT = re.compile(r" ?\[repeated \d+x across cluster\]")
 # a record starting in the middle of a line (an issue body that lost its newlines, Ray's glued lines)
 # vLLM's record prefix ("INFO 11-29 10:00:00 [core.py:110] ", <= 0.7 "INFO ... core.py:110] ", path-qualified
 # "[v1/engine/core.py:966]"), or Ray's own ("INFO worker.py:1749 -- "); bounded classes only: linear
+# The header grammar, one for every release: LEVEL, a date (MM-DD, or an ISO YYYY-MM-DD some builds and forks
+# log), a time with or without a fraction, the call site with or without brackets, path-qualified or not:
+#   "INFO 11-29 10:00:00 [core.py:110] ", "INFO 11-29 10:00:00 core.py:110] " (<= 0.7),
+#   "INFO 2025-11-07 17:17:41.814 cuda.py:216] ", "[v1/engine/core.py:966]"; Ray's ("INFO worker.py:1749 -- ");
+#   uvicorn's own ("INFO:     Shutting down"). Bounded classes only: linear.
 _RECORD = re.compile(
-    r"^(?:\[?(?:(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) {1,4})?\d{2}-\d{2} {1,4}"
+    r"^(?:\[?(?:(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL) {1,4})?(?:\d{4}-)?\d{2}-\d{2}(?: {1,4}|T)"
     r"\d{1,2}:\d{1,2}:\d{1,2}(?:[.,]\d{1,9})?"
     r" {1,4}\[?(?P<where>[^\]\s]{0,256})\] {0,8}"
-    r"|(?P<rlevel>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<rwhere>[\w.]{1,64}\.py:\d{1,7}) -- )?")
+    r"|(?P<rlevel>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<rwhere>[\w.]{1,64}\.py:\d{1,7}) -- "
+    r"|(?P<ulevel>DEBUG|INFO|WARNING|ERROR|CRITICAL):(?: {1,8}|$))?")
 _GLUED = re.compile(r"(?<!\)) (?=\((?:[A-Za-z][\w]{0,63}(?: [\w=]{1,32}){0,3} )?pid=\d{1,10}(?:, ip=[\w.:-]{1,64})?\) )"
-                    r"|(?<!\)) (?=(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d{2}-\d{2} \d{1,2}:\d{2}:\d{2}(?:\.\d+)? )"
+                    r"|(?<!\)) (?=(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (?:\d{4}-)?\d{2}-\d{2} \d{1,2}:\d{2}:\d{2}"
+                    r"(?:\.\d+)? )"
                     r"| (?=\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2},\d{3} (?:INFO|WARNING|ERROR) )")
 # a shell prompt that ran something: "user@host:~/dir$ vllm serve …", "root@x:/w# docker logs …", "$ python …"
 _PROMPT = re.compile(r"^(?:> ?)?(?:\([\w.-]{1,64}\) ?)?(?:[\w.-]{1,64}@[\w.-]{1,64}:[^\s$#]{0,256} ?[$#]|[$#]) (?=\S)")
 # UTF-8 read as cp1252/latin-1: "â–ˆ" (█), "â–" (▏…▉), "Â " (nbsp)
 _MOJIBAKE = re.compile("(?:\u00e2[\u0080-\u02ff\u2000-\u20ff]{1,2}|\u00c2(?=[\u00a0 ]))+")
-_RECORD_START = re.compile(r"^(?:\[?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d{2}-\d{2} |Traceback \(|File \""
-                           r"|\d{2}-\d{2} \d{2}:)")
+_RECORD_START = re.compile(r"^(?:\[?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (?:\d{4}-)?\d{2}-\d{2} |Traceback \("
+                           r"|File \"|\d{2}-\d{2} \d{2}:)")
+# a line that starts a block of its own by its structure, never the tail of a wrapped line: an exception line,
+# a C++ abort and its what(), a fatal signal, multiprocessing's "Process EngineCore_0:"
+_STRUCT_START = re.compile(r"^(?:terminate called |what\(\):|Fatal Python error|Process [\w.:-]{1,64}:$"
+                           r"|(?:[A-Za-z_]\w{0,63}\.){0,8}[A-Z]\w{0,80}(?:Error|Exception|Exit|Interrupt)(?::|$))")
 _WORD = re.compile(r"\w")
 _LEVEL_START = re.compile(r"^(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\b")
 # a line that begins a record of its own (never the tail of a wrapped one)
@@ -129,7 +140,8 @@ def split_record(text: str) -> Tuple[str, Optional[str], Optional[str]]:
     m = _RECORD.match(text)
     if not m or not m.end():
         return text.strip(), None, None
-    return text[m.end():].strip(), m.group("level") or m.group("rlevel"), m.group("where") or m.group("rwhere")
+    level = m.group("level") or m.group("rlevel") or m.group("ulevel")
+    return text[m.end():].strip(), level, m.group("where") or m.group("rwhere")
 
 
 def clean_line(raw: str, out: Optional[Normalised] = None, n: int = 0) -> Tuple[str, Tuple[str, ...], Optional[int]]:
@@ -248,7 +260,8 @@ def normalise(lines: Sequence[Any], max_line: int = MAX_LINE) -> Normalised:
                 continue
             text, tags, pid = clean_line(piece, out, n)
             length = len(piece)
-            own = bool(tags) or text != piece.strip() or _LEVEL_START.match(text) or _RECORD_START.match(text)
+            own = bool(tags) or text != piece.strip() or _LEVEL_START.match(text) or _RECORD_START.match(text) \
+                or _STRUCT_START.match(text)
             # a wrapped line: a bare fragment after a line cut at the paste's wrap width, or after a long line
             if k == 0 and prev is not None and text and not own and n == prev.ns[-1] + 1 and (
                     prev_len in wrap_at or (prev_len >= WRAP_WIDTH and not _OWN_START.match(text))):

@@ -549,6 +549,19 @@ class LogReading:
     sparse_lines: List[int] = field(default_factory=list)
     drafter_line: Optional[int] = None
     texts: Dict[int, str] = field(default_factory=dict, repr=False)   # line -> the record as quoted (evidence)
+    life: Any = None          # log_life.Life: which process died, how, why; or a requested shutdown
+
+    @property
+    def died(self) -> Optional[str]:
+        return self.life.died if self.life is not None else None
+
+    @property
+    def death_kind(self) -> Optional[str]:
+        return self.life.death_kind if self.life is not None else None
+
+    @property
+    def shutdown(self) -> bool:
+        return bool(self.life is not None and self.life.shutdown)
 
     def of_kind(self, kind: str) -> List[Fact]:
         return [f for f in self.facts if f.kind == kind]
@@ -561,7 +574,9 @@ class LogReading:
                 "other_backends": [f.to_dict() for f in self.other_backends],
                 "fatal_error": self.fatal_error.to_dict() if self.fatal_error is not None else None,
                 "fatal_cause": self.fatal_cause.to_dict() if self.fatal_cause is not None else None,
-                "crashed_backend": self.crashed_backend.to_dict() if self.crashed_backend is not None else None}
+                "crashed_backend": self.crashed_backend.to_dict() if self.crashed_backend is not None else None,
+                "life": self.life.to_dict() if self.life is not None else None,
+                "died": self.died, "death_kind": self.death_kind, "shutdown": self.shutdown}
 
 
 MAX_STEPS = 16_000_000   # matcher work per log (characters scanned + formats tried): beyond it, the read stops

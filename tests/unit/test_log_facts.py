@@ -167,7 +167,8 @@ def test_fatal_is_the_last_exception_and_the_cause_the_first_that_is_not_a_wrapp
     r = read_log(TB)
     assert r.fatal_error.n == 7 and r.fatal_error.value == "RuntimeError"
     assert r.fatal_cause.n == 4 and r.fatal_cause.value == "ValueError"
-    assert r.decided["fatal"].lines == [5, 7] and r.sparse is True
+    # the answer names the line that says WHY (the cause), the wrapper only as context
+    assert r.decided["fatal"].lines == [2, 4] and r.life.wrapper.n == 7 and r.sparse is True
 
 
 def test_a_traceback_logged_at_warning_is_not_fatal_and_a_cut_one_is_shown_not_fatal():
