@@ -1,0 +1,223 @@
+"""Issue 28: every fact about a release the release's code can say is read from it, never from the tool's table —
+on small stand-in trees (the real releases, 0.34.0 included, are tests/corpus/test_release_facts_corpus.py's):
+the MLA model types (`is_deepseek_mla`), the per-layer dense/sparse choice (a layer built under `if
+config.is_dsa_layer(i)`), a subclass's override over its parent's method, the old decode name `_forward_decode`."""
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from mla_doctor.agent.facts.backends import backends
+from mla_doctor.agent.facts.model_types import mla_model_types
+from mla_doctor.agent.facts.resolve import Resolver, resolve_paths
+from mla_doctor.diagnosis import code_paths as cp
+from mla_doctor.diagnosis.knowledge import load_knowledge
+from mla_doctor.diagnosis.static_facts import classify_model
+
+FILES = {
+    "model_executor/models/registry.py": '''
+        _TEXT_GENERATION_MODELS = {
+            "KimForCausalLM": ("vllm.models.kim", "KimForCausalLM"),
+            "OvrForCausalLM": ("vllm.models.ovr", "OvrForCausalLM"),
+        }
+    ''',
+    # 0.15+: config/model.py forwards, the convertor holds the list (the first def comparing model_type wins)
+    "config/model.py": '''
+        class ModelConfig:
+            def is_deepseek_mla(self) -> bool:
+                return self.model_arch_config.is_deepseek_mla
+    ''',
+    "transformers_utils/model_arch_config_convertor.py": '''
+        class ModelArchConfigConvertorBase:
+            def is_deepseek_mla(self) -> bool:
+                if not hasattr(self.hf_text_config, "model_type"):
+                    return False
+                elif self.hf_text_config.model_type in ("deepseek_v3", "brand_new_mla"):
+                    return getattr(self.hf_text_config, "kv_lora_rank", None) is not None
+                elif self.hf_text_config.model_type == "eagle":
+                    return self.hf_text_config.model.model_type in ("deepseek_v3",)
+                return False
+    ''',
+    "transformers_utils/configs/kim.py": '''
+        class KimConfig:
+            def is_dsa_layer(self, layer_idx):
+                return self.dsa_config is not None and (layer_idx + 1) in self.dsa_config.dsa_layers
+    ''',
+    "model_executor/layers/attention/__init__.py": "",
+    "model_executor/layers/attention/mla_attention.py": '''
+        class MLAAttention:
+            def forward(self, q):
+                return self.forward_impl(q)
+
+            def forward_impl(self, q):
+                n = 3
+                self.impl.forward_mha(q[n:])
+                return self.impl.forward_mqa(q[:n])
+    ''',
+    "models/__init__.py": "",
+    # Kimi K3.1's shape: a DSA layer (the shared split) only where the config names it, else the family's own
+    "models/kim/__init__.py": "from .model import KimForCausalLM\n",
+    "models/kim/model.py": '''
+        from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+
+        class KimDSAAttention:
+            def __init__(self, config):
+                self.mla_attn = MLAAttention()
+
+        class KimMLA:
+            def _attention(self, q, md):
+                n = md.num_decode_tokens
+                self._fused_prefill(q[n:], md)
+                self.impl.forward_mqa(q[:n], md, self)
+
+            def _fused_prefill(self, q, md):
+                return q
+
+        class KimDecoderLayer:
+            def __init__(self, config, layer_idx):
+                if config.is_dsa_layer(layer_idx):
+                    self.self_attn = KimDSAAttention(config)
+                else:
+                    self.self_attn = KimMLA()
+
+        class KimForCausalLM:
+            def __init__(self, config):
+                self.layers = [KimDecoderLayer(config, i) for i in range(4)]
+    ''',
+    # a subclass overriding its parent's split: only the child's runs (no forward_mha)
+    "models/ovr/__init__.py": "from .model import OvrForCausalLM\n",
+    "models/ovr/model.py": '''
+        class OvrBase:
+            def _attention(self, q, md):
+                n = md.num_decode_tokens
+                self.impl.forward_mha(q[n:])
+                self.impl.forward_mqa(q[:n], md, self)
+
+        class OvrAttention(OvrBase):
+            def _attention(self, q, md):
+                self.impl.forward_mqa(q, md, self)
+
+        class OvrForCausalLM:
+            def __init__(self, config):
+                self.attn = OvrAttention()
+    ''',
+    "v1/attention/backends/mla/ovr.py": '''
+        class OvrImplBase:
+            def forward_mqa(self, q):
+                return q
+
+        class OvrImpl(OvrImplBase):
+            def forward_mqa(self, q):
+                return q
+
+        class OvrBackend:
+            @staticmethod
+            def get_name() -> str:
+                return "OVR_MLA"
+
+            @staticmethod
+            def get_impl_cls():
+                return OvrImpl
+    ''',
+    # <= 0.15: the decode entry is still called _forward_decode
+    "v1/attention/backends/mla/old.py": '''
+        class OldImpl:
+            def forward(self, layer, q):
+                n = 2
+                self._forward_prefill(q[n:])
+                return self._forward_decode(q[:n])
+
+            def _forward_prefill(self, q):
+                return q
+
+            def _forward_decode(self, q):
+                return q
+
+        class OldBackend:
+            @staticmethod
+            def get_name() -> str:
+                return "OLD_MLA"
+
+            @staticmethod
+            def get_impl_cls():
+                return OldImpl
+    ''',
+}
+
+
+@pytest.fixture
+def tree(tmp_path):
+    v = tmp_path / "vllm"
+    for rel, text in FILES.items():
+        p = v / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(textwrap.dedent(text))
+    return v
+
+
+FACTS = load_knowledge().for_version("0.33.0")
+NEW = {"architectures": ["BrandNewForCausalLM"], "model_type": "brand_new_mla", "kv_lora_rank": 512}
+
+
+def test_the_mla_model_types_are_the_installed_is_deepseek_mla(tree):
+    """The convertor's list (config/model.py only forwards to it), its EAGLE targets apart; a model type the
+    table never heard of is MLA because the installed code says so, and the answer says where it read that."""
+    read = mla_model_types(str(tree))
+    assert (read["file"], read["line"]) == ("transformers_utils/model_arch_config_convertor.py", 6)
+    assert read["types"] == ["deepseek_v3", "brand_new_mla"] and read["eagle_targets"] == ["deepseek_v3"]
+    assert "brand_new_mla" not in FACTS.mla_model_types  # the table's list: what the tool was built with
+    assert not classify_model(FACTS, NEW).is_mla
+    mc = classify_model(FACTS, NEW, code={"mla_model_types": read})
+    assert mc.is_mla, mc.reason
+    assert any("model_arch_config_convertor.py:6, read from the installed code" in n for n in mc.notes), mc.notes
+    # and the code's list also says what is NOT MLA any more (the table's types do not leak back in)
+    gone = dict(NEW, model_type="kimi_k2")
+    assert not classify_model(FACTS, gone, code={"mla_model_types": read}).is_mla
+    assert classify_model(FACTS, gone).is_mla
+
+
+def test_a_layer_built_under_a_config_test_runs_only_when_the_config_has_its_keys(tree):
+    """`if config.is_dsa_layer(i)` reads dsa_config (the config class's def, read from
+    transformers_utils/configs/): without dsa_config only the family's own layer is built (no forward_mha);
+    with it, both kinds run, and the model line says sparse on some layers."""
+    res = resolve_paths(str(tree), ["KimForCausalLM"], {}, {})
+    (a,) = res["architectures"]
+    by = {lp["class"]: lp for b in a["branches"] for lp in b["layers"]}
+    assert set(by) == {"MLAAttention", "KimMLA"}
+    (c,) = by["MLAAttention"]["when_config"]
+    assert (c["keys"], c["negated"], c["file"], c["line"]) == (["dsa_config"], False, "models/kim/model.py", 19)
+    assert by["KimMLA"]["when_config"][0]["negated"]
+    dense = {"architectures": ["KimForCausalLM"], "model_type": "kimi_linear", "kv_lora_rank": 512}
+    fp = cp.served_path(res, dense)
+    assert [lp.cls for lp in fp.layers] == ["KimMLA"] and fp.prefill == "own", fp.to_dict()
+    assert "MLAAttention" in fp.not_built[0] and "dsa_config" in fp.not_built[0]
+    sparse = dict(dense, dsa_config={"index_topk": 2048, "dsa_layers": [4]})
+    fp = cp.served_path(res, sparse)
+    assert sorted(lp.cls for lp in fp.layers) == ["KimMLA", "MLAAttention"] and fp.prefill == "mixed"
+    mc = classify_model(FACTS, sparse)
+    assert mc.is_sparse and "dsa_config" in mc.reason, mc.reason
+    assert not classify_model(FACTS, dense).is_sparse
+
+
+def test_a_subclass_override_wins_over_its_parents_method(tree):
+    """OvrAttention overrides OvrBase._attention (no dense prefill there): the layer's entries are the child's;
+    a backend impl overriding its base's forward_mqa is named by the impl's own def."""
+    res = resolve_paths(str(tree), ["OvrForCausalLM"], {}, {})
+    (lp,) = res["architectures"][0]["branches"][0]["layers"]
+    top = [c for c in lp["calls"] if not c.get("inside")]
+    assert {c["in"]["symbol"] for c in top} == {"OvrAttention._attention"}, top
+    assert lp["prefill"] == "none" and not any(c["entry"] == "forward_mha" for c in top)
+    b = next(b for b in backends(Resolver(str(tree))) if b["name"] == "OVR_MLA")
+    assert b["decode"]["symbol"] == "OvrImpl.forward_mqa" and not b["decode"]["inherited"]
+
+
+def test_the_old_decode_name_is_still_looked_for(tree):
+    """vLLM <= 0.15: `_forward_decode` is the decode entry (the backend's, and the split's decode role)."""
+    r = Resolver(str(tree))
+    b = next(b for b in backends(r) if b["name"] == "OLD_MLA")
+    assert b["decode"]["symbol"] == "OldImpl._forward_decode", b
+    m = r.src.mod("v1/attention/backends/mla/old.py")
+    cls = next(n for n in m.tree.body if getattr(n, "name", None) == "OldImpl")
+    calls = r.layer_paths(m, cls)["calls"]
+    assert ("decode", "_forward_decode", "[:n]") in {(c["role"], c["entry"], c["tokens"]) for c in calls}, calls
