@@ -43,3 +43,59 @@ def xml(value: Any, keep_newlines: bool = True) -> str:
     if any(0xD800 <= ord(c) < 0xE000 or c in "\ufffe\uffff" for c in s):
         s = "".join(_escape(ord(c)) if ord(c) in _SURROGATES or c in "\ufffe\uffff" else c for c in s)
     return s
+
+
+def _pieces(word: str, width: int) -> list[str]:
+    """A word longer than the width, broken where a reader expects it: after a `/` (a path), else after `.`, `_`,
+    `-` or `,`; cut mid-name only where one name alone is wider than the line."""
+    out: list[str] = []
+    cur = ""
+    for part in _split_after(word, "/"):
+        if len(part) > width:  # one path component wider than the line: its own natural breaks, then a hard cut
+            subs = [s for p in _split_after(part, "._-,") for s in (p[i:i + width] for i in range(0, len(p), width))]
+        else:
+            subs = [part]
+        for sub in subs:
+            if cur and len(cur) + len(sub) > width:
+                out.append(cur)
+                cur = ""
+            cur += sub
+    return out + ([cur] if cur else [])
+
+
+def _split_after(word: str, seps: str) -> list[str]:
+    parts, cur = [], ""
+    for ch in word:
+        cur += ch
+        if ch in seps:
+            parts.append(cur)
+            cur = ""
+    return parts + ([cur] if cur else [])
+
+
+def wrap(value: Any, width: int) -> list[str]:
+    """One line of inert text wrapped to `width` without losing a character: breaks at spaces, a long path after
+    a `/`, never an ellipsis. `width` <= 0: not wrapped (piped output)."""
+    s = line(value)
+    if width <= 0 or len(s) <= width:
+        return [s]
+    out: list[str] = []
+    cur = ""
+    for word in s.split(" "):
+        if len(word) > width:
+            pieces = _pieces(word, width)
+            if cur and len(cur) + 1 + len(pieces[0]) <= width:
+                pieces[0] = cur + " " + pieces[0]
+            elif cur:
+                out.append(cur)
+            out += pieces[:-1]
+            cur = pieces[-1]
+        elif not cur:
+            cur = word
+        elif len(cur) + 1 + len(word) <= width:
+            cur += " " + word
+        else:
+            out.append(cur)
+            cur = word
+    out.append(cur)
+    return out

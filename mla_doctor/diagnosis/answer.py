@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from mla_doctor import words
 from mla_doctor.threshold_text import fmt_threshold, table_values
 from mla_doctor.diagnosis.knowledge import Knowledge, load_knowledge
 from mla_doctor.diagnosis.routing import CONDITION_NAMES, known_from_host, route, routes
@@ -46,6 +47,9 @@ class HostAnswer:
     threshold: str | None = None
     one_token: str = ""
     long_prompt: str = ""
+    # the same two answers as sentences for the first screen: which entry runs, why, and whether that is expected
+    one_token_words: str = ""
+    long_prompt_words: str = ""
     entry_short: str | None = None  # the 1-token prompt's entry symbol (None: not MLA)
     entry_long: str | None = None  # the long prompt's entry symbol
     model_sparse: bool | None = None
@@ -132,8 +136,9 @@ def _family_backend(fb: Any, generic: str) -> tuple[str, str | None] | None:
         more = f"; with {', '.join(others)}" if others else ""
         return (f"{' / '.join(b['name'] for b in got)} (not the platform's {pick}) — the family layer's own: "
                 f"{where}{more}", got[0]["name"] if len(got) == 1 else None)
-    per = "; ".join(f"[{p}] " + " / ".join(b["name"] for b in bs) for p, bs in sorted(by.items()))
-    return (f"the family layer's own backend, per platform branch (no GPU seen): {per} — not the platform's "
+    per = "; ".join(f"on {words.platform_name(p)}: " + " / ".join(b["name"] for b in bs)
+                    for p, bs in sorted(by.items()))
+    return (f"the family layer's own backend, per platform (no GPU seen): {per} — not the platform's "
             "generic choice", None)
 
 
@@ -221,14 +226,26 @@ def host_answer(h: dict, kb: Knowledge | None = None) -> HostAnswer | None:
         a.one_token = a.long_prompt = (f"no path: the server cannot build this model on the {nop.get('platform')} "
                                        f"branch of {nop.get('family')} (see FAMILY_NOT_ON_PLATFORM)")
         a.entry_short = a.entry_long = a.dispatch = None
+        a.one_token_words = a.long_prompt_words = (
+            f"no prompt runs: {nop.get('family')} has no working layer on {words.platform_name(nop.get('platform'))} "
+            f"(its branch raises {nop.get('raises') or '?'}), so the server cannot start this model here — "
+            "FAMILY_NOT_ON_PLATFORM")
     elif cls.get("is_mla") is False:
         a.one_token = a.long_prompt = ("generic attention, not MLA: no forward_mha/forward_mqa split "
                                        f"({cls.get('reason')})")
         a.entry_short = a.entry_long = None
+        a.one_token_words = a.long_prompt_words = (
+            "the model is not MLA, so neither forward_mha nor forward_mqa runs: it uses generic attention "
+            f"({cls.get('reason')})")
     elif engine == "V0":
         a.one_token = f"→ {pre} (V0: a prompt is always a prefill); each output token → {_short(dec)}"
         a.long_prompt = f"→ {pre} (prefill); each output token → {_short(dec)}"
         a.entry_short = pre
+        a.one_token_words = (f"a 1-token prompt is a prefill under the V0 engine (V0 splits by request phase, not "
+                             f"by a threshold), so it runs {_short(pre)}; each output token runs {_short(dec)} — "
+                             "expected for V0")
+        a.long_prompt_words = (f"a long prompt runs {_short(pre)} for its prefill, then {_short(dec)} for each "
+                               "output token — expected")
     elif fam is not None:
         one, long, name = fam
         served = st.served
@@ -237,9 +254,12 @@ def host_answer(h: dict, kb: Knowledge | None = None) -> HostAnswer | None:
             mine = [lp for lp in served["layers"] if lp.get("platform") == served.get("platform_taken")]
             a.family_layer = ", ".join(f"{lp['class']} {lp['ref']}" for lp in (mine or served["layers"])[:3])
         a.one_token = f"→ {one.text()} ({name}'s own layer)"
-        a.long_prompt = (f"{LONG_TOKENS} tokens → {long.text()} ({name}'s own layer, never the shared split's "
-                         "forward_mha)")
+        a.long_prompt = f"{LONG_TOKENS} tokens → {long.text()} ({name}'s own layer)"  # its forward_mha, if any
         a.entry_short, a.entry_long = one.symbol, long.symbol
+        a.one_token_words = (f"a 1-token prompt runs {words.route(one.to_dict())} — {name}'s own layer, not the "
+                             "shared forward_mha/forward_mqa split")
+        a.long_prompt_words = (f"a {LONG_TOKENS}-token prompt runs {words.route(long.to_dict())} — {name}'s own "
+                               "layer")
     elif a.model_sparse:
         a.one_token = f"→ {dec} (sparse top-k MQA: a 1-token query is a decode)"
         topk = model.config.get("index_topk")
@@ -247,14 +267,26 @@ def host_answer(h: dict, kb: Knowledge | None = None) -> HostAnswer | None:
             r = route(facts, known_from_host(h, facts), LONG_TOKENS)  # what it cannot resolve stays a condition
             a.long_prompt = (f"{LONG_TOKENS} tokens → {r.text()} "
                              f"(index_topk={topk if topk is not None else '?'}; sparse)")
+            a.long_prompt_words = (f"a {LONG_TOKENS}-token prompt on this sparse (DSA) model runs "
+                                   f"{words.route(r.to_dict())} (index_topk={topk if topk is not None else '?'})")
         else:
             a.long_prompt = f"→ {dec} too: every token takes the sparse top-k MQA path, never {_short(pre)}"
             a.entry_long = dec
+            a.long_prompt_words = (f"a long prompt runs {_short(dec)} too: on this sparse (DSA) model every token "
+                                   f"takes the sparse top-k route, so {_short(pre)} is never reached — expected")
+        a.one_token_words = (f"a 1-token prompt runs {_short(dec)} (the sparse top-k MQA route; a 1-token query is "
+                             "a decode), never forward_mha — expected")
     else:
         t = a.threshold or "?"
         a.one_token = f"→ {dec} (decode: 1 token ≤ threshold {t}{thr_of})"
         a.long_prompt = (f"→ {pre} when over {t} token{'' if t == '1' else 's'} (prefill); each output token "
                          f"→ {_short(dec)}")
+        whose = f"{a.backend_name}'s threshold" if thr_of else "the threshold"
+        a.one_token_words = (f"a 1-token prompt is decode-only (at or below {whose} of {words.tokens(t)}), so it "
+                             f"runs {_short(dec)} and {_short(pre)} is never reached; this is expected, not a fault "
+                             f"(a print in {_short(pre)} never fires for it)")
+        a.long_prompt_words = (f"a prompt over {words.tokens(t)} runs {_short(pre)} for its prefill, then "
+                               f"{_short(dec)} for each output token")
     # ---- problems, fail first then warn (the findings' own order within each), each with its action
     order = {"fail": 0, "warn": 1}
     probs = sorted((f for f in findings if f.get("severity") in order), key=lambda f: order[f["severity"]])

@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from mla_doctor.diagnosis.knowledge import ReleaseFacts
 from mla_doctor.report_sections import LogSection, ModelSection, ServerSection, StaticSection
+from mla_doctor.words import platform_name
 
 __all__ = ["Known", "Condition", "Branch", "Route", "route", "routes", "kv_kind", "sm_major", "PATH_SYMBOLS",
            "Resolution", "resolve", "consistent", "known_from_live", "PREFILL_OF"]
@@ -62,7 +63,7 @@ def _label(var: str, value: Any) -> str:
     if var == "engine":
         return "engine %s" % value
     if var == "platform":
-        return "the %s branch of the family's __init__" % value
+        return "on %s" % platform_name(value)  # the platform in words, not the family __init__'s branch
     return "%s %s" % (var, value)
 
 
@@ -422,7 +423,7 @@ def _merge(cubes: List[Tuple[Dict[str, Any], Tuple[str, str, str]]]) -> List[Tup
             ci, ri = cubes[i]
             for j in range(i + 1, len(cubes)):
                 cj, rj = cubes[j]
-                if rj[0] != ri[0] or set(ci) != set(cj):
+                if rj[:2] != ri[:2] or set(ci) != set(cj):  # the same path through another entry stays apart
                     continue
                 diff = [k for k in ci if ci[k] != cj[k]]
                 if len(diff) != 1:
@@ -463,7 +464,9 @@ def route(facts: ReleaseFacts, known: Known, tokens: int, prompt: Optional[str] 
     branches = [Branch(path=r[0], symbol=r[1], why=r[2],
                        conditions=tuple(Condition(k, v) for k, v in c.items()))
                 for c, r in cubes]
-    if len({b.path for b in branches}) == 1:  # every branch agrees: no condition to show
+    # every branch agrees on the path and the entry: no condition to show (one family layer per platform with no
+    # GPU seen keeps its conditions: no platform's entry is the host's)
+    if len({(b.path, b.symbol) for b in branches}) == 1:
         why = branches[0].why
         if len({b.why for b in branches}) > 1:  # the first branch's reason, and that the rest do not matter
             why += "; the same path whatever %s" % " or ".join(

@@ -61,6 +61,14 @@ class Step:
             return self.options.get("method", "attach") != "attach"
         return KIND_RESTARTS.get(self.kind, False) or bool(self.kind == "command" and self.options.get("restarts"))
 
+    @property
+    def changes(self) -> bool:
+        """What the step's work changes on the host: attach injects a probe in memory and edits no file (the
+        label `mla-doctor playbooks` shows); patch/plugin, revert and a command do (a template: the safe reading)."""
+        if self.kind == "live":
+            return self.options.get("method", "attach") != "attach"
+        return KIND_CHANGES.get(self.kind, False)
+
 
 @dataclass
 class Playbook:
@@ -80,7 +88,12 @@ class Playbook:
 
     @property
     def changes(self) -> bool:
-        return any(KIND_CHANGES.get(s.kind, False) for s in self.steps)
+        return any(s.changes for s in self.steps)
+
+    @property
+    def attaches(self) -> bool:
+        """A live step that attaches to the running server (no file, no restart)."""
+        return any(s.kind == "live" and s.options.get("method", "attach") == "attach" for s in self.steps)
 
 
 @dataclass
@@ -292,6 +305,6 @@ def catalog(directory: Path | None = None) -> list[dict[str, Any]]:
             out.append({"name": f.stem, "kind": "invalid", "path": str(f), "error": str(e)})
             continue
         out.append({"name": f.stem, "kind": "runbook", "path": str(f), "description": pb.description,
-                    "restarts": pb.restarts, "changes": pb.changes,
+                    "restarts": pb.restarts, "changes": pb.changes, "attaches": pb.attaches,
                     "steps": [f"{s.name} ({s.kind})" if s.name != s.kind else s.kind for s in pb.steps]})
     return out

@@ -11,7 +11,6 @@ NO_COLOR)."""
 from __future__ import annotations
 
 import io
-import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +20,7 @@ from mla_doctor.results import HostReport, host_to_dict
 
 LABEL = 11  # the left column: "  " + label padded + " "
 MAX_PROBLEMS = 4
-SCREEN_LINES = 15  # the first screen's budget (a host's lines, header included)
+SCREEN_LINES = 18  # the first screen's budget (a host's lines, header included): fits a 24-line terminal
 STYLE = {"fail": "bold red", "warn": "yellow", "ok": "green", "info": "dim", "error": "bold magenta",
          "unreachable": "bold magenta", "head": "bold"}
 
@@ -52,6 +51,7 @@ class PromptVerdict:
     observed: str
     code: str | None
     severity: str
+    words: str = ""  # the verdict as a sentence: which entry ran, why, whether that is expected, then the code
 
 
 @dataclass
@@ -69,6 +69,8 @@ class Answer:
     family_layer: str | None = None  # a model-private family's layer (code_paths), shown instead of the dispatch
     one_token: str = ""
     long_prompt: str = ""
+    one_token_words: str = ""  # the same answers as sentences (absent from a report saved before they were)
+    long_prompt_words: str = ""
     threshold: str | None = None
     entry_short: str | None = None  # the 1-token prompt's entry symbol
     entry_long: str | None = None  # the long prompt's entry symbol
@@ -84,7 +86,8 @@ class Answer:
 
 
 _STORED = ("backend", "backend_name", "backend_source", "dispatch", "family_layer", "one_token", "long_prompt",
-           "threshold", "entry_short", "entry_long", "model_sparse", "info_count")
+           "one_token_words", "long_prompt_words", "threshold", "entry_short", "entry_long", "model_sparse",
+           "info_count")
 
 
 def _as_dict(h: HostReport | dict) -> dict:
@@ -133,10 +136,12 @@ def answer(host: HostReport | dict) -> Answer:
         a.model = f"{kind_txt} — {what}: {cls.get('reason')}"
         if cls.get("startup_failure"):
             a.model += f"; will not start: {cls['startup_failure']}"
-    else:
-        a.model = ("not found (no running server, no --model): sparse or not cannot be told — give --model"
-                   if not model else f"{what}: not classified")
     srv = ServerSection.of(h.get("server"))
+    if not cls:  # said with the server as this screen states it: never "no running server" above its pid
+        a.model = (f"{what}: not classified" if model else
+                   "not read from the running server's arguments, no --model: sparse or not cannot be told — give "
+                   "--model" if srv.running else
+                   "not found (no running server, no --model): sparse or not cannot be told — give --model")
     if srv.running:
         sup = srv.supervisor.get("kind")
         a.server = (f"pid {srv.pid} as {srv.user} under {sup}, port {srv.port}, "
@@ -152,7 +157,8 @@ def answer(host: HostReport | dict) -> Answer:
         # "mha|mqa": the route depends on a fact the run could not know (routing conditions; -v names them)
         exp_prefill = "mha or mqa" if exp.get("prefill") == "mha|mqa" else exp.get("prefill")
         a.prompts.append(PromptVerdict(name, p.get("prompt_tokens"), f"{exp_prefill}/{exp.get('decode')}",
-                                       f"{obs.get('prefill')}/{obs.get('decode')}", code, sev))
+                                       f"{obs.get('prefill')}/{obs.get('decode')}", code, sev,
+                                       prompt_words(p, code, sev)))
     live = h.get("live")
     if live:
         settings = " ".join(f"{k}={val}" for k, val in (live.get("settings") or {}).items()) or "none"
@@ -166,6 +172,53 @@ def answer(host: HostReport | dict) -> Answer:
             " (same greedy completion before and after)" if restored and live.get("restored_completion") is not None
             else "")
     return a
+
+
+def _entry(p: dict, path: str) -> str:
+    """The entry the route names for this path (a family's own prefill), else the shared layer's."""
+    sym = ((p.get("routing") or {}).get("route") or {}).get("symbol")
+    if sym and path == "mha" and not sym.endswith("forward_mqa"):
+        return _short(sym)
+    return "forward_mha" if path == "mha" else "forward_mqa"
+
+
+def prompt_words(p: dict, code: str | None, severity: str) -> str:
+    """One prompt's live verdict as a sentence: which entry ran and why (the threshold as a number, the sparse
+    route, a CUDA graph hiding calls), whether that is expected, then the reason code."""
+    exp, obs = p.get("expected") or {}, p.get("observed") or {}
+    n = p.get("prompt_tokens")
+    who = f"the {n}-token prompt"
+    thr = exp.get("threshold")
+    thr_txt = f"the threshold of {thr} token{'' if thr == 1 else 's'}" if isinstance(thr, int) else "the threshold"
+    pre, dec = obs.get("prefill"), obs.get("decode")
+    if obs.get("sparse_steps"):
+        what = f"{who} took the sparse (DSA) top-k route: forward_mqa for every token, so forward_mha is never reached"
+    elif pre == "mha":
+        what = f"{who} is over {thr_txt}, so its prefill ran {_entry(p, 'mha')}"
+    elif pre == "mqa" and isinstance(thr, int) and isinstance(n, int) and n <= thr:
+        what = f"{who} was decode-only (at or below {thr_txt}), so forward_mha is never reached: it ran forward_mqa"
+    elif pre == "mqa":
+        what = f"{who} ran forward_mqa, not forward_mha, for its prefill"
+    else:
+        what = f"no MLA entry ran for {who} (the probe saw no forward_mha or forward_mqa call)"
+        if exp.get("prefill_hidden"):
+            what += ": it replayed a CUDA graph, which hides the call"
+    if dec == "mqa" and not obs.get("sparse_steps") and pre != "mqa":
+        what += ", then forward_mqa for each output token"
+    elif dec == "hidden":
+        what += "; its decode steps replayed a CUDA graph, which hides the forward_mqa calls"
+    expected = f"{exp.get('prefill')}/{exp.get('decode')}" == f"{pre}/{dec}" or (
+        exp.get("prefill") == "mha|mqa" and pre in ("mha", "mqa") and exp.get("decode") == dec)
+    if severity in ("fail", "warn", "error"):
+        verdict = ("NOT as expected" if not expected else "as expected, but see the problem below") + \
+            f" (expected prefill {str(exp.get('prefill')).replace('|', ' or ')}, decode {exp.get('decode')})"
+    elif exp.get("prefill") == "mha|mqa":
+        verdict = "either path was possible (facts the run could not know); the probe saw which"
+    elif pre == "mqa" and not obs.get("sparse_steps") and expected:
+        verdict = "this is expected, not a fault"
+    else:
+        verdict = "as expected" if expected else f"expected {exp.get('prefill')}/{exp.get('decode')}"
+    return f"{what}; {verdict}" + (f" — {code}" if code else "")
 
 
 def verdict_cell(host: dict) -> str:
@@ -189,70 +242,69 @@ def verdict_cell(host: dict) -> str:
 Segment = tuple[str, "str | None"]
 
 
-def _row(label: str, text: str, width: int, style: str | None = None, max_lines: int = 2) -> list[list[Segment]]:
-    """`  label     text`, the text wrapped under itself, at most max_lines lines (the last cut with …)."""
-    avail = max(width - LABEL, 10)
-    label, text = terminal.line(label), terminal.line(text)  # host-provided: no control reaches the terminal
-    lines = textwrap.wrap(text, avail, break_long_words=True, break_on_hyphens=False) or [""]
-    if len(lines) > max_lines:
-        lines = lines[:max_lines]
-        lines[-1] = lines[-1][: avail - 1].rstrip() + "…"
+def _row(label: str, text: str, width: int, style: str | None = None) -> list[list[Segment]]:
+    """`  label     text`, the text wrapped under itself, every word kept (a path breaks after a `/`); `width`
+    0: one line whatever its length (piped output is not wrapped)."""
+    avail = max(width - LABEL, 10) if width > 0 else 0
+    label = terminal.line(label)  # host-provided: no control reaches the terminal
+    lines = terminal.wrap(text, avail) or [""]
     out = [[("  ", None), (label[: LABEL - 3].ljust(LABEL - 3), style), (" " + lines[0], None)]]
     out += [[(" " * LABEL, None), (ln, None)] for ln in lines[1:]]
     return out
 
 
 def screen(host: HostReport | dict, width: int, verbose: int = 0) -> list[list[Segment]]:
-    """The first screen of one host, as lines of (text, style) segments, none wider than `width`."""
+    """The first screen of one host, as lines of (text, style) segments, none wider than `width` (0: not
+    wrapped). The answer first, in words; nothing is cut: past the budget, the optional rows go, never words."""
     a = answer(host)
-    head = terminal.line(f"== {a.host}: {a.verdict.upper()}")
-    head_line: list[Segment] = [(head[:width], STYLE.get(a.verdict, "head"))]
+    head = [[(t, STYLE.get(a.verdict, "head"))] for t in terminal.wrap(f"== {a.host}: {a.verdict.upper()}", width)]
     lines: list[list[Segment]] = []
     if a.error is not None:
-        return [head_line] + _row("error", a.error or "", width, STYLE.get(a.verdict), max_lines=6)
+        return head + _row("error", a.error or "", width, STYLE.get(a.verdict))
     for p in a.prompts:
         style = STYLE["ok"] if p.severity == "info" else STYLE.get(p.severity)
-        lines += _row(p.name, f"{p.tokens} tok: expected {p.expected}, observed {p.observed}"
-                      + (f" — {p.code}" if p.code else ""), width, style)
-    if a.prompts:
-        lines += _row("", "(prefill/decode path; reason code; -v for counts and why)", width, max_lines=1)
+        lines += _row(p.name, p.words or (f"{p.tokens} tok: expected {p.expected}, observed {p.observed}"
+                                          + (f" — {p.code}" if p.code else "")), width, style)
+    optional: list[list[list[Segment]]] = []  # dropped, last first, when the screen would pass SCREEN_LINES
     if a.restored is not None:
         lines += _row("restored", a.restored, width,
                       STYLE["ok"] if a.restored_ok else STYLE["fail"] if a.restored_ok is False else None)
-    lines += _row("install", a.install, width)
+    if not a.prompts:
+        lines += _row("1 token", a.one_token_words or a.one_token, width)
+        lines += _row("long", a.long_prompt_words or a.long_prompt, width)
     lines += _row("backend", a.backend, width)
-    optional: list[list[list[Segment]]] = []  # dropped, last first, when the screen would pass SCREEN_LINES
     if not a.prompts:
         if a.dispatch:
-            dispatch = _row("dispatch", f"{a.dispatch} splits each step at the decode threshold", width, max_lines=1)
+            dispatch = _row("dispatch", f"{a.dispatch} splits each step at the decode threshold", width)
             optional.append(dispatch)
             lines += dispatch
         elif a.family_layer:
-            layer = _row("layer", a.family_layer, width, max_lines=2)
+            layer = _row("layer", a.family_layer, width)
             optional.append(layer)
             lines += layer
-        lines += _row("1 token", a.one_token, width)
-        lines += _row("long", a.long_prompt, width)
+    install = _row("install", a.install, width)
+    lines += install
     lines += _row("model", a.model, width, STYLE["fail"] if a.model_sparse else None)
-    server = _row("run", a.run, width) if a.run else _row("server", a.server, width, max_lines=1)
+    server = _row("run", a.run, width) if a.run else _row("server", a.server, width)
     optional.append(server)
     lines += server
     if not a.problems:
-        lines += _row("problems", f"none ({a.info_count} info finding(s) under -v)", width, STYLE["ok"], max_lines=1)
+        lines += _row("problems", f"none ({a.info_count} info finding(s) under -v)", width, STYLE["ok"])
     for p in a.problems[:MAX_PROBLEMS]:
         lines += _row(p.severity.upper(), f"{p.code}: {p.summary}", width, STYLE[p.severity])
         if p.action:
-            lines += _row("", f"→ {p.action}", width, max_lines=1)
+            lines += _row("", f"→ {p.action}", width)  # whole: the action is what the reader does next
     if len(a.problems) > MAX_PROBLEMS:
-        lines += _row("", f"… {len(a.problems) - MAX_PROBLEMS} more problem(s): -v", width, max_lines=1)
+        lines += _row("", f"… {len(a.problems) - MAX_PROBLEMS} more problem(s): -v", width)
     if not verbose:
-        hint = _row("", "-v: every entry, threshold and finding with its evidence", width, "dim", max_lines=1)
+        hint = _row("", "-v: every entry, threshold and finding with its evidence", width, "dim")
         optional.append(hint)
         lines += hint
-    while optional and 1 + len(lines) > SCREEN_LINES:
+    optional.insert(0, install)  # the install goes last of all (it is also under -v)
+    while optional and len(head) + len(lines) > SCREEN_LINES:
         drop = optional.pop()
         lines = [ln for ln in lines if not any(ln is d for d in drop)]
-    return [head_line] + lines
+    return head + lines
 
 
 def plain(lines: list[list[Segment]]) -> str:
@@ -276,10 +328,12 @@ def coloured(lines: list[list[Segment]]) -> str:
 
 
 def fit(line: str, width: int) -> list[str]:
-    """One detail line wrapped to the width, continuation lines indented under it (controls shown escaped)."""
+    """One detail line wrapped to the width, continuation lines indented under it (controls shown escaped); no
+    word lost, a path broken after a `/`; `width` 0: not wrapped."""
     line = terminal.line(line)
-    if len(line) <= width:
+    if width <= 0 or len(line) <= width:
         return [line]
-    indent = " " * min(len(line) - len(line.lstrip(" ")) + 4, width // 2)
-    return textwrap.wrap(line, width, subsequent_indent=indent, break_long_words=True, break_on_hyphens=False,
-                         drop_whitespace=True) or [line[:width]]
+    lead = len(line) - len(line.lstrip(" "))
+    indent = " " * min(lead + 4, width // 2)
+    first, *rest = terminal.wrap(line[lead:], width - len(indent))
+    return [" " * lead + first] + [indent + ln for ln in rest]

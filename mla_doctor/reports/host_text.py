@@ -213,8 +213,9 @@ def _fitted(lines: list[str], width: int) -> list[str]:
 
 def render(report: RunReport, verbose: int = 0, width: int | None = None, color: bool = False) -> str:
     """The report for people: `verbose` 0 is the first screen, 1+ adds every detail; `width` defaults to the
-    terminal's columns; `color` (severity in colour) only when the caller writes to a terminal."""
-    width = max(int(width or shutil.get_terminal_size().columns), 40)
+    terminal's columns, 0 is not wrapped (piped: a line stays whole for grep and for the reader's own terminal);
+    `color` (severity in colour) only when the caller writes to a terminal."""
+    width = 0 if width == 0 else max(int(width or shutil.get_terminal_size().columns), 40)
     text = ""
     for h in report.hosts:
         if report.command == "revert":
@@ -223,7 +224,7 @@ def render(report: RunReport, verbose: int = 0, width: int | None = None, color:
         else:
             rows = first_screen.screen(h, width, verbose)
             text += first_screen.coloured(rows) if color else first_screen.plain(rows)
-            if verbose:
+            if verbose and h.status == HostStatus.OK:  # a host not audited: its error is all there is
                 detail = render_host(h)[1:] + (render_live(h) if h.live else [])
                 text += "\n".join(["   details:"] + _fitted(detail, width)) + "\n"
             if h.patch and not h.live:

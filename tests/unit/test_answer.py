@@ -81,7 +81,7 @@ def test_problems_are_fails_then_warns_in_the_findings_order():
 def test_writers_render_the_stored_answer_not_their_own(raw, kb):
     """A writer shows what the report holds: a stored answer that says otherwise is what the screen says."""
     report = build_static_report("localhost", raw, kb)
-    report.answer = dict(report.answer, backend="PLANTED — from the report", one_token="→ planted")
+    report.answer = dict(report.answer, backend="PLANTED — from the report", one_token_words="→ planted")
     text = render(RunReport("static", [report]), width=100)
     assert "PLANTED — from the report" in text and "→ planted" in text
 

@@ -191,8 +191,13 @@ def test_no_host_platform_lists_each_branchs_backend(tree):
     h = {"vllm": {"version": "0.33.0", "distribution": "vllm"}, "model": {"config": cfg},
          "static": {"code_paths": cp.code_paths_section(None, res, cfg)}}
     a = host_answer(h, load_knowledge())
-    assert a.backend.startswith("the family layer's own backend, per platform branch (no GPU seen): "
-                                "[cpu] FAM_CPU_SPARSE; [nvidia+amd+xpu] FAM_BASE_SPARSE"), a.backend
+    assert a.backend.startswith("the family layer's own backend, per platform (no GPU seen): "
+                                "on CPU: FAM_CPU_SPARSE; on NVIDIA or AMD or Intel XPU: FAM_BASE_SPARSE"), a.backend
+    # no platform's layer is named as the host's: each platform with its own entry, in words (issue 32)
+    assert a.one_token_words.startswith("a 1-token prompt runs per platform (the host's is not known): on CPU, "
+                                        "FamCpuAttention.forward_mqa; on NVIDIA or AMD or Intel XPU, "
+                                        "FamFlashAttention.forward_mqa"), a.one_token_words
+    assert "branch" not in a.one_token_words + a.long_prompt_words + a.backend
     assert a.family_backend is None  # no single one: the host's branch is unknown
 
 

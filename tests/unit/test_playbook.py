@@ -24,7 +24,8 @@ def test_bundled_runbooks_and_catalog_separates_target_files():
     assert cat["mla-path"]["restarts"] and cat["revert"]["changes"] and not cat["revert"]["restarts"]
     assert cat["instrument-mla"]["kind"] == "targets"
     assert sorted(pb_mod.bundled_names()) == ["mla-attach", "mla-path", "revert", "static"]
-    assert not cat["mla-attach"]["restarts"] and cat["mla-attach"]["changes"]
+    # attach injects a probe in memory: no file changed, no restart (issue 32: labelled by what its steps do)
+    assert not cat["mla-attach"]["restarts"] and not cat["mla-attach"]["changes"] and cat["mla-attach"]["attaches"]
     mp = pb_mod.load("mla-path")
     assert mp.serial == 1 and mp.max_fail_percent == 0 and [s.kind for s in mp.steps] == ["live", "expect"]
 
@@ -38,7 +39,7 @@ def test_a_live_step_attaches_by_default_as_run_does_and_restarts_only_when_it_s
     for text, restarts in (("live: {}", False), ("live: {method: attach}", False), ("live: {method: patch}", True),
                            ("live: {method: plugin}", True), ("live: {method: '{{ m }}'}", True)):
         book = pb_mod.load(write(tmp_path, f"steps:\n  - {text}\n"))
-        assert book.restarts is restarts and book.changes, text
+        assert book.restarts is restarts and book.changes is restarts, text  # attach edits no file
     assert Live.make({}).options.method == "attach" == RunOptions.build().method
     assert pb_mod.load("mla-path").steps[0].options["method"] == "patch"  # the bundled one says so
 

@@ -65,10 +65,12 @@ def test_no_vllm_found_is_an_error_naming_what_was_tried(answer, kb):
                                                 "error": "No module named 'vllm'"}]}
     report = build_static_report("localhost", answer, kb)
     assert (report.status, report.error_kind) == (HostStatus.ERROR, "VllmNotFound")
-    assert report.error == (f"vLLM not found on {answer['host']['hostname']} — tried /usr/bin/python3 (PATH): "
-                            "No module named 'vllm'")
+    assert report.error.startswith(f"vLLM not found on {answer['host']['hostname']} — tried /usr/bin/python3 "
+                                   "(PATH): No module named 'vllm'; give --python PATH")
+    assert "--pid PID" in report.error  # the two ways to point at the install (issue 32)
     answer["locate"] = {}
-    assert build_static_report("h", answer, kb).error.endswith("— no interpreter to try (use --python)")
+    err = build_static_report("h", answer, kb).error
+    assert "— no interpreter to try; give --python PATH" in err and "--pid PID" in err
 
 
 def test_modified_and_missing_files_fail(answer, kb):
