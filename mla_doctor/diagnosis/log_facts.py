@@ -182,17 +182,32 @@ def combine_captures(kinds: Dict[str, str]) -> Optional[str]:
 
 
 @functools.lru_cache(maxsize=1)
-def _engine_wording() -> Dict[str, str]:
+def _engine_wording() -> Dict[str, Tuple[str, Tuple[str, ...]]]:
     """Selection formats only one engine prints (the knowledge's log entries: "Using Triton MLA backend." is V0's,
-    V1 said "... on V1 engine." in the same releases); a format the entries give two engines is left out."""
+    V1 said "... on V1 engine." in the same releases), with the platform files the entries saw it in (ROCm's V1
+    printed the V0 wording from rocm.py); a format the entries give two engines is left out."""
     from mla_doctor.diagnosis.knowledge import load_knowledge
 
     seen: Dict[str, set] = {}
+    files: Dict[str, set] = {}
     for e in load_knowledge().data.get("logs") or []:
         if isinstance(e, dict) and e.get("format") and e.get("kind") == "decode_backend" \
                 and not re.search(r"%|\{", e["format"]):
             seen.setdefault(str(e["format"]).strip(), set()).add(e.get("engine"))
-    return {f: next(iter(engines)) for f, engines in seen.items() if len(engines) == 1 and None not in engines}
+            if e.get("file"):
+                files.setdefault(str(e["format"]).strip(), set()).add(str(e["file"]).rsplit("/", 1)[-1])
+    return {f: (next(iter(engines)), tuple(sorted(files.get(f, ())))) for f, engines in seen.items()
+            if len(engines) == 1 and None not in engines}
+
+
+def _worded(rec: Record, worded: Dict[str, Tuple[str, Tuple[str, ...]]]) -> Optional[str]:
+    """The engine a backend line's wording implies, where the line was logged from the platform file the wording
+    is known in (or does not say where)."""
+    got = worded.get(rec.fact.format.strip()) if rec.fact is not None and rec.fact.format else None
+    if got is None:
+        return None
+    where = (rec.where or "").rsplit("/", 1)[-1].split(":", 1)[0]
+    return got[0] if not where or not got[1] or where in got[1] else None
 
 
 def _release_without_sparse(version: str) -> bool:
@@ -280,6 +295,34 @@ def _backend_elsewhere(out: Any, recs: List[Record], markers: dict) -> None:
             out.decided["crashed_backend"] = Decision(name, rule, [r.n], r.text)
 
 
+@functools.lru_cache(maxsize=1)
+def _logger_file_index() -> Tuple[Tuple[str, Tuple[str, ...]], ...]:
+    """(file name, its paths) of every vLLM source file with a log format in the shipped releases."""
+    import json
+
+    try:
+        with open(MARKERS_FILE.with_name("log_formats.json"), encoding="utf-8") as fh:
+            paths = json.load(fh).get("files") or []
+    except (OSError, ValueError):
+        return ()
+    by: Dict[str, set] = {}
+    for p in paths:
+        by.setdefault(str(p).rsplit("/", 1)[-1], set()).add(str(p))
+    return tuple((k, tuple(sorted(v))) for k, v in by.items())
+
+
+def _logger_files(markers: dict) -> Dict[str, str]:
+    """Logger file name -> the engine whose files alone have that name, across the shipped releases (``engine.py``
+    is only V0's engine/multiprocessing/engine.py; ``core_client.py`` only V1's); a name both have: absent."""
+    out = {}
+    for name, paths in _logger_file_index():
+        if all(markers["_v1_files"].search(p) for p in paths):
+            out[name] = "V1"
+        elif all(markers["_v0_files"].search(p) for p in paths):
+            out[name] = "V0"
+    return out
+
+
 def _engine_markers(rec: Record, markers: dict) -> List[Tuple[str, str]]:
     out = []
     texty = bool(markers["_engine_any"].search(rec.text))
@@ -331,7 +374,7 @@ def decide(out: Any, recs: List[Record], prompts: List[Tuple[int, str]]) -> None
                 break
     worded = _engine_wording()
     stated = next((r for r in recs if r.fact is not None and r.fact.kind == "attention_backend"
-                   and (r.fact.engine or worded.get(r.fact.format.strip()))), None)
+                   and (r.fact.engine or _worded(r, worded))), None)
     statements = [(n, mid, eng, cmd) for n, cmd in prompts for mid, eng, rx in markers["_statements"] if rx.search(cmd)]
     statements += [(r.n, mid, eng, r.text) for r in recs for mid, eng, rx in markers["_statements"]
                    if rx.search(r.msg)]
@@ -346,7 +389,7 @@ def decide(out: Any, recs: List[Record], prompts: List[Tuple[int, str]]) -> None
             if "V" in cut_line[0].msg[:16] else "before V1 existed: 'an LLM engine' is V0's"),
             [cut_line[0].n], cut_line[0].text)
     elif stated is not None:
-        out.engine = stated.fact.engine or worded[stated.fact.format.strip()]
+        out.engine = stated.fact.engine or _worded(stated, worded)
         decided["engine"] = Decision(out.engine, "backend line states the engine" if stated.fact.engine else
                                      "backend line in the engine's own wording (knowledge: %s only)" % out.engine,
                                      [stated.n], stated.text)
@@ -356,9 +399,13 @@ def decide(out: Any, recs: List[Record], prompts: List[Tuple[int, str]]) -> None
         decided["engine"] = Decision(eng, "engine statement: %s (the last one)" % mid, [n], text)
     else:
         votes: Dict[str, Dict[str, int]] = {}
+        logger_files = _logger_files(markers)
         for r in recs:
             for mid, eng in _engine_markers(r, markers):
                 votes.setdefault(eng, {}).setdefault(mid, r.n)
+            eng = logger_files.get((r.where or "").rsplit("/", 1)[-1].split(":", 1)[0]) if r.where else None
+            if eng:   # logged from a file only one engine has ([multiproc_executor.py:49] V1, [engine.py:506] V0)
+                votes.setdefault(eng, {}).setdefault("logger_file_only_in_%s" % eng.lower(), r.n)
         if votes:
             ranked = sorted(votes.items(), key=lambda kv: -len(kv[1]))
             if len(ranked) == 1 or len(ranked[0][1]) > len(ranked[1][1]):
@@ -623,7 +670,7 @@ def _fatal(out: Any, recs: List[Record], markers: dict) -> set:
         f = r.fact
         fatal_fmt = f is not None and f.kind == "fatal"
         quiet = r.level in ("WARNING", "WARN", "INFO", "DEBUG")
-        if r.msg and not _TRACEBACK.match(r.msg):
+        if not _TRACEBACK.match(r.msg):
             last_rec[key] = r
         if key in open_tb:
             placed.add(r.n)

@@ -275,23 +275,29 @@ def read_life(recs: Sequence[Any], deaths: List[Death]) -> Life:
     # the cause: the first failure that is not a wrapper; an exception / abort / signal line before the line
     # announcing it ("EngineCore failed to start.", "WorkerProc hit an exception.", a repr logged before its
     # traceback), before a death message, before a traceback the paste cut before its exception line
-    cause = min(deaths, key=lambda d: (d.wrapper, _RANK.get(d.kind, 0), d.fact.n))
+    def rank(d: Death) -> Tuple[bool, int, int]:
+        return d.wrapper, _RANK.get(d.kind, 0), d.fact.n
+
+    # the process that died: its first failure that is not a wrapper (a traceback the paste cut included: the
+    # engine core's cut traceback still says the engine core died when only the API server's wrapper is whole)
+    dead = min(deaths, key=rank)
+    # the line that says why: the same order among the failures whose line is in the paste
+    lined = [d for d in deaths if d.kind != "cut"]
+    cause = min(lined, key=rank) if lined else None
     wrappers = [d for d in deaths if d.wrapper]
-    life.cause = cause.fact if cause.kind != "cut" else None
+    life.cause = cause.fact if cause is not None else None
     life.wrapper = wrappers[-1].fact if wrappers and wrappers[-1] is not cause else None
-    if cause.kind == "cut":
-        life.wrapper = None
-    life.died, life.died_rule = _process(cause, recs, index)
-    text = cause.fact.text
-    if cause.kind in ("abort", "signal", "oom"):
-        life.death_kind = cause.kind
-    elif cause.kind in ("announce", "cut"):
-        life.death_kind = "oom" if _OOM.search(text) else "exception"
-    elif _OOM.search(text):
+    life.died, life.died_rule = _process(dead, recs, index)
+    text = dead.fact.text
+    if dead.kind in ("abort", "signal", "oom"):
+        life.death_kind = dead.kind
+    elif _OOM.search(text) or (cause is not None and _OOM.search(cause.fact.text)):
         life.death_kind = "oom"
-    elif cause.kind == "message":   # vLLM's death messages follow an exception unless they name a signal
-        life.death_kind = "signal" if SIGNAL_DEATH.match(cause.fact.text.split("] ", 1)[-1]) else "exception"
+    elif dead.kind == "message":   # vLLM's death messages follow an exception unless they name a signal
+        life.death_kind = "signal" if SIGNAL_DEATH.match(text.split("] ", 1)[-1]) else "exception"
     else:
         life.death_kind = "exception"
+    if cause is None:
+        return life
     life.frame = _innermost_frame(cause, recs, index)
     return life

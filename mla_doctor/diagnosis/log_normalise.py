@@ -45,6 +45,9 @@ _TAG = re.compile(r"^\(?(?P<proc>[A-Za-z][\w.:=-]{0,63}(?: [\w.:=-]{1,32}){0,3})
                   r"(?:, ip=[\w.:-]{1,64})?\) ?")
 # a Markdown quote ("> INFO ..."): an issue comment quoting another's log
 _QUOTE = re.compile(r"^>(?: |$)")
+# Markdown emphasis / inline code a user wrapped a line in ("**(VllmWorker rank=5 pid=1) ERROR ...**")
+_MD_OPEN = re.compile(r"^(?:\*\*|__|`{1,3})(?=[(\[A-Za-z])")
+_MD_CLOSE = re.compile(r"(?<=\S)(?:\*\*|__|`{1,3}) {0,4}$")
 # a terminal UI's pane border (k9s / kubectl in a TUI): "│ INFO ... │"
 _PANE = re.compile(r"^[\u2502\u2503|] ")
 # a tag whose "pid=… LEVEL" a launcher's re-formatting swallowed: "(VllmWorkerProcess 03-31 03:33:02 x.py:1]"
@@ -178,12 +181,14 @@ def clean_line(raw: str, out: Optional[Normalised] = None, n: int = 0) -> Tuple[
     for _ in range(12):
         s = s.lstrip()
         for kind, rx in (("quote", _QUOTE), ("launcher", _LAUNCHER), ("service", _SERVICE), ("timestamp", _TS),
-                         ("host_log", _HOST_LOG)):
+                         ("host_log", _HOST_LOG), ("markdown", _MD_OPEN)):
             m = rx.match(s)
             if m and m.end():
                 if out is not None:
                     out.note(kind, n, raw)
                 s = s[m.end():]
+                if kind == "markdown":
+                    s = _MD_CLOSE.sub("", s)
                 break
         else:
             m = _TAG.match(s)

@@ -32,6 +32,13 @@ def _by_name(model: str) -> str:
             % model)
 
 
+_V0_SPARSE = ("the reader says False from the V0 engine (no sparse/DSA path exists in V0: the model cannot run "
+              "sparse there); the label leaves sparse null with no deciding line")
+_DRAFTER_AFTER = ("the drafter's phase is known only from a line that starts it (loading the draft / EAGLE model) "
+                  "BEFORE a selection line; here the only drafter evidence ('Detected EAGLE model ...') comes after "
+                  "the selection line, so it is read as the model's")
+
+
 KNOWN_LIMITS: Dict[Tuple[str, str], str] = {
     ('002-', 'engine'):
         "V0 only by era: the un-bracketed 'worker_base.py:145]' prefix and a RayWorkerWrapper tag are printed"
@@ -89,6 +96,27 @@ KNOWN_LIMITS: Dict[Tuple[str, str], str] = {
     ('064-', 'engine'):
         "pytest -v output of several parametrized unit tests, read as one server's log: the reader has no "
         "notion of 'no server here', so the V1 selection lines decide (the label: no engine runs)",
+    # ---- issue 29's grown corpus
+    ('079-', 'sparse'): _by_name('Gemma 3 (from the title)'),
+    ('080-', 'sparse'): _by_name('Command A (from the title)'),
+    ('086-', 'sparse'): _by_name('DeepSeek (from the title); 0.7.1 is only a directory name in a frame\'s path'),
+    ('095-', 'sparse'): _by_name('Qwen3.6 (only a directory name in a loading path)'),
+    ('099-', 'sparse'): _by_name('gpt-oss (from the title)'),
+    ('103-', 'sparse'): _by_name('Llama 4 (from the title)'),
+    ('071-', 'sparse'): _V0_SPARSE,
+    ('088-', 'sparse'): _V0_SPARSE,
+    ('102-', 'sparse'): _V0_SPARSE,
+    ('083-', 'died'):
+        "the engine core's failure shows only as the tail of its error message (tagged lines without a level, "
+        "no traceback, no exception line); the only traceback is the API server's own (cut), so the reader "
+        "names the API server. The label reads which process failed first from the message's content",
+    ('093-', 'decode_backend'): _DRAFTER_AFTER,
+    ('093-', 'other_backends'): _DRAFTER_AFTER,
+    ('093-', 'sparse'):
+        "follows from the drafter's backend read as the model's (FLASH_ATTN: dense); " + _DRAFTER_AFTER,
+    ('097-', 'cudagraph_mode'):
+        "enforce_eager=True read as NONE (no CUDA graphs ran) on a V0 engine line; the label keeps V0 logs' "
+        "CUDA-graph mode null because V0 has no V1 mode names (a policy difference: both say no graphs ran)",
     ('064-', 'decode_backend'):
         "the same pytest output: two tests' selection lines, the last one taken as the model's (the label: no"
         ' single server, null)',
