@@ -47,6 +47,17 @@ def check_no_control(value: Any, what: str, path: str | None = None, line: int |
 _HOST_LABELS = re.compile(r"^(?=.{1,253}\.?$)[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,62})"
                           r"(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,62}))*\.?$")
 _USER_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}\$?$")
+# an IPv6 literal's zone (RFC 4007 §11): here an interface name as Linux allows it (IFNAMSIZ - 1), which is
+# also what a shell reads as one inert word
+_SCOPE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
+_MAX_PORT = 65535
+
+
+def port_problem(value: object) -> str | None:
+    """Why `value` is not a TCP port (an int 1-65535, never a bool), or None when it is one."""
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= _MAX_PORT:
+        return None
+    return "not a TCP port (an integer 1-65535)"
 
 
 def host_problem(value: object) -> str | None:
@@ -54,6 +65,11 @@ def host_problem(value: object) -> str | None:
     if not isinstance(value, str) or not value:
         return "a host name or an IP address is a non-empty string"
     text = value[1:-1] if value.startswith("[") and value.endswith("]") else value
+    addr, pct, scope = text.partition("%")
+    if pct and not (":" in addr and _SCOPE_ID.match(scope)):
+        # Python's ipaddress takes any scope id (`fe80::1%$(cmd)`): only an IPv6 literal's, an interface name
+        return ("an IPv6 scope id is an interface name (letters, digits, '_', '.', '-'; at most 15); nothing "
+                "else may reach ssh_config's %h (a ProxyCommand, Match exec)")
     try:
         ipaddress.ip_address(text)
         return None

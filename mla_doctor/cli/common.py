@@ -39,7 +39,8 @@ STATE = State()
 def connection_options(f):
     """Options shared by every command that touches a host."""
     opts = [
-        click.option("--host", "host", metavar="[USER@]HOST[:PORT]", help="Host or ssh_config alias."),
+        click.option("--host", "host", metavar="[USER@]HOST[:PORT]", callback=check_host_option,
+                     help="Host or ssh_config alias."),
         click.option("--port", type=PORT, help="SSH port, 1-65535 (default: ssh_config, else 22)."),
         click.option("--user", help="SSH user (default: ssh_config, else $USER)."),
         click.option("-i", "--identity", multiple=True, type=click.Path(dir_okay=False),
@@ -64,6 +65,19 @@ def connection_options(f):
     return f
 
 
+def check_host_option(ctx, param, value):
+    """`--host` by the address grammar before any work (exit 2): it reaches ssh_config's %h/%r/%p."""
+    if value:
+        from mla_doctor.errors import UsageError
+        from mla_doctor.ssh.sshconfig import split_target  # pure: no paramiko at the CLI's start
+
+        try:
+            split_target(value)
+        except UsageError as e:
+            raise click.BadParameter(e.message, ctx, param) from None
+    return value
+
+
 def check_writable(ctx, param, value):
     """An output file is checked before any work (exit 2 before connecting), not after it."""
     if value:
@@ -75,6 +89,12 @@ def check_writable(ctx, param, value):
             raise click.BadParameter(f"{value}: directory {parent} does not exist", ctx, param)
         if not os.access(path if os.path.exists(path) else parent, os.W_OK):
             raise click.BadParameter(f"{value}: not writable", ctx, param)
+        if os.path.exists(path) and not os.path.islink(path):  # a link: judged when it is opened (open_report)
+            from mla_doctor.reports import foreign_output
+
+            why = foreign_output(os.stat(path))
+            if why:
+                raise click.BadParameter(f"{value}: {why}", ctx, param)
     return value
 
 

@@ -23,7 +23,7 @@ from mla_doctor.cli.common import (
     write_output,
 )
 from mla_doctor.cli.progress import Progress
-from mla_doctor.errors import UsageError
+from mla_doctor.errors import ConfigFileError, UsageError
 from mla_doctor.exit_codes import ExitStatus
 from mla_doctor.fleet import inventory as inv_mod
 from mla_doctor.fleet import playbook as pb_mod
@@ -102,9 +102,13 @@ def _write_extra(doc: dict, outputs: dict) -> None:
 @click.option("--command-timeout", type=SECONDS, default=120.0, show_default=True, help="Seconds (> 0).")
 @click.option("--sudo", is_flag=True, help="Default: run the agent with `sudo -n`.")
 @click.option("--yes", "-y", is_flag=True, help="Consent to restart servers (playbooks that restart; no terminal).")
+@click.option("--api-key-env", "api_key_envs", multiple=True, metavar="NAME",
+              help="Allow the inventory's or runbook's api_key_env NAME (repeatable); without it only "
+                   "*_API_KEY and VLLM_* names are sent to a host.")
 @handle_errors("audit")
 def audit_cmd(inventory_path, limit, playbook_name, forks, serial, max_fail_percent, host_timeout, shard, extra,
-              dry_run, fmt, output, json_out, junit_out, md_out, html_out, retry_file, progress_mode, yes, **kw):
+              dry_run, fmt, output, json_out, junit_out, md_out, html_out, retry_file, progress_mode, yes,
+              api_key_envs=(), **kw):
     """Audit a fleet from an inventory with a runbook: bounded parallelism, rolling restarts, reports.
 
     \b
@@ -115,7 +119,7 @@ def audit_cmd(inventory_path, limit, playbook_name, forks, serial, max_fail_perc
     mla-doctor audit -i inventory.yaml --shard 1/4 --format json -o shard1.json
     """
 
-    inv = inv_mod.load(inventory_path)
+    inv = inv_mod.load(inventory_path, allow_env=api_key_envs)
     pb = pb_mod.load(playbook_name)
     hosts = inv.select(limit)
     shard_txt = None
@@ -127,6 +131,14 @@ def audit_cmd(inventory_path, limit, playbook_name, forks, serial, max_fail_perc
     for h in hosts:  # -e wins over the inventory, connection vars included (as in Ansible)
         inv_mod.apply_extra_vars(h, extra_vars, strict=inv.format == "mla-doctor")
     plans = {h.name: pb_mod.plan(pb, h, extra_vars) for h in hosts}  # template errors: before any connection
+    for p in plans.values():  # a runbook's own api_key_env: the inventory's allow-list
+        for st in p.steps:
+            name = st.options.get("api_key_env") if isinstance(st.options, dict) else None
+            if isinstance(name, str) and not inv_mod.api_key_env_allowed(name, api_key_envs):
+                raise ConfigFileError(pb.path or pb.name, st.line,
+                                      f"step {st.name}: api_key_env {name!r} is not an API key variable a runbook "
+                                      f"may name ({' or '.join(inv_mod.API_KEY_ENV_ALLOWED)}); to allow it, give "
+                                      f"--api-key-env {name} on the command line")
     restarts = pb.restarts
     limit_n = min(forks, serial or pb.serial or 1) if restarts else forks
     mfp = max_fail_percent if max_fail_percent is not None else (

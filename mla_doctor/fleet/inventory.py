@@ -26,6 +26,10 @@ from mla_doctor.safety import host_problem, user_problem
 
 RUNTIME_KINDS = INVENTORY_KINDS  # host/runtimes.py
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# The controller variables an inventory may name as `api_key_env` (its value is sent to the host's port as a
+# bearer token): others only when the operator names them with `--api-key-env` on the command line. An
+# inventory naming AWS_SECRET_ACCESS_KEY must not ship the operator's cloud secret to a host.
+API_KEY_ENV_ALLOWED = ("*_API_KEY", "VLLM_*")
 _HOST_NAME = re.compile(r"^[A-Za-z0-9_.:\[\]@-]+$")
 _TOP_KEYS = {"hosts", "groups", "vars"}
 
@@ -109,14 +113,24 @@ class Inventory:
 
 # ------------------------------------------------------------------------------------ loading
 
-def load(path: str) -> Inventory:
+def api_key_env_allowed(name: str, explicit: tuple[str, ...] | list[str] = ()) -> bool:
+    """`name` matches the allow-list (case-sensitive: environment names are) or the operator gave it."""
+    return name in explicit or any(fnmatch.fnmatchcase(name, pat) for pat in API_KEY_ENV_ALLOWED)
+
+
+def load(path: str, allow_env: tuple[str, ...] | list[str] = ()) -> Inventory:
+    """`allow_env`: the `--api-key-env` names the operator gave on the command line (besides the allow-list)."""
+    return _load(path, tuple(allow_env))
+
+
+def _load(path: str, allow_env: tuple[str, ...]) -> Inventory:
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigFileError(path, None, f"cannot read inventory: {e.strerror or e}") from e
     if p.suffix.lower() in (".ini", ".cfg", ".hosts") or _looks_ini(text):
-        return _finish(path, "ansible-ini", *_parse_ini(path, text))
+        return _finish(path, "ansible-ini", *_parse_ini(path, text), allow_env=allow_env)
     doc = yamlfile.load(path, text)
     if doc is None:
         raise ConfigFileError(path, 1, "empty inventory")
@@ -125,8 +139,8 @@ def load(path: str) -> Inventory:
     keys = {k for k in doc if k != yamlfile.LINE_KEY}
     _check_top_keys(path, doc, keys)
     if keys and keys <= _TOP_KEYS:
-        return _finish(path, "mla-doctor", *_parse_native(path, doc))
-    return _finish(path, "ansible-yaml", *_parse_ansible_yaml(path, doc))
+        return _finish(path, "mla-doctor", *_parse_native(path, doc), allow_env=allow_env)
+    return _finish(path, "ansible-yaml", *_parse_ansible_yaml(path, doc), allow_env=allow_env)
 
 
 def _check_top_keys(path: str, doc: dict, keys: set) -> None:
@@ -353,7 +367,8 @@ def _name_as_target(path: str, line: int | None, name: str) -> None:
 
 # --------------------------------------------------------------------------------- resolution
 
-def _finish(path: str, fmt: str, hosts, groups: dict[str, Group], all_group: Group, strict: bool) -> Inventory:
+def _finish(path: str, fmt: str, hosts, groups: dict[str, Group], all_group: Group, strict: bool,
+            allow_env: tuple[str, ...] = ()) -> Inventory:
     # depth of each group below `all` (children are deeper than their parents); cycles are errors
     parents: dict[str, list[str]] = {g: [] for g in groups}
     for g in groups.values():
@@ -394,7 +409,7 @@ def _finish(path: str, fmt: str, hosts, groups: dict[str, Group], all_group: Gro
                 if k == yamlfile.LINE_KEY:
                     continue
                 k2 = ANSIBLE_VARS.get(k, k) if not strict else k
-                v = _check_var(path, lline, what, k2, v, strict)
+                v = _check_var(path, lline, what, k2, v, strict, allow_env)
                 if isinstance(v, dict) and isinstance(merged.get(k2), dict):
                     v = {**merged[k2], **v}  # expect / runtime mappings merge across levels
                 merged[k2] = v
@@ -404,7 +419,9 @@ def _finish(path: str, fmt: str, hosts, groups: dict[str, Group], all_group: Gro
     return Inventory(path=path, format=fmt, hosts=result, groups=groups)
 
 
-def _check_var(path: str, line: int | None, what: str, key: str, value: Any, strict: bool) -> Any:
+def _check_var(path: str, line: int | None, what: str, key: str, value: Any, strict: bool,
+               allow_env: tuple[str, ...] | None = ()) -> Any:
+    """One var's value by its kind. `allow_env` None: `api_key_env` came from the command line (`-e`)."""
     if key not in VARS:
         if strict:
             raise ConfigFileError(path, line, f"{what}: unknown var {key!r} (known: {', '.join(VARS)})")
@@ -437,6 +454,11 @@ def _check_var(path: str, line: int | None, what: str, key: str, value: Any, str
     if key == "api_key_env" and not _ENV_NAME.match(value):
         raise ConfigFileError(path, line, f"{what}: api_key_env names an environment variable (e.g. VLLM_API_KEY), "
                                           "never the key itself")
+    if key == "api_key_env" and allow_env is not None and not api_key_env_allowed(value, allow_env):
+        raise ConfigFileError(path, line, f"{what}: api_key_env {value!r} is not an API key variable this "
+                                          f"inventory may name ({' or '.join(API_KEY_ENV_ALLOWED)}): its value would "
+                                          f"be sent to the host; to allow it, give --api-key-env {value} on the "
+                                          "command line")
     if key == "runtime":
         value = {"kind": value} if isinstance(value, str) else dict(value)
         kind_ = value.get("kind", "process")
@@ -498,7 +520,7 @@ def apply_extra_vars(host: Host, extra: dict[str, Any], strict: bool = False) ->
     for k, v in extra.items():
         k2 = ANSIBLE_VARS.get(k, k)
         if k2 in VARS:
-            v = _check_var("-e", None, k, k2, v, strict)
+            v = _check_var("-e", None, k, k2, v, strict, None)  # the operator's own command line
             if isinstance(v, dict) and isinstance(host.vars.get(k2), dict):
                 v = {**host.vars[k2], **v}
             host.vars[k2] = v

@@ -267,8 +267,42 @@ def open_report(path: str):
     follow = st is not None and stat.S_ISLNK(st.st_mode) and st.st_uid in (os.geteuid(), 0)
     if st is not None and stat.S_ISLNK(st.st_mode) and not follow:
         raise OSError(errno.ELOOP, f"a symlink owned by uid {st.st_uid}: not followed")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (0 if follow else os.O_NOFOLLOW), 0o644)
+    # no O_TRUNC before the owner is known (another user's file keeps its bytes); O_NONBLOCK: a FIFO without a
+    # reader is ENXIO, never a hang
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)
+                 | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        why = foreign_output(os.fstat(fd), _anonymous_pipe(fd))
+        if why:
+            raise OSError(errno.EPERM, why)
+        os.set_blocking(fd, True)
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            os.ftruncate(fd, 0)
+    except BaseException:
+        os.close(fd)
+        raise
     return os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace")  # a lone surrogate from JSON: no crash
+
+
+def _anonymous_pipe(fd: int) -> bool:
+    """`-o /dev/stdout` into `| less`: a pipe the invoking shell made (owned by whoever ran `sudo`), no file."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:")
+    except OSError:
+        return False
+
+
+def foreign_output(st: os.stat_result, anonymous_pipe: bool = False) -> str | None:
+    """Why a report must not go to this existing file, or None. Another user's regular file or named FIFO (a
+    `/tmp/x.json` a local user pre-created to read the report or to have root write into a file of theirs) is
+    refused; devices (`/dev/null`, a terminal) and anonymous pipes are not files anyone plants."""
+    if stat.S_ISCHR(st.st_mode) or anonymous_pipe:
+        return None
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
+        return "not a regular file"
+    if st.st_uid != os.geteuid():
+        return f"an existing file owned by uid {st.st_uid}, not by us (uid {os.geteuid()}): not written"
+    return None
 
 
 def write(path: str, text: str) -> None:

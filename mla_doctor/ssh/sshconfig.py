@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass, field
 
 from mla_doctor.errors import ConfigFileError, UsageError
-from mla_doctor.safety import host_problem, user_problem  # noqa: F401 - re-exported
+from mla_doctor.safety import host_problem, port_problem, user_problem  # noqa: F401 - re-exported
 
 MAX_INCLUDE_DEPTH = 16
 # paramiko's parse of an expanded config text, shared by a fleet's connections (each parsed the whole
@@ -36,6 +36,13 @@ def check_user(value: str, what: str = "user") -> str:
     if why:
         raise UsageError(f"{what} {value!r}: {why}")
     return value
+
+
+def check_port(value: object, what: str = "port") -> int:
+    why = port_problem(value)
+    if why:
+        raise UsageError(f"{what} {value!r}: {why}")
+    return int(value)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -126,13 +133,18 @@ class SSHConfigFile:
         check_host(c.get("hostname", alias), f"HostName{where} for {alias}")
         if c.get("user") is not None:
             check_user(c.get("user"), f"User{where} for {alias}")
+        try:
+            port = check_port(int(c.get("port", 22)), f"Port{where} for {alias}")
+        except ValueError:
+            raise UsageError(f"Port{where} for {alias} {c.get('port')!r}: not a TCP port (an integer "
+                             "1-65535)") from None
         idents = tuple(os.path.expanduser(p) for p in c.get("identityfile", []))
         known = tuple(os.path.expanduser(p) for p in (c.get("userknownhostsfile") or "").split() if p)
         timeout = c.get("connecttimeout")
         return HostParams(
             alias=alias,
             hostname=c.get("hostname", alias),
-            port=int(c.get("port", 22)),
+            port=port,
             user=c.get("user"),
             identity_files=idents,
             identities_only=str(c.get("identitiesonly", "no")).lower() == "yes",
@@ -152,6 +164,7 @@ def proxy_command_line(command: str, hostname: str, port: int) -> str:
     (paramiko's lookup already pasted %h/%r into the text: what it pasted was checked by `lookup` to be a host
     name / IP and a user name, which no split can turn into more words or an option.)"""
     check_host(hostname, "ProxyCommand %h")
+    check_port(port, "ProxyCommand %p")
     try:
         words = shlex.split(command)
     except ValueError as e:
@@ -159,6 +172,32 @@ def proxy_command_line(command: str, hostname: str, port: int) -> str:
     if not words:
         raise UsageError("ProxyCommand is empty")
     return shlex.join(w.replace("%h", hostname).replace("%p", str(int(port))) for w in words)
+
+
+def split_target(target: str) -> tuple[str | None, str, int | None]:
+    """`[user@]host[:port]` (host may be an ssh_config alias or [IPv6]), each part checked by its grammar: the
+    host and user reach ssh_config's %h/%r (a `Match exec`, a ProxyCommand) and run in a shell there."""
+    user, _, hostport = target.rpartition("@")
+    host, port = hostport, None
+    if hostport.startswith("["):
+        host, _, rest = hostport[1:].partition("]")
+        if rest and not (rest.startswith(":") and rest[1:].isdigit()):
+            raise UsageError(f"bad port in host {target!r}")
+        if rest:
+            port = int(rest[1:])
+    elif hostport.count(":") == 1:
+        host, p = hostport.split(":")
+        if not p.isdigit():
+            raise UsageError(f"bad port in host {target!r}")
+        port = int(p)
+    if not host:
+        raise UsageError(f"empty host name in {target!r}")
+    check_host(host)  # before any ssh_config look-up (its `Match exec` runs a shell with %h)
+    if user:
+        check_user(user)
+    if port is not None:
+        check_port(port, f"port in host {target!r}")
+    return user or None, host, port
 
 
 def default_config_path() -> str:
@@ -176,9 +215,13 @@ def parse_jump(spec: str) -> list[tuple[str | None, str, int | None]]:
         host, port = hostport, None
         if hostport.startswith("["):
             host, _, rest = hostport[1:].partition("]")
-            port = int(rest[1:]) if rest.startswith(":") else None
+            p = rest[1:] if rest.startswith(":") else (None if not rest else "?")
         elif hostport.count(":") == 1:
             host, p = hostport.split(":")
-            port = int(p)
+        else:
+            p = None
+        if p is not None and not p.isdigit():
+            raise UsageError(f"ProxyJump {spec!r}: bad port {p!r}")
+        port = int(p) if p is not None else None
         hops.append((user or None, host, port))
     return hops

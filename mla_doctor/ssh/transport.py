@@ -34,7 +34,8 @@ from mla_doctor.ssh.local import (  # noqa: F401 - re-exported: the connection's
     Transport,
     TransportStats,
 )
-from mla_doctor.ssh.sshconfig import HostParams, SSHConfigFile, default_config_path, parse_jump, proxy_command_line
+from mla_doctor.ssh.sshconfig import (HostParams, SSHConfigFile, check_port, check_user, default_config_path,
+                                      parse_jump, proxy_command_line, split_target)
 
 if TYPE_CHECKING:
     import paramiko
@@ -294,10 +295,12 @@ class SSHTransport(Transport):
         super().__init__()
         self.options = options
         self.config = config or SSHConfigFile(options.ssh_config or default_config_path())
-        user, host, port = _split_target(target)
+        user, host, port = split_target(target)
         self.params = self.config.lookup(host)
-        self.user = user or options.user or self.params.user or os.environ.get("USER") or "root"
-        self.port = port or options.port or self.params.port
+        # checked again here, whoever built the target (inventory, --host, a caller of the library): the user
+        # and port reach ssh_config's %r/%p and the jump hops
+        self.user = check_user(user or options.user or self.params.user or os.environ.get("USER") or "root")
+        self.port = check_port(port or options.port or self.params.port)
         self.name = target
         self._clients: list[paramiko.SSHClient] = []
         try:
@@ -325,7 +328,8 @@ class SSHTransport(Transport):
         hops: list[tuple[HostParams, str, int]] = []
         for juser, jhost, jport in jumps:
             jp = self.config.lookup(jhost)
-            hops.append((jp, juser or jp.user or self.options.user or "root", jport or jp.port))
+            hops.append((jp, check_user(juser or jp.user or self.options.user or "root", "ProxyJump user"),
+                         check_port(jport or jp.port, "ProxyJump port")))
         hops.append((self.params, self.user, self.port))
         for i, (params, user, port) in enumerate(hops):
             label = params.alias if i < len(hops) - 1 else self.name
@@ -596,22 +600,7 @@ def _kh_name(host: str, port: int) -> str:
     return host if port == 22 else f"[{host}]:{port}"
 
 
-def _split_target(target: str) -> tuple[str | None, str, int | None]:
-    """`[user@]host[:port]` (host may be an ssh_config alias or [IPv6])."""
-    user, _, hostport = target.rpartition("@")
-    host, port = hostport, None
-    if hostport.startswith("["):
-        host, _, rest = hostport[1:].partition("]")
-        if rest.startswith(":"):
-            port = int(rest[1:])
-    elif hostport.count(":") == 1:
-        host, p = hostport.split(":")
-        if not p.isdigit():
-            raise UsageError(f"bad port in host {target!r}")
-        port = int(p)
-    if not host:
-        raise UsageError(f"empty host name in {target!r}")
-    return user or None, host, port
+_split_target = split_target  # the old name (tests, callers)
 
 
 def open_transport(target: str | None, options: ConnectOptions, config: SSHConfigFile | None = None) -> Transport:

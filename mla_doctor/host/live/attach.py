@@ -19,6 +19,7 @@ from mla_doctor.exit_codes import ExitStatus
 from mla_doctor.host.instrument import Templates
 from mla_doctor.host.live import steps
 from mla_doctor.host.live.prepare import BASELINE_PROMPT, completion
+from mla_doctor.host.live.records import process_row_problem
 from mla_doctor.host.live.refusals import HostRefusal
 from mla_doctor.host.live.session import LiveRun
 from mla_doctor.host.runtimes import runtime as runtime_row
@@ -162,6 +163,12 @@ def detach(run: LiveRun) -> None:
         return
     rows = []
     for p in ans.processes:
+        why = process_row_problem(p)
+        if why:  # a forged or broken record from the server's processes: a restore problem, never a traceback
+            pid = p.get("pid_before") if isinstance(p, dict) else None
+            problems.append(f"pid {pid if isinstance(pid, int) else '?'}: malformed detach answer ({why}): the "
+                            "probe's detach cannot be proven")
+            continue
         det = p.get("detached_record") or {}
         row = {k: p.get(k) for k in ("pid_before", "pid_after", "start_time_before", "start_time_after", "comm",
                                      "attached", "detached")}

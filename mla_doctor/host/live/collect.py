@@ -66,6 +66,12 @@ def conclude(run: LiveRun, passes: list[Pass]) -> HostReport:
             findings.append(Finding("SERVER_FAILED_TO_START", Severity.FAIL,
                                     f"the server did not start under the run's settings ({p.configuration}): "
                                     f"{p.start_error}"))
+    bad = run.live.get("records_malformed")
+    if bad:  # forged or broken probe records: left out of the verdict, and said
+        findings.append(Finding("PROBE_RECORDS_MALFORMED", Severity.WARN,
+                                f"{bad['count']} probe record(s) from the server's processes were malformed and "
+                                "left out of the verdict (the service user can write the records)",
+                                evidence=list(bad["examples"])))
     for text in (run.live.get("attach") or {}).get("warnings") or []:  # attach's own blind spot, said
         findings.append(Finding("ATTACH_COMPILED_FRAMES", Severity.WARN, text))
     codes = {f.code for f in findings}

@@ -10,6 +10,7 @@ from mla_doctor.errors import MlaDoctorError
 from mla_doctor.host.audit import AuditOptions
 from mla_doctor.host.instrument import PreparedPatch
 from mla_doctor.host.live.options import RunOptions
+from mla_doctor.host.live.records import record_problem
 from mla_doctor.host.patch import renew
 from mla_doctor.remote.http import HostHTTP
 from mla_doctor.remote.protocol import A, RecordsRequest, Request, TickAnswer, TickRequest, call
@@ -25,10 +26,8 @@ PromptResults = list[tuple[PromptObservation, list[dict[str, Any]]]]
 
 
 def well_typed(rec: Any) -> bool:
-    """A probe record as the agent passes it on (the agent checks the same): an object with a known event and
-    an integer pid and epoch."""
-    return (isinstance(rec, dict) and rec.get("event") in ("armed", "call", "counters", "attached", "detached")
-            and all(isinstance(rec.get(k, 0), int) and not isinstance(rec.get(k), bool) for k in ("pid", "epoch")))
+    """A probe record as the probe writes it, every field the controller reads of its type (records.py)."""
+    return record_problem(rec) is None
 
 
 class LiveRun:
@@ -120,7 +119,17 @@ class LiveRun:
         res = self.call(RecordsRequest(run_id=self.run_id, run_root=self.ropts.run_root,
                                        offset_bytes=self.records_offsets, new_epoch=new_epoch))
         self.records_offsets = res.offsets or self.records_offsets
-        recs = [r for r in res.records if well_typed(r)]  # a line `1` or junk from the host: never a crash
+        recs, bad = [], []
+        for r in res.records:  # a line `1`, junk or a forged field from the host: counted, never a crash
+            why = record_problem(r)
+            if why:
+                bad.append(why)
+            else:
+                recs.append(r)
+        if bad:
+            m = self.live.setdefault("records_malformed", {"count": 0, "examples": []})
+            m["count"] += len(bad)
+            m["examples"] = (m["examples"] + [b for b in bad if b not in m["examples"]])[:3]
         notes = [res.get("note")] * bool(res.get("capped")) + list(res.get("refused_files") or []) + (
             ["%d malformed record line(s) skipped" % res.get("bad_lines")] if res.get("bad_lines") else [])
         if notes:
