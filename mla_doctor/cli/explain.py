@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import sys
 
 import click
 
@@ -11,6 +12,7 @@ from mla_doctor import terminal
 from mla_doctor.cli.common import cli, handle_errors
 from mla_doctor.diagnosis.explain import Explanation, explain
 from mla_doctor.diagnosis.log_normalise import bounded_lines
+from mla_doctor.diagnosis.log_tail import tail_lines
 from mla_doctor.errors import UsageError
 from mla_doctor.exit_codes import ExitStatus
 from mla_doctor.redact import redact_text, redact_tree
@@ -114,20 +116,50 @@ def render_text(ex: Explanation, log: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def _read_log(log: str):
+    """The paste, bounded: stdin for "-", else a regular file only. A FIFO, a device or a directory is refused
+    at once (opened without blocking, checked before any read): one would hang, /dev/zero never end."""
+    if log == "-":
+        st = os.fstat(sys.stdin.fileno())
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode)
+                or sys.stdin.isatty()):
+            raise UsageError("-: stdin is not a file, a pipe or a terminal: not read")
+        if stat.S_ISREG(st.st_mode):
+            return tail_lines(sys.stdin.buffer)
+        return bounded_lines(sys.stdin.buffer)
+    try:
+        fd = os.open(log, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise UsageError(f"{log}: cannot read: {e.strerror or e}") from e
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else
+                "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket")
+        raise UsageError(f"{log}: not a regular file ({kind}): explain reads a file, or stdin as -")
+    with os.fdopen(fd, "rb") as f:
+        try:   # the newest MAX_LOG_BYTES, each line cut at MAX_LINE; what is dropped is never read as lines
+            return tail_lines(f)
+        except OSError as e:
+            raise UsageError(f"{log}: cannot read: {e.strerror or e}") from e
+
+
 @cli.command("explain")
-@click.option("--log", "log", required=True, metavar="FILE", help="The vLLM server log (a paste is fine).")
+@click.argument("log_arg", required=False, metavar="[LOG]")
+@click.option("--log", "log", metavar="FILE", help="The vLLM server log (a paste is fine); - reads stdin.")
 @click.option("--model", "model", metavar="DIR|config.json", help="The model's config, to classify it.")
 @click.option("--version", "version", metavar="V", help="The vLLM version, when the log does not say it.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @handle_errors("explain")
-def explain_cmd(log, model, version, fmt):
+def explain_cmd(log_arg, log, model, version, fmt):
     """Read a pasted vLLM log offline: release, backends, engine, CUDA graphs, sparse, fatal lines, and
     what a 1-token and a long prompt would do. Exit 1 when a fatal line is found."""
-    try:
-        with open(log, "rb") as f:   # streamed: the newest MAX_LOG_BYTES, each line cut at MAX_LINE
-            kept = bounded_lines(f)
-    except OSError as e:
-        raise UsageError(f"{log}: cannot read: {e.strerror or e}") from e
+    if log_arg is not None and log is not None and log_arg != log:
+        raise UsageError("give one log: LOG or --log, not both")
+    log = log if log is not None else log_arg
+    if log is None:
+        raise UsageError("no log: give LOG, --log FILE, or - to read stdin")
+    kept = _read_log(log)
     config = _read_config(model) if model else None
     ex = explain(kept.numbered(), config=config, version=version)
     ex.input = kept.to_dict()
