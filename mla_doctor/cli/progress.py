@@ -76,3 +76,76 @@ class Progress:
         if self.live is not None:
             self.live.update(self._render())
             self.live.stop()
+
+
+_DOING = {"static": "connecting, reading the install, hashing its files, resolving the attention code",
+          "patch": "connecting, reading the install, hashing its files, resolving the patch targets"}
+
+
+class Status:
+    """One line on a terminal's stderr while a one-host command works: the command, the host, what it does and
+    for how long (redrawn every `interval` s, so a long phase is seen to go on), erased before the report. Said
+    within the first second of the command; nothing when stderr is no terminal or the output is JSON."""
+
+    def __init__(self, command: str, host: str, stream=None, interval: float = 0.5):
+        self.command, self.host = command, terminal.line(host)  # a host name from ssh_config: no escapes
+        self.stream = stream or sys.stderr
+        self.interval = interval
+        self.doing = _DOING.get(command, "working")
+        self.t0 = time.monotonic()
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._tick, name="mla-doctor-status", daemon=True)
+
+    @classmethod
+    def for_command(cls, command: str, host: str, fmt: str, stream=None) -> Status | None:
+        stream = stream or sys.stderr
+        try:
+            tty = stream.isatty()
+        except (AttributeError, ValueError):
+            tty = False
+        return cls(command, host, stream).start() if tty and fmt != "json" else None
+
+    def _draw(self) -> None:
+        import shutil
+
+        text = (f"mla-doctor {self.command} on {self.host}: {self.doing} "
+                f"({time.monotonic() - self.t0:.0f}s)")
+        width = shutil.get_terminal_size((80, 24)).columns - 1
+        self.stream.write("\r\x1b[2K" + text[:max(width, 20)])
+        self.stream.flush()
+
+    def _erase(self) -> None:
+        self.stream.write("\r\x1b[2K")
+        self.stream.flush()
+
+    def _tick(self) -> None:
+        while not self.done.wait(self.interval):
+            with self.lock:
+                if not self.done.is_set():
+                    self._draw()
+
+    def start(self) -> Status:
+        with self.lock:
+            self._draw()
+        self.thread.start()
+        return self
+
+    def say(self, progress):
+        """`progress` (a step's own lines) printed above the status line, which goes on below them."""
+        def said(msg: str) -> None:
+            with self.lock:
+                self._erase()
+                if progress is not None:
+                    progress(msg)
+                if not self.done.is_set():
+                    self._draw()
+        return said
+
+    def stop(self) -> None:
+        with self.lock:
+            if not self.done.is_set():
+                self.done.set()
+                self._erase()
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            self.thread.join(timeout=1)
