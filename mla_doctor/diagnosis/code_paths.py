@@ -8,12 +8,13 @@ that is a finding (``KNOWLEDGE_CODE_DISAGREE``), never resolved in the table's f
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 __all__ = ["LayerPath", "FamilyPath", "family_paths", "served_path", "family_route", "knowledge_family",
            "code_paths_section", "family_backend", "not_on_platform",
-           "compare_family", "backend_findings", "probe_target_list"]
+           "compare_family", "backend_findings", "probe_target_list", "served_entries", "apply_served_entries"]
 
 _SHARED = ("model_executor/layers/", "attention/", "v1/attention/")
 
@@ -266,6 +267,71 @@ def code_paths_section(facts: Any, resolution: Optional[dict], config: Optional[
             "disagreements": disagree,
             "family_backend": family_backend(served),
             "served_not_on_platform": not_on_platform(fps, config)}
+
+
+_REF = re.compile(r"^(?P<symbol>[\w.]+) \((?P<file>vllm/[^:()]+):(?P<line>\d+)\)$")
+ENTRY_KEYS = ("dispatch", "prefill_entry", "decode_entry")
+
+
+def _symref(text: str) -> Optional[Dict[str, Any]]:
+    m = _REF.match(text or "")
+    if not m:
+        return None
+    return {"symbol": m.group("symbol"), "file": m.group("file"), "line": int(m.group("line")), "confirmed": True,
+            "note": "the served family's layer, read from the installed code", "from": "code"}
+
+
+def served_entries(section: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """The served model's own dispatch / prefill / decode entries (issue 28, one story): what the JSON's top-level
+    `static.dispatch`, `prefill_entry`, `decode_entry` say when the model is known and runs a model-private
+    family's layer. None where the shared split applies (the generic entries stand). A value None: the family has
+    no such entry (DeepSeek V4: no prefill entry, no dispatch); "generic": the shared entry is the one it calls
+    (a layer calling impl.forward_mqa / impl.forward_mha)."""
+    served = (section or {}).get("served") if isinstance(section, dict) else None
+    if not isinstance(served, dict) or served.get("generic") or not served.get("layers"):
+        return None
+    taken = served.get("platform_taken")
+    layers = [lp for lp in served["layers"] if isinstance(lp, dict)]
+    # the branch the host takes; unknown (no GPU seen): the nvidia branch, named in entries_from.platform
+    mine = ([lp for lp in layers if taken and lp.get("platform") == taken]
+            or [lp for lp in layers if "nvidia" in str(lp.get("platform")).split("+")] or layers)
+    own = [lp for lp in mine if not lp.get("generic")] or mine
+    # several layers on one branch, chosen at run time (DeepSeek V4 nvidia: SM120, FlashInfer, FlashMLA): the one
+    # built unconditionally, else the selector's last (its fall-through); the others listed as alternatives
+    plain = [lp for lp in own if not lp.get("when")]
+    lp = plain[0] if plain else own[-1]
+    out: Dict[str, Any] = {"layer": "%s (%s)" % (lp.get("class"), lp.get("ref")), "platform": lp.get("platform"),
+                           "alternatives": ["%s (%s) when %s" % (o.get("class"), o.get("ref"),
+                                                                str(o.get("when") or "").strip())
+                                            for o in own if o is not lp]}
+    dec = [d for d in lp.get("decode") or [] if isinstance(d, str)]
+    out["decode_entry"] = next((r for r in map(_symref, dec) if r), None) or ("generic" if dec else None)
+    if lp.get("prefill") == "none":
+        out["prefill_entry"] = None
+    elif lp.get("prefill") == "own":
+        out["prefill_entry"] = next((r for r in map(_symref, lp.get("prefill_entries") or []) if r), None)
+    else:
+        out["prefill_entry"] = "generic"
+    disp = next((r for r in map(_symref, lp.get("dispatch") or []) if r), None)
+    if disp is None:  # the layer's method that calls the backend's entry: "called from X (vllm/file:line)"
+        called = [d.split("called from ", 1)[1].rstrip(")") + ")" for d in dec if "called from " in d]
+        disp = next((r for r in map(_symref, called) if r), None)
+    out["dispatch"] = disp
+    return out
+
+
+def apply_served_entries(static: Dict[str, Any], section: Optional[Dict[str, Any]]) -> None:
+    """Make the static section's top-level entries the served model's (served_entries), the generic split kept
+    under `generic_split`: text, JSON, --expect and every writer read one answer."""
+    fam = served_entries(section)
+    if fam is None:
+        return
+    static["generic_split"] = {k: static.get(k) for k in ENTRY_KEYS}
+    for k in ENTRY_KEYS:
+        if fam[k] != "generic":
+            static[k] = fam[k]
+    static["entries_from"] = {"source": "code", "layer": fam["layer"], "platform": fam["platform"],
+                              "alternatives": fam["alternatives"]}
 
 
 def family_backend(fp: Optional[FamilyPath]) -> Optional[Dict[str, Any]]:

@@ -85,6 +85,8 @@ def _entry_refs(facts: ReleaseFacts, static: StaticSection, backend: str | None)
         r = _static_ref(static, key)
         if r:
             out[role] = _ref(r["file"], r.get("line"), r.get("symbol"))
+        elif (static.extra_ or {}).get("entries_from"):
+            continue  # the served family's layer has no such entry (code_paths.served_entries): never the table's
         elif entry is not None:
             out[role] = _ref(entry.def_path, None, entry.symbol)
     b = facts.backend(backend) if backend else None

@@ -311,6 +311,10 @@ def classify_model(facts: ReleaseFacts, config: Optional[dict], code: Optional[d
         return no("config has no model_type")
     if model_type in facts.not_mla_notes:
         return no(facts.not_mla_notes[model_type])
+    if isinstance(code, dict) and "mla_model_types" in code and read is None:
+        # the installed code was read and defines no is_deepseek_mla list (0.7.0): no MLA, whatever the table says
+        return no("vLLM %s's code defines no is_deepseek_mla model types (read from the installed files): "
+                  "no MLA path" % (facts.version or "?"))
     if not mla_types:
         return no("vLLM %s has no MLA path (DeepSeek attention is decompressed MHA)" % (facts.version or "?"))
     if facts.not_causal_disables and text.get("is_causal") is False:

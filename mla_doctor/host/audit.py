@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mla_doctor.diagnosis import static_rules as rules
-from mla_doctor.diagnosis.code_paths import code_paths_section, family_routing_text
+from mla_doctor.diagnosis.code_paths import apply_served_entries, code_paths_section, family_routing_text
 from mla_doctor.diagnosis.knowledge import Knowledge
 from mla_doctor.diagnosis.log_reading import records_of, remember_installed, run_start_patterns
 from mla_doctor.diagnosis.static_facts import (OtherInstall, classify_model, describe_install, other_install,
@@ -158,6 +158,8 @@ def build_static_report(name: str, raw: dict[str, Any], kb: Knowledge) -> HostRe
     code_paths = code_paths_section(facts, raw.get("resolution"), ModelSection.of(model_raw).config)
     if code_paths is not None:
         static["code_paths"] = code_paths
+        # one story: the top-level entries are the served model's (its family's layer), the generic split apart
+        apply_served_entries(static, code_paths)
         served = code_paths.get("served") or {}
         if model_class is not None and served and not served.get("generic"):
             # the table's routing text is the shared split's (deepseek_v2.py's is_v32 gate...): not this model's code

