@@ -10,7 +10,7 @@ DIST       ?= build/dist
 WHEEL_VENV ?= build/venv-wheel
 
 .PHONY: test setup system-packages unit unit-local unit-data faults soak corpus integration install-tier lint clean demo \
-	wheel wheel-venv
+	wheel wheel-venv guard
 
 setup: $(VENV)/.installed
 
@@ -44,9 +44,17 @@ system-packages:
 	  fi; \
 	fi
 
+# the agent (agent/) runs on the host's Python, 3.8 and up; the controller (the rest) on 3.9 and up (RHEL 9's)
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check mla_doctor tests
 	$(VENV)/bin/vermin --no-tips --violations -t=3.8- mla_doctor/agent
+	$(VENV)/bin/vermin --no-tips --violations -t=3.9- mla_doctor
+
+# right after lint, under 3 minutes: no import cycle (imports inside functions counted), the installed wheel's
+# CLI under the oldest supported controller Python (pyenv's 3.9) and the agent under 3.8, the speed ratios (never
+# absolute times). Fails, never skips, when pyenv's 3.9 or 3.8 is missing.
+guard: setup unit-data
+	$(PYTEST) -q tests/guard
 
 # What the unit tier reads besides the tree: vLLM 0.33.0's real sources (a few of its tests fail, never skip,
 # without them). Cached outside the clone; a second run downloads nothing.
@@ -76,12 +84,12 @@ install-tier: setup
 # Tiers fastest first, so a failure shows early; every tier runs, the exit status is the worst.
 TIERS ?= unit corpus real_logs install attack integration faults soak
 
-test: setup system-packages lint unit-data
+test: setup system-packages lint guard unit-data
 	@failed=""; for t in $(TIERS); do \
 	  [ -d tests/$$t ] || { echo "tier tests/$$t: missing" >&2; failed="$$failed $$t"; continue; }; \
 	  echo "=== tier $$t"; $(PYTEST) -q tests/$$t || failed="$$failed $$t"; \
 	done; \
-	rest=$$(ls -d tests/*/ | xargs -n1 basename | grep -vxE '__pycache__|support|fixtures|fleet|$(shell echo $(TIERS) | tr ' ' '|')'); \
+	rest=$$(ls -d tests/*/ | xargs -n1 basename | grep -vxE '__pycache__|support|fixtures|fleet|guard|$(shell echo $(TIERS) | tr ' ' '|')'); \
 	[ -z "$$rest" ] || { echo "test dirs not in TIERS: $$rest" >&2; failed="$$failed $$rest"; }; \
 	[ -z "$$failed" ] || { echo "FAILED tiers:$$failed" >&2; exit 1; }
 

@@ -88,7 +88,7 @@ def _l() -> Any:
     return field(default_factory=list)
 
 
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class VllmSection(Section):
     """The vLLM install audited: its identity and where it was found, and the knowledge it was read with."""
     version: str | None = None
@@ -106,7 +106,7 @@ class VllmSection(Section):
     keys_: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class StaticSection(Section):
     """What the installed sources state (diagnosis/static_facts.py's StaticAudit), the files checked against the
     wheel's RECORD, the side code (.pth, plugins) and the attention code that runs (code_paths)."""
@@ -154,7 +154,7 @@ class StaticSection(Section):
         return got if isinstance(got, dict) else {}
 
 
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class ModelSection(Section):
     """The model's config as the agent found it (the server's argv, --model) and its classification."""
     source: str | None = None  # "server argv" | "--model" | ...
@@ -168,7 +168,7 @@ class ModelSection(Section):
     keys_: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class ServerSection(Section):
     """The vLLM server the agent found (its process, settings, install), or `running: False`."""
     running: bool = False
@@ -189,7 +189,7 @@ class ServerSection(Section):
     keys_: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True, eq=False, repr=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class LogSection(Section):
     """The server log read: where from, and its evidence (diagnosis/static_facts.py's LogEvidence as data); or
     `source: None` and why not."""

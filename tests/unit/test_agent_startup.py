@@ -57,9 +57,14 @@ def test_a_static_audit_starts_without_the_heavy_stdlib_modules(tmp_path):
 
 
 def test_the_hostname_is_what_socket_gives():
+    """Whatever else runs on the machine: `--pid` names this test's own process, which is no vLLM server, so
+    the audit identifies none and never forks to read a server's model or log (a vLLM server running here
+    made this test fail with no bug), and `--python` names no interpreter: nothing but the host is read."""
     from mla_doctor.agent.facts.ops import op_static
 
-    assert op_static({"op": "static", "python": "/nonexistent/python"})["host"]["hostname"] == socket.gethostname()
+    got = op_static({"op": "static", "python": "/nonexistent/python", "pid": os.getpid()})
+    assert got["servers"] == [] and got["model"] is None and not got["locate"].get("dir"), got
+    assert got["host"]["hostname"] == socket.gethostname()
 
 
 @pytest.mark.parametrize("path", [None, "", "/bin:/usr/bin", "/nonexistent:/usr/bin:/usr/bin", "::/usr/bin"])

@@ -11,6 +11,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.support import import_graph
+
 PKG = Path(__file__).resolve().parents[2] / "mla_doctor"
 BASE = {"mla_doctor", "mla_doctor.errors", "mla_doctor.exit_codes", "mla_doctor.results", "mla_doctor.yamlfile",
         "mla_doctor.paths", "mla_doctor.safety", "mla_doctor.redact", "mla_doctor.user_cache", "mla_doctor.cancel",
@@ -92,26 +94,31 @@ def test_layers_import_only_downwards():
 
 
 def test_no_import_cycles_between_modules():
-    mods = _modules()
-    graph = {m: {d for d in _imports(p, m, top_only=True) if d != m} for m, p in mods.items()}
-    # a package's __init__ importing its own submodules is registration, not a cycle
-    graph = {m: {d for d in deps if not d.startswith(m + ".")} for m, deps in graph.items()}
-    state: dict[str, int] = {}
-    cycles = []
+    """No cycle of any kind: an import inside a function counts as one at module level does (a deferred import
+    hides a cycle from the interpreter, not from the design). The shared vocabulary goes to a module both sides
+    import (log_names, attach/closing, facts/syntax, host/library)."""
+    g = import_graph.graph(PKG)
+    found = import_graph.cycles(g)
+    assert not found, "\n".join(import_graph.describe(g, c) for c in found)
 
-    def visit(m, stack):
-        state[m] = 1
-        for d in graph.get(m, ()):
-            if state.get(d) == 1:
-                cycles.append(" -> ".join(stack[stack.index(d):] + [d]) if d in stack else f"{m} -> {d}")
-            elif not state.get(d):
-                visit(d, stack + [d])
-        state[m] = 2
 
-    for m in sorted(graph):
-        if not state.get(m):
-            visit(m, [m])
-    assert not cycles, "\n".join(cycles)
+def test_the_cycle_check_reads_imports_inside_functions(tmp_path):
+    """The check itself: a cycle closed only by an import inside a function (and one by a relative import
+    inside a method) is found; the same package without that import has none."""
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from pkg import a\n")  # a package's face: not a cycle
+    (pkg / "a.py").write_text("from pkg.b import thing\n")
+    (pkg / "b.py").write_text("thing = 1\n\n\ndef late():\n    from pkg.a import x\n    return x\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "c.py").write_text("from . import d\n")
+    (pkg / "sub" / "d.py").write_text("class K:\n    def m(self):\n        from .c import y\n        return y\n")
+    g = import_graph.graph(pkg)
+    assert import_graph.cycles(g) == [["pkg.a", "pkg.b"], ["pkg.sub.c", "pkg.sub.d"]]
+    assert import_graph.describe(g, ["pkg.a", "pkg.b"]) == "pkg.a -> pkg.b -> pkg.a"
+    (pkg / "b.py").write_text("thing = 1\n")
+    (pkg / "sub" / "d.py").write_text("y = 2\n")
+    assert import_graph.cycles(import_graph.graph(pkg)) == []
 
 
 def test_the_agent_imports_nothing_of_the_controller():

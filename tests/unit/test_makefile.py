@@ -50,3 +50,24 @@ def test_make_test_runs_every_unit_test_and_clean_removes_the_build():
     assert any("$(PYTEST) -q tests/$$t" in r for r in rules["test"][1])  # the whole tier: pure and local
     clean = " ".join(rules["clean"][1]).split()
     assert {"build", "*.egg-info", "$(VENV)"} <= set(clean)
+
+
+def test_make_test_runs_the_guard_tier_right_after_lint():
+    """`make guard` (tests/guard: no import cycle, the oldest Pythons, the speed ratios) runs in `make test` as
+    soon as lint has passed, and the check for test directories left out of TIERS does not flag it."""
+    rules = _rules()
+    text = MAKEFILE.read_text()
+    prereqs = rules["test"][0]
+    assert "guard" in prereqs and prereqs.index("guard") == prereqs.index("lint") + 1, prereqs
+    assert any(r == "$(PYTEST) -q tests/guard" for r in rules["guard"][1]), rules["guard"]
+    assert "unit-data" in _needs(rules, "guard") and "system-packages" not in _needs(rules, "guard")
+    phony = re.search(r"^\.PHONY:(.*)$", text.replace("\\\n", " "), re.M).group(1).split()
+    assert "guard" in phony and "lint" in phony
+    rest = next(r for r in rules["test"][1] if "test dirs not in TIERS" in r)
+    assert re.search(r"grep -vxE '[^']*\|guard\|", rest), rest
+
+
+def test_lint_holds_the_agent_to_3_8_and_the_controller_to_3_9():
+    lint = _rules()["lint"][1]
+    assert "$(VENV)/bin/vermin --no-tips --violations -t=3.8- mla_doctor/agent" in lint, lint
+    assert "$(VENV)/bin/vermin --no-tips --violations -t=3.9- mla_doctor" in lint, lint
