@@ -1,6 +1,6 @@
 """Record the real vllm-cpu server's log of a stop on purpose, for the real-log corpus (issue 29).
 
-    .venv/bin/python -m tests.support.record_shutdown_logs [--how sigterm,sigint,ctrl-c,systemctl,docker] [--out DIR]
+    .venv/bin/python -m tests.support.record_shutdown_logs --first N [--how sigterm,sigint,ctrl-c,...] [--out DIR]
 
 One server at a time (the machine is small). Per way of stopping:
 
@@ -10,7 +10,9 @@ One server at a time (the machine is small). Per way of stopping:
   whole foreground process group); the log is the pane's text as an engineer would copy it
   (``capture-pane -J``: wrapped lines joined);
 * ``systemctl``: ``systemctl stop UNIT`` on a fleet service host, then ``journalctl -u UNIT -o short-iso``;
-* ``docker``: ``docker stop CONTAINER`` on a fleet service host, then ``docker logs CONTAINER`` (merged).
+* ``docker``: ``docker stop CONTAINER`` on a fleet service host, then ``docker logs CONTAINER`` (merged);
+* ``kill-enginecore`` / ``kill-worker``: not a stop but a death by signal, for contrast: ``kill -9`` of the
+  engine core (``VLLM::EngineCore``) or its worker (``VLLM::Worker``), as the kernel's OOM killer would.
 
 Each log is written verbatim as ``NNN-v1-vllm-cpu-0320-<how>-stop.log`` (numbering given by ``--first``);
 the script prints what it wrote. Everything it started is stopped; a survivor fails the run.
@@ -33,7 +35,7 @@ from tests.support import vllm_cpu
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "tests" / "fixtures" / "real_logs"
-HOWS = ("sigterm", "sigint", "ctrl-c", "systemctl", "docker")
+HOWS = ("sigterm", "sigint", "ctrl-c", "systemctl", "docker", "kill-enginecore", "kill-worker")
 
 
 def _say(msg: str) -> None:
@@ -58,6 +60,30 @@ def record_signal(sig: signal.Signals, path: Path) -> str:
         took = _wait_exit(server, 60)
         _say(f"{sig.name}: exited by itself in {took:.1f}s (rc {server.proc.returncode})" if took is not None
              else f"{sig.name}: still running after 60s; local_server SIGKILLs it")
+    return path.read_text(errors="replace")
+
+
+def _pid_titled(server: vllm_cpu.LocalServer, title: str) -> int:
+    """The server's process whose command line (vLLM sets it) starts with ``title``, e.g. VLLM::EngineCore."""
+    for pid in server.pids():
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if cmd.startswith(title):
+            return pid
+    raise RuntimeError(f"no {title} process among {server.pids()}")
+
+
+def record_kill(title: str, path: Path) -> str:
+    """Start the server, SIGKILL one of its processes (a death by signal, as the kernel's OOM killer deals it)."""
+    with vllm_cpu.local_server(log_path=path) as server:
+        pid = _pid_titled(server, title)
+        _say(f"kill -9 {title} pid {pid}")
+        os.kill(pid, signal.SIGKILL)
+        took = _wait_exit(server, 60)
+        _say(f"{title} killed: the API server exited in {took:.1f}s (rc {server.proc.returncode})" if took is not None
+             else f"{title} killed: the API server still runs after 60s; local_server stops it")
     return path.read_text(errors="replace")
 
 
@@ -168,13 +194,18 @@ def main(argv: list[str] | None = None) -> int:
     fleet = fleet_dir = None
     try:
         for how in hows:
-            path = args.out / f"{n:03d}-v1-vllm-cpu-0320-{how}-stop.log"
+            kind = how if how.startswith("kill-") else f"{how}-stop"
+            path = args.out / f"{n:03d}-v1-vllm-cpu-0320-{kind}.log"
             if how == "sigterm":
                 text = record_signal(signal.SIGTERM, path)
             elif how == "sigint":
                 text = record_signal(signal.SIGINT, path)
             elif how == "ctrl-c":
                 text = record_ctrl_c(path)
+            elif how == "kill-enginecore":
+                text = record_kill("VLLM::EngineCore", path)
+            elif how == "kill-worker":
+                text = record_kill("VLLM::Worker", path)
             else:
                 if fleet is None:
                     from tests.support import fleet as fleet_support
