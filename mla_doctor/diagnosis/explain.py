@@ -36,7 +36,9 @@ class Explanation:
 
     @property
     def status(self) -> str:
-        return "fail" if self.reading.fatal else "ok"
+        # a death (a fatal line, or a traceback the paste cut before its why); a requested shutdown's teardown
+        # errors are neither (log_life)
+        return "fail" if self.reading.fatal or self.reading.died else "ok"
 
     def to_dict(self) -> dict:
         r = self.reading

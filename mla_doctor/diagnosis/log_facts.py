@@ -630,8 +630,9 @@ def _sparse(out: Any, recs: List[Record], markers: dict) -> None:
 def _unplaced(out: Any, recs: List[Record], placed: set) -> None:
     """The lines the header grammar could not place: no vLLM header, no process tag, no format matched, not part
     of a traceback or an abort. Counted and reported (never dropped silently): they are read as plain text."""
+    after_warning = {b.n for a, b in zip(recs, recs[1:]) if a.level == "WARNING" and "Warning: " in a.msg}
     lines = [r for r in recs if r.msg and r.level is None and r.where is None and not r.tags and r.fact is None
-             and r.n not in placed and not r.msg[:1].isspace()]
+             and r.n not in placed and r.n not in after_warning and not r.text[:1].isspace()]
     if lines:
         out.normalised["unplaced"] = {"count": len(lines), "lines": [r.n for r in lines[:10]],
                                       "example": lines[0].text[:160]}

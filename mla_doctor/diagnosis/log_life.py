@@ -257,17 +257,21 @@ def read_life(recs: Sequence[Any], deaths: List[Death]) -> Life:
     # any failure, a wrapper too (an API server's EngineDeadError, then uvicorn's "Shutting down"), except the
     # interrupt a Ctrl-C raises itself
     first_death = next((d.fact.n for d in deaths if not _INTERRUPT.search(d.fact.value or d.fact.text)), None)
+    since = None   # the first request: every failure after it is teardown
     for r in recs:
+        if first_death is not None and r.n > first_death:
+            break   # a stop after a death is its consequence (the server going down), not a request
         got = shutdown_request(r.msg)
         if got is None:
             continue
         kind, sig = got
-        if first_death is not None and r.n > first_death:
-            break   # a stop after a death is its consequence (the server going down), not a request
-        life.shutdown, life.shutdown_line, life.shutdown_text, life.shutdown_signal = True, r.n, r.text, sig
-        break
+        since = r.n if since is None else since
+        if not life.shutdown or (kind == "signal" and life.shutdown_signal is None):   # the signal says most
+            life.shutdown, life.shutdown_line, life.shutdown_text, life.shutdown_signal = True, r.n, r.text, sig
+        if kind == "signal":
+            break
     if life.shutdown:
-        life.teardown = [d.fact for d in deaths if d.fact.n >= (life.shutdown_line or 0)
+        life.teardown = [d.fact for d in deaths if d.fact.n >= (since or 0)
                          or "KeyboardInterrupt" in (d.fact.value or "")]
         deaths = [d for d in deaths if d.fact not in life.teardown]
     if not deaths:

@@ -28,6 +28,7 @@ WRAP_WIDTH = 160          # a line at least this long, followed by a bare fragme
 
 # real escapes, caret notation (^[[0;36m), and bare remnants whose ESC was lost ([0;36m, [0m, [1m)
 _ESC = re.compile(r"(?:\x1b|\^\[)\[[0-9;?]*[A-Za-z]|\[(?:\d{1,3};)*\d{1,3}m|\x1b\(B|\x1b[=>]")
+_GLOG = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
 _CR = re.compile(r"(?:\^M|\r)+$")
 # the launcher's rank: "[0] ", "[rank0]: ", "[default3]:", "[1,0]<stdout>:"
 _LAUNCHER = re.compile(r"^\[(?:rank|default)?\d{1,5}(?:,\d{1,5})?\](?:<std(?:out|err)>)?:? ?")
@@ -64,13 +65,17 @@ _RAY_REPEAT = re.compile(r" ?\[repeated \d+x across cluster\]")
 # log), a time with or without a fraction, the call site with or without brackets, path-qualified or not:
 #   "INFO 11-29 10:00:00 [core.py:110] ", "INFO 11-29 10:00:00 core.py:110] " (<= 0.7),
 #   "INFO 2025-11-07 17:17:41.814 cuda.py:216] ", "[v1/engine/core.py:966]"; Ray's ("INFO worker.py:1749 -- ");
-#   uvicorn's own ("INFO:     Shutting down"). Bounded classes only: linear.
+#   uvicorn's own ("INFO:     Shutting down"); Python's warnings ("/x/api_server.py:24: DeprecationWarning: ").
+#   PyTorch's glog ("W1203 18:07:28.239000 10447 torch/_library/triton.py:53] "). Bounded classes only: linear.
 _RECORD = re.compile(
     r"^(?:\[?(?:(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL) {1,4})?(?:\d{4}-)?\d{2}-\d{2}(?: {1,4}|T)"
     r"\d{1,2}:\d{1,2}:\d{1,2}(?:[.,]\d{1,9})?"
     r" {1,4}\[?(?P<where>[^\]\s]{0,256})\] {0,8}"
     r"|(?P<rlevel>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<rwhere>[\w.]{1,64}\.py:\d{1,7}) -- "
-    r"|(?P<ulevel>DEBUG|INFO|WARNING|ERROR|CRITICAL):(?: {1,8}|$))?")
+    r"|(?P<ulevel>DEBUG|INFO|WARNING|ERROR|CRITICAL):(?: {1,8}|$)"
+    r"|(?P<pwhere>[^\s:]{0,512}\.py:\d{1,7}): (?=[A-Z]\w{0,80}Warning: )"   # Python's warnings module
+    r"|\[?(?P<glevel>[IWEF])\d{4} \d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?: {1,4}\d{1,10})? "
+    r"(?P<gwhere>[^\]\s]{1,256}:\d{1,7})\] )?")
 _GLUED = re.compile(r"(?<!\)) (?=\((?:[A-Za-z][\w]{0,63}(?: [\w=]{1,32}){0,3} )?pid=\d{1,10}(?:, ip=[\w.:-]{1,64})?\) )"
                     r"|(?<!\)) (?=(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (?:\d{4}-)?\d{2}-\d{2} \d{1,2}:\d{2}:\d{2}"
                     r"(?:\.\d+)? )"
@@ -143,8 +148,10 @@ def split_record(text: str) -> Tuple[str, Optional[str], Optional[str]]:
     m = _RECORD.match(text)
     if not m or not m.end():
         return text.strip(), None, None
-    level = m.group("level") or m.group("rlevel") or m.group("ulevel")
-    return text[m.end():].strip(), level, m.group("where") or m.group("rwhere")
+    level = m.group("level") or m.group("rlevel") or m.group("ulevel") or ("WARNING" if m.group("pwhere") else None) \
+        or _GLOG.get(m.group("glevel") or "")
+    where = m.group("where") or m.group("rwhere") or m.group("pwhere") or m.group("gwhere")
+    return text[m.end():].strip(), level, where
 
 
 def clean_line(raw: str, out: Optional[Normalised] = None, n: int = 0) -> Tuple[str, Tuple[str, ...], Optional[int]]:

