@@ -39,6 +39,33 @@ def _read_config(path: str) -> dict:
     return data
 
 
+def life_lines(r) -> list[str]:
+    """The process-life reading (issue 29): which process died, of what, the line that says why (the wrapper only
+    as context), or a requested shutdown whose teardown errors are no death; lines no header placed."""
+    life, out = r.life, []
+    if life is not None and life.died:
+        kind = f" ({life.death_kind})" if life.death_kind else ""
+        who = "an unknown process" if life.died == "unknown" else "the " + life.died.replace("_", " ")
+        out.append(f"died: {who}{kind}  [{life.died_rule}]")
+        if r.fatal_cause is not None:
+            out.append(f"why: {r.fatal_cause.text[:300]}  (line {r.fatal_cause.n})"
+                       + (f", at {life.frame}" if life.frame else ""))
+        else:
+            out.append("why: not in the paste (its traceback is cut before the exception line)")
+        if life.wrapper is not None:
+            out.append(f"reported as: {life.wrapper.text[:200]}  (line {life.wrapper.n}; a wrapper, not the cause)")
+    elif r.fatal_error is not None:
+        out.append(f"ended by: {r.fatal_error.text[:300]}  (line {r.fatal_error.n})")
+    if life is not None and life.shutdown:
+        out.append(f"stopped on purpose: {life.shutdown_text[:200]}  (line {life.shutdown_line})"
+                   + (f"; {len(life.teardown)} error(s) after it are teardown, not a crash" if life.teardown else ""))
+    unplaced = (r.normalised or {}).get("unplaced")
+    if unplaced:
+        out.append(f"lines no vLLM header placed: {unplaced['count']} (read as plain text; first: line "
+                   f"{unplaced['lines'][0]})")
+    return out
+
+
 def render_text(ex: Explanation, log: str) -> str:
     r = ex.reading
     out = [f"log: {log}"]
@@ -106,8 +133,7 @@ def render_text(ex: Explanation, log: str) -> str:
     if r.earlier_fatal:
         out.append("fatal lines of earlier server processes (not the newest's):")
         out += [f"  {f.n}: {f.text}" for f in r.earlier_fatal[:10]]
-    if r.fatal_error is not None:
-        out.append(f"ended by: {r.fatal_error.text[:300]}  (line {r.fatal_error.n})")
+    out += life_lines(r)
     for key, looked in r.unknown.items():
         out.append(f"could not tell the {key.replace('_', ' ')}: looked for {looked}")
     for u in ex.unresolved:
@@ -171,4 +197,4 @@ def explain_cmd(log_arg, log, model, version, fmt):
         # its secrets the ticket the answer is pasted into (every other output is redacted: this one was not)
         click.echo(terminal.text("".join(redact_text(line) for line in
                                          render_text(ex, log).splitlines(keepends=True))), nl=False)
-    raise SystemExit(int(ExitStatus.FAULT if ex.reading.fatal else ExitStatus.OK))
+    raise SystemExit(int(ExitStatus.FAULT if ex.status == "fail" else ExitStatus.OK))
