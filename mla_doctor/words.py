@@ -106,3 +106,27 @@ def tokens(n: Any) -> str:
     """`1 token`, `4 tokens`, `1–512 tokens (by backend)` (a range with its note after the unit)."""
     num, _, note = str(n).partition(" (")
     return "%s token%s" % (num, "" if num == "1" else "s") + (" (" + note if note else "")
+
+
+def prompt_answer(r: dict, threshold: Any = None, backend: str | None = None, engine: str | None = None,
+                  full_graph: str | None = None) -> str:
+    """What one fresh prompt does, as a sentence (`explain`'s first lines): the entry, why (the threshold as a
+    number), whether that is expected; a CUDA graph that hides the decode entry's Python said so."""
+    n = r.get("tokens")
+    sym = r.get("symbol")
+    short = (sym or "").rsplit(".", 1)[-1]
+    whose = ("%s's threshold" % backend) if backend else "the threshold"
+    thr = ("%s of %s" % (whose, tokens(threshold))) if isinstance(threshold, int) else None
+    dense = engine != "V0" and r.get("path") in ("mqa", "mha") and thr is not None
+    if dense and r.get("path") == "mqa" and isinstance(n, int) and n <= threshold:
+        out = ("a %s-token prompt is decode-only (at or below %s), so it runs %s and forward_mha is never reached; "
+               "this is expected, not a fault (a print in forward_mha never fires for it)" % (n, thr, short))
+    elif dense and r.get("path") == "mha":
+        out = ("a %s prompt is over %s, so its prefill runs %s, then forward_mqa for each output token"
+               % ("%s-token" % n, thr, short))
+    else:
+        out = "a %s prompt runs %s" % ("%s-token" % n, route(r))
+    if full_graph and (sym is None or short.endswith(("forward_mqa", "_forward_decode"))):
+        out += ("; its decode steps replay a full CUDA graph (%s), so the decode entry's Python (a print) runs only "
+                "at capture" % full_graph)
+    return out

@@ -9,7 +9,7 @@ import sys
 import click
 
 from mla_doctor import terminal
-from mla_doctor.cli.common import cli, handle_errors
+from mla_doctor.cli.common import cli, handle_errors, terminal_width
 from mla_doctor.diagnosis.explain import Explanation, explain
 from mla_doctor.diagnosis.log_normalise import bounded_lines
 from mla_doctor.diagnosis.log_tail import tail_lines
@@ -37,6 +37,20 @@ def _read_config(path: str) -> dict:
     if not isinstance(data, dict):
         raise UsageError(f"{p}: not a config.json object")
     return data
+
+
+def answer_lines(ex: Explanation) -> list[str]:
+    """What a 1-token and a long prompt do, as sentences (issue 32): the entry, the threshold as a number,
+    expected or not; a full CUDA graph that hides the decode entry's Python said so."""
+    from mla_doctor import words
+
+    r = ex.reading
+    full = r.cudagraph_mode if r.cudagraph_mode in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "FULL") \
+        and not r.eager else None
+    backend = r.attention_backend.value if r.attention_backend is not None else None
+    return [("answer: " if i == 0 else "        ") + words.prompt_answer(rt.to_dict(), ex.threshold, backend,
+                                                                            r.engine, full)
+            for i, rt in enumerate(ex.routes or [])]
 
 
 def life_lines(r) -> list[str]:
@@ -69,6 +83,7 @@ def life_lines(r) -> list[str]:
 def render_text(ex: Explanation, log: str) -> str:
     r = ex.reading
     out = [f"log: {log}"]
+    out += answer_lines(ex)  # the answer in words first; the facts it rests on below
     ver = r.version or "not stated"
     if r.source_build:
         ver += " (a source build)"
@@ -195,6 +210,11 @@ def explain_cmd(log_arg, log, model, version, fmt):
     else:
         # the paste is another machine's text: its escapes (OSC 52, ESC[2J) must not reach the terminal, nor
         # its secrets the ticket the answer is pasted into (every other output is redacted: this one was not)
-        click.echo(terminal.text("".join(redact_text(line) for line in
-                                         render_text(ex, log).splitlines(keepends=True))), nl=False)
+        text = terminal.text("".join(redact_text(line) for line in render_text(ex, log).splitlines(keepends=True)))
+        width = terminal_width(None)  # a terminal: each line wrapped to it, no word lost; piped: as is
+        if width:
+            from mla_doctor.reports.first_screen import fit
+
+            text = "".join(ln + "\n" for line in text.splitlines() for ln in fit(line, width))
+        click.echo(text, nl=False)
     raise SystemExit(int(ExitStatus.FAULT if ex.status == "fail" else ExitStatus.OK))

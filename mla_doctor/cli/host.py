@@ -166,7 +166,7 @@ def run_cmd(fmt, output, yes, **kw):
     mla-doctor run --host gpu-17 --yes --api-key-env VLLM_KEY   # the key by variable name, never on a command line
     mla-doctor run --host gpu-17 --yes --expect prefill=mha,decode=mqa
     mla-doctor run --host gpu-17 --yes --runtime systemd --unit vllm
-    mla-doctor run --host gpu-17 --yes --second-pass enforce_eager=on
+    mla-doctor run --host gpu-17 --method patch --yes --second-pass enforce_eager=on
     """
     values, runtime = step_values(RunOptions, kw)  # the runbook's keys; how the server runs
     target = target_from_options(kw)

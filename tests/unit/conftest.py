@@ -57,6 +57,8 @@ LOCAL: dict[str, object] = {
         "real_sshd_only_a_ca_vouches_for_is_refused_not_trusted_on_first_use",
         "real_sshd_with_a_revoked_key_is_refused", "refuse_revoked_and_ca_only_hosts",
         "template_escape_under_dry_run_via_the_real_cli"},
+    "first_screen_terminal": ALL,
+    "help_examples": ALL,
     "first_screen": {"colour_on_a_terminal_only_never_piped_nor_with_no_color", "connection_local_runs_locally",
         "the_dry_run_plan_is_redacted"},
     "fleet_html_browser": ALL,

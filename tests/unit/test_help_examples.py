@@ -1,0 +1,136 @@
+"""Every example `--help` shows, and every `mla-doctor …` line of the README's first sections (Two commands,
+Install, Usage), run as a person types it (issue 32): through bash, in a scratch directory, with a HOME whose
+~/.ssh/config points the examples' hosts (gpu-17, ops@10.1.230.174, the inventories' hosts) at a closed loopback
+port. An example that needs a remote host must get as far as connecting: exit 3 (unreachable), i.e. it parsed
+and passed every check made before a connection (a `--second-pass` without `--method patch`, a `--host` the
+address grammar refuses, an unwritable `-o`: exit 2). A local example that only reads runs for real. Only those
+that would change this machine's vLLM are checked without running (`patch --local`): each with its reason, by
+click's own parser and the options' checks; none is skipped silently."""
+from __future__ import annotations
+
+import re
+import shlex
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from mla_doctor.cli import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+UNREACHABLE = 3
+# examples that would change this machine (a running vLLM server here is found from /proc): parsed, not run
+NOT_RUN = {"mla-doctor patch --local --method plugin": "patches this machine's vLLM (a plugin, then a restart)"}
+
+
+def help_examples() -> list[str]:
+    """`mla-doctor …` lines of each command's --help (the group's commands and `report`'s), comments dropped."""
+    runner = CliRunner()
+    names = [n for n in cli.list_commands(None)]
+    names += ["report merge", "report render"]
+    out = []
+    for name in names:
+        text = runner.invoke(cli, [*name.split(), "--help"]).output
+        out += [ln.strip() for ln in text.splitlines() if ln.strip().startswith("mla-doctor ")]
+    return [re.split(r"\s{2,}#", ex)[0].strip() for ex in out]
+
+
+def readme_examples() -> list[str]:
+    """`mla-doctor …` lines of the README's sh blocks before "### Exit status"; `[--run ID]` as both forms."""
+    top = README.read_text().split("### Exit status", 1)[0]
+    out = []
+    for block in re.findall(r"```sh\n(.*?)```", top, re.S):
+        for ln in block.splitlines():
+            ln = re.split(r"\s{2,}#|\s#\s", ln)[0].strip()
+            if ln.startswith("mla-doctor "):
+                if "[--run ID]" in ln:
+                    out += [ln.replace(" [--run ID]", ""), ln.replace("[--run ID]", "--run 20260101T120000-ab12cd")]
+                else:
+                    out.append(re.sub(r"\s+", " ", ln))
+    return out
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed once the socket is: a connection is refused at once
+
+
+@pytest.fixture(scope="module")
+def place(tmp_path_factory):
+    """A scratch cwd and HOME: ssh_config sends every example host to a closed loopback port; the files the
+    fleet examples name (inventories, a retry file) exist."""
+    d = tmp_path_factory.mktemp("examples")
+    home = d / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".config/fish/completions").mkdir(parents=True)
+    port = _closed_port()
+    (home / ".ssh/config").write_text(
+        "Host gpu-17 10.1.230.174 gpu-1 gpu-2 canary-1\n  HostName 127.0.0.1\n"
+        f"  Port {port}\n  ConnectTimeout 2\n")
+    (d / "inventory.yaml").write_text("hosts:\n  gpu-1: {}\n  gpu-2: {}\n")
+    (d / "hosts.ini").write_text("[gpu]\ngpu-1\ngpu-2\n[canary]\ncanary-1\n")
+    (d / "failed.retry").write_text("gpu-1\n")
+    return d, home
+
+
+def _run(example: str, place) -> subprocess.CompletedProcess:
+    d, home = place
+    argv = shlex.split(example)
+    bindir = Path(sys.executable).parent
+    cmd = " ".join(shlex.quote(str(bindir / "mla-doctor")) if i == 0 else a
+                   for i, a in enumerate(example.split(" ")))
+    assert argv[0] == "mla-doctor"
+    env = {"HOME": str(home), "PATH": f"{bindir}:/usr/bin:/bin", "LANG": "C.UTF-8"}
+    return subprocess.run(["bash", "-c", cmd], cwd=d, env=env, capture_output=True, text=True, timeout=120)
+
+
+def _parse_only(example: str) -> None:
+    """Click's own parsing of the example, every option's type and check, nothing run."""
+    args = shlex.split(example)[1:]
+    ctx = cli.make_context("mla-doctor", args)
+    cmd: click.Command = cli
+    rest = ctx._protected_args + ctx.args
+    while isinstance(cmd, click.Group):
+        name, cmd, rest = cmd.resolve_command(ctx, rest)
+        ctx = cmd.make_context(name, rest, parent=ctx)
+        rest = ctx._protected_args + ctx.args if isinstance(cmd, click.Group) else ctx.args
+    assert not rest, f"{example}: arguments left over: {rest}"
+
+
+def _order(examples: list[str]) -> list[str]:
+    """Producers first: the audit shard the merge reads, the merged report the render reads."""
+    rank = {"audit": 0, "merge": 1, "render": 2}
+    key = [next((r for w, r in rank.items() if w in ex.split()[1:3]), -1) for ex in examples]
+    return [ex for _, ex in sorted(zip(key, examples), key=lambda t: t[0])]
+
+
+def test_the_examples_are_found():
+    helps, readme = help_examples(), readme_examples()
+    assert len(helps) >= 25 and "mla-doctor static --local -v" in helps
+    assert "mla-doctor static --host gpu-17" in readme and "mla-doctor --help" in readme
+
+
+def test_every_example_runs_as_typed(place):
+    examples = _order(list(dict.fromkeys(help_examples() + readme_examples())))
+    seen = {}
+    for ex in examples:
+        if ex in NOT_RUN:
+            _parse_only(ex)
+            seen[ex] = f"parsed, not run: {NOT_RUN[ex]}"
+            continue
+        p = _run(ex, place)
+        out = p.stdout + p.stderr
+        remote = "--host" in ex or ex.split()[1] == "audit" or (ex.split()[1] == "report" and "fleet.json" in ex
+                                                                   and "render" in ex)
+        assert p.returncode not in (2, 70, 126, 127), f"{ex}: exit {p.returncode}\n{out}"
+        if "--host" in ex or ex.split()[1] == "audit":
+            assert p.returncode == UNREACHABLE, f"{ex}: exit {p.returncode}, wanted 3 (it got to connecting)\n{out}"
+        seen[ex] = f"ran: exit {p.returncode}" + (" (remote: unreachable as arranged)" if remote else "")
+    assert set(seen) == set(examples)
+    assert [ex for ex, how in seen.items() if how.startswith("parsed")] == list(NOT_RUN)

