@@ -113,8 +113,13 @@ def _outcome(into: HostReport, other: HostReport) -> None:
 
 
 def _aopts(c: Connection, python: str | None = None, model: str | None = None, log: str | None = None):
+    import os
+
     from mla_doctor.host.audit import AuditOptions
 
+    if model and c.conn.local and not os.path.isabs(model) and os.path.exists(model):
+        # a relative --model path is the user's, from this directory: the agent runs elsewhere (issue 28)
+        model = os.path.abspath(model)
     return AuditOptions(python=python or c.target.python, model=model, log=log, pid=c.target.pid)
 
 

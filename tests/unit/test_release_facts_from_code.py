@@ -249,3 +249,37 @@ def test_one_story_the_static_reports_top_level_entries_are_the_served_families(
     assert st["prefill_entry"] is None and st["dispatch"] is None
     assert st["generic_split"]["dispatch"]["symbol"] == "MLAAttention.forward_impl"
     assert st["entries_from"]["source"] == "code" and st["entries_from"]["platform"] == "cpu"
+
+
+def test_another_installs_server_never_narrows_the_resolution():
+    """The server's argv model narrows the resolution only when that server runs the audited install (its vllm
+    dir, else its prefix): an unrelated venv's server leaves every MLA architecture in scope (its model is that
+    install's evidence); a --model always narrows."""
+    from mla_doctor.agent.facts.model import own_model
+
+    loc = {"dir": "/venvs/a/lib/python3.11/site-packages/vllm", "prefix": "/venvs/a", "source": "--python"}
+    argv = {"source": "server argv", "config": {"architectures": ["DeepseekV4ForCausalLM"]}}
+    other = {"install": {"vllm_dir": "/venvs/b/lib/python3.11/site-packages/vllm", "prefix": "/venvs/b"}}
+    same = {"install": {"vllm_dir": "/venvs/a/lib/python3.11/site-packages/vllm/", "prefix": "/venvs/a"}}
+    assert own_model(argv, other, loc) is None
+    assert own_model(argv, same, loc) is argv
+    assert own_model(argv, {"install": {"prefix": "/venvs/b"}}, loc) is None
+    assert own_model(argv, {"mapped_vllm_dirs": [loc["dir"]]}, loc) is argv
+    given = dict(argv, source="--model")
+    assert own_model(given, other, loc) is given
+    assert own_model(argv, other, dict(loc, source="running server")) is argv
+
+
+def test_a_relative_model_path_is_the_users_with_local(tmp_path, monkeypatch):
+    """`--local --model ./m`: the path is made absolute from the user's directory before the agent (which runs
+    elsewhere) reads it; over SSH it is the host's and left alone."""
+    from mla_doctor.host.executor import _aopts
+    from mla_doctor.host.target import Connection, HostTarget
+    from mla_doctor.ssh.transport import ConnectOptions
+
+    (tmp_path / "m").mkdir()
+    monkeypatch.chdir(tmp_path)
+    local = Connection(HostTarget(name="localhost", address=None, conn=ConnectOptions(local=True)), None, 0.0)
+    assert _aopts(local, model="m").model == str(tmp_path / "m")
+    ssh = Connection(HostTarget(name="h", address="h", conn=ConnectOptions()), None, 0.0)
+    assert _aopts(ssh, model="m").model == "m"

@@ -120,6 +120,26 @@ def model_section(plan, server):
     return out
 
 
+def _norm(path):
+    return os.path.normpath(path) if isinstance(path, str) and path else None
+
+
+def own_model(model, server, loc):
+    """The model whose architectures narrow this install's resolution: a --model always; the server's argv only
+    when that server runs this install (another venv's server never narrows the audit of this one: issue 28)."""
+    if not model or model.get("source") != "server argv" or not server or loc.get("source") == "running server":
+        return model
+    inst = server.get("install") or {}
+    mine = {_norm(loc.get("dir")), _norm(loc.get("dir_real"))} - {None}
+    theirs = ({_norm(inst.get("vllm_dir")), _norm(inst.get("vllm_dir_real"))}
+              | {_norm(d) for d in server.get("mapped_vllm_dirs") or []}) - {None}
+    if theirs:
+        return model if mine & theirs else None
+    if inst.get("prefix") and loc.get("prefix"):
+        return model if _norm(inst["prefix"]) == _norm(loc["prefix"]) else None
+    return model
+
+
 def _find_and_read(model, hf_cfg, env, home, cwd):
     """resolve_model_config + read_model_config, as one JSON-able answer (run by call_as as the reader)."""
     path, how, tried = resolve_model_config(model, hf_cfg, env, home, cwd)

@@ -12,7 +12,7 @@ from .gpu import gpu_section
 from .install import locate_vllm, vllm_identity
 from .integrity import parse_record, scan_tree, side_code
 from .logs import log_section
-from .model import model_section
+from .model import model_section, own_model
 from .processes import find_servers, identify
 from .resolve_hint import resolution
 from .symbols import index_tree, symbols_to_search
@@ -86,8 +86,10 @@ def op_static(plan):
     if loc.get("dir") and isinstance(plan.get("resolve"), dict):  # the attention code that runs, from the files
         # once per release: the controller's stored answer where the scan proved the tree (resolve_hint.py)
         result["resolution"] = _step(errors, "resolution", resolution, loc["dir"], plan["resolve"],
-                                     plan["resolve"].get("architectures") or _architectures(result.get("model")),
-                                     result.get("vllm"), result.get("gpu"), _text_architectures(result.get("model")),
+                                     plan["resolve"].get("architectures")
+                                     or _architectures(own_model(result.get("model"), server, loc)),
+                                     result.get("vllm"), result.get("gpu"),
+                                     _text_architectures(own_model(result.get("model"), server, loc)),
                                      record, result.get("scan"))
     for s in servers:
         s.pop("_raw_env", None)
