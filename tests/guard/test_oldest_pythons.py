@@ -40,9 +40,9 @@ def _oldest(minor: int) -> Path:
     found = sorted(glob.glob(str(Path.home() / ".pyenv" / "versions" / f"3.{minor}.*" / "bin" / "python")),
                    key=lambda p: [int(x) for x in re.findall(r"\d+", Path(p).parents[1].name)])
     if not found:
-        pytest.fail(f"no Python 3.{minor} at ~/.pyenv/versions/3.{minor}.*/bin/python: the guard tier runs the "
-                    f"{'controller' if minor == 9 else 'agent'} on the oldest Python it supports (install it: "
-                    f"`pyenv install 3.{minor}`); it fails rather than skips, so that regression cannot pass unseen")
+        pytest.fail(f"no Python 3.{minor} at {Path.home()}/.pyenv/versions/3.{minor}.*/bin/python: the guard tier "
+                    f"runs the {'controller' if minor == 9 else 'agent'} on the oldest Python it supports (install "
+                    f"it: `pyenv install 3.{minor}`); a skip would let that regression pass unseen")
     py = Path(found[-1])
     got = subprocess.run([str(py), "-c", "import sys; print(sys.version_info[0], sys.version_info[1])"],
                          capture_output=True, text=True, timeout=60)
@@ -196,6 +196,26 @@ def test_static_on_a_real_release_runs_the_agent_under_python_3_8(controller, re
     assert (v["version"], v["located_by"], v["install_kind"]) == (RELEASE[1], "--python", "wheel"), v
     assert v["python_version"].startswith("3.8.") and v["python"] == str(release38), v
     assert host["server"]["running"] is False and host["static"], host["server"]
+
+
+def test_every_agent_module_imports_under_python_3_8(tmp_path):
+    """What a static audit never runs (the change ops, the watchdogs, attach) fails here when it needs 3.9."""
+    code = ("import importlib, pkgutil, sys, mla_doctor.agent as agent\n"
+            "bad, n = [], 0\n"
+            "for m in pkgutil.walk_packages(agent.__path__, 'mla_doctor.agent.'):\n"
+            "    n += 1\n"
+            "    try:\n"
+            "        importlib.import_module(m.name)\n"
+            "    except BaseException as e:\n"
+            "        bad.append('%s: %s: %s' % (m.name, type(e).__name__, e))\n"
+            "print(n, sys.version_info[0], sys.version_info[1])\n"
+            "print('\\n'.join(bad))\n")
+    p = subprocess.run([str(_oldest(8)), "-B", "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    head, _, bad = p.stdout.partition("\n")
+    n, major, minor = head.split()
+    assert (major, minor) == ("3", "8") and int(n) > 40 and not bad.strip(), p.stdout
 
 
 def test_the_agent_bootstrap_runs_under_python_3_8(tmp_path):
