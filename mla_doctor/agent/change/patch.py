@@ -235,10 +235,9 @@ def records_owner_for(plan, vdir):
         uids = set()
         try:  # only servers identify() verifies: a look-alike of another user is never given the records
             from ..facts.processes import find_servers, identify
-            site = os.path.dirname(vdir or "")
             for srv in identify({}, find_servers())[0]:
-                prefix = os.path.dirname(os.path.dirname(srv.get("exe") or "/"))
-                if vdir in (srv.get("mapped_vllm_dirs") or []) or (prefix != "/" and site.startswith(prefix + "/")):
+                inst = srv.get("install") or {}  # the install its own interpreter imports, not a prefix alike
+                if vdir and vdir in (inst.get("vllm_dir"), inst.get("vllm_dir_real")):
                     uids.add(srv["uid"])
         except Exception:  # a server we cannot read: root keeps the records (nothing forged, maybe nothing written)
             uids = set()
