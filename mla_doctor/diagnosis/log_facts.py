@@ -69,6 +69,7 @@ _PROFILE = re.compile(r"^Profiling CUDA graph memory: ")
 _PROFILE_MODE = re.compile(r"\b(PIECEWISE|FULL)=")
 _TRACEBACK = re.compile(r"^(?:\+ |\| )?(?:Exception Group )?Traceback \(most recent call last\):")
 _FRAME = re.compile(r"^(?:\| )?File \"[^\"]{1,1024}\", line \d{1,7}(?:, in \S{1,256})?")
+_ASGI = re.compile(r"^Exception in ASGI application$")
 _CHAINED = re.compile(r"^(?:During handling of the above exception|The above exception was the direct cause)")
 _PYTEST = re.compile(r"^(?:E {1,16}(?=\S)|FAILED \S{1,512} - )")
 _EXC_LINE = re.compile(r"^(?:\| )?(?P<exc>(?:[A-Za-z_]\w{0,63}\.){0,8}(?:[A-Z]\w{0,80}?"
@@ -123,7 +124,8 @@ def load_markers() -> dict:
     data["_sparse_any"] = _any(m["text"] for m in data["sparse_markers"])
     data["_statements"] = [(m["id"], m["engine"], re.compile(m["text"])) for m in data["engine_statements"]]
     for key in ("sparse_in_exception", "drafter_start", "drafter_where", "fatal_wrappers", "v1_files", "v0_files",
-                "death_wording", "dsa_architectures", "architecture_line"):
+                "death_wording", "dsa_architectures", "architecture_line", "model_named", "dense_model_names",
+                "model_module", "model_module_undecided"):
         data["_" + key] = re.compile(data[key])
     return data
 
@@ -440,7 +442,8 @@ def decide(out: Any, recs: List[Record], prompts: List[Tuple[int, str]]) -> None
             f.role = role
             if not f.value:
                 f.value = _backend_in(r.msg)
-            out.other_backends.append(f)
+            if not any((o.role, o.value) == (f.role, f.value) for o in out.other_backends):
+                out.other_backends.append(f)   # every TP worker logs its own: one fact per (role, backend)
             continue
         if f.kind == "attention_backend":
             out.attention_backend = f
@@ -474,7 +477,7 @@ def decide(out: Any, recs: List[Record], prompts: List[Tuple[int, str]]) -> None
         if "chunked_prefill" in sets:
             out.chunked_prefill = bool(sets["chunked_prefill"])
     # ---- sparse
-    _sparse(out, recs, markers)
+    _sparse(out, recs, markers, prompts)
     for key in ("engine", "attention_backend", "prefill_backend", "cudagraph_mode", "sparse"):
         if getattr(out, key) is None and key not in out.unknown:
             out.unknown[key] = LOOKED_FOR[key]
@@ -578,7 +581,29 @@ def _cudagraph(out: Any, recs: List[Record], prompts: List[Tuple[int, str]]) -> 
         out.eager = False
 
 
-def _sparse(out: Any, recs: List[Record], markers: dict) -> None:
+def _sparse_by_model(recs: List[Record], prompts: List[Tuple[int, str]], markers: dict) -> Optional[Decision]:
+    """Not sparse from the model the paste shows: a traceback frame in a model module of a family without DSA
+    (model_executor/models/llama.py), else the model's name where a line states it (model='Qwen/Qwen2.5-3B') in
+    a family without DSA. A DSA-capable family (DeepSeek-V3.2/V4, GLM-5) decides nothing: whether the sparse path
+    runs is for a line to say."""
+    for r in recs:
+        mm = markers["_model_module"].match(r.msg)
+        if mm and not markers["_model_module_undecided"].match(mm.group(1)):
+            return Decision(False, "a frame in the model's module (%s.py): a family without sparse attention"
+                            % mm.group(1), [r.n], r.text)
+    named = [(n, cmd) for n, cmd in prompts] + [(r.n, r.msg) for r in recs]
+    for n, text in sorted(named, key=lambda x: x[0]):
+        nm = markers["_model_named"].search(text)
+        if nm is None:
+            continue
+        name = nm.group(1).rstrip(".").rstrip("/").rsplit("/", 1)[-1]
+        if markers["_dense_model_names"].match(name):
+            return Decision(False, "the model the paste names (%s): a family without sparse attention" % name, [n],
+                            next((r.text for r in recs if r.n == n), text))
+    return None
+
+
+def _sparse(out: Any, recs: List[Record], markers: dict, prompts: Optional[List[Tuple[int, str]]] = None) -> None:
     yes: Optional[Decision] = None
     no: Optional[Decision] = None
     ab = out.attention_backend
@@ -609,6 +634,8 @@ def _sparse(out: Any, recs: List[Record], markers: dict) -> None:
                 no = Decision(False, "the model's architecture (%s) has no sparse attention" % am.group(1), [r.n],
                               r.text)
                 break
+    if yes is None and no is None:
+        no = _sparse_by_model(recs, prompts or [], markers)
     if yes is None and no is None:
         if ab is not None and ab.value and ab.format and ab.role in (None, "model"):
             no = Decision(False, "the model's attention backend is dense (%s)" % ab.value, [ab.n], ab.text)
@@ -666,6 +693,7 @@ def _fatal(out: Any, recs: List[Record], markers: dict) -> set:
         return fact
 
     last_rec: Dict[Any, Record] = {}      # process key -> its previous record
+    request_tb: set = set()               # process keys whose traceback is a request's error (ASGI)
     for r in recs:
         key = (r.tags, r.pid)
         f = r.fact
@@ -696,6 +724,11 @@ def _fatal(out: Any, recs: List[Record], markers: dict) -> set:
             open_tb[key] = r.n
             exceptions.append(add(r, vw.group("msg")[:200], "V0 worker exception wording", r.n))
             continue
+        if _ASGI.match(r.msg):   # uvicorn: one request's handler raised; the server lives on
+            request_tb.add(key)
+            continue
+        if r.level is not None and key in request_tb:
+            request_tb.discard(key)
         if _TRACEBACK.match(r.msg):
             open_tb[key] = r.n
             placed.add(r.n)
@@ -729,6 +762,13 @@ def _fatal(out: Any, recs: List[Record], markers: dict) -> set:
             if r.msg.startswith("FAILED ") and exc[0] == "AssertionError":
                 continue   # pytest's summary of the test's own assert: the test's verdict, not a process dying
             start = open_tb.pop(key, None)
+            if start is not None and key in request_tb:   # a request's error, not a process's death
+                placed.add(r.n)
+                fact = Fact(r.n, r.text, "request_error", exc[0], "", "", [], r.tags[-1] if r.tags else None)
+                fact.rule, fact.lines = "a request handler's exception (uvicorn's 'Exception in ASGI application')", \
+                    [start, r.n]
+                out.facts.append(fact)
+                continue
             if start is not None or _PYTEST.match(r.msg):
                 placed.add(r.n)
                 if quiet and not fatal_fmt:
@@ -749,7 +789,9 @@ def _fatal(out: Any, recs: List[Record], markers: dict) -> set:
             add(r, (f.value if f is not None else None) or "fatal",
                 "fatal format line" if fatal_fmt else "logged at CRITICAL", r.n, f, kind="message")
             continue
-        if r.level in ("ERROR", "CRITICAL", None) and markers["_death_wording"].search(r.msg):
+        if (r.level in ("ERROR", "CRITICAL", None) or "unexpectedly" in r.msg and r.level in ("WARNING", "WARN")) \
+                and markers["_death_wording"].search(r.msg):   # 0.32's "[shutdown] MPClient: engine core exited
+            # unexpectedly" is a WARNING: the API server saw its engine core die
             add(r, "died", "death wording", r.n, f, kind="message")
             continue
         if f is None and ("EngineDeadError" in r.msg or "CUDA out of memory" in r.msg
@@ -763,7 +805,8 @@ def _fatal(out: Any, recs: List[Record], markers: dict) -> set:
         fact = Fact(r.n, r.text, "traceback", None, "", "", [], r.tags[-1] if r.tags else None)
         fact.rule = "traceback without its exception line (the paste ends first): not read as fatal"
         out.facts.append(fact)
-        if r.level in ("ERROR", "CRITICAL", None):   # a process printed its traceback: it died, the paste cut why
+        if r.level in ("ERROR", "CRITICAL", None) and key not in request_tb:   # a process printed its traceback:
+            # it died, the paste cut why
             fact.rule = ("traceback %s without its exception line (the paste ends first): a death whose cause is "
                          "not in the paste" % ("logged at %s" % r.level if r.level else "printed on stderr"))
             found.append(Death(fact, r.n, key, False, "cut"))

@@ -72,6 +72,10 @@ SIGNAL_DEATH = re.compile(
     r"|.{0,200}\b(?:died|exited|terminated|killed) (?:with|by) (?:signal|SIG\w{2,8})"
     r"|.{0,200}\bexit ?code:? ?-(?:9|11|6|15|7|8)\b)")
 _EXC_END = re.compile(r"^(?:[A-Za-z_]\w{0,63}\.){0,8}[A-Z]\w{0,80}(?:Error|Exception|Exit|Interrupt)(?::|$)")
+# the loggers only one kind of process prints a traceback from (V1's engine core: core.py; the front end's)
+_WHERE = {"core.py": "engine_core", "api_server.py": "api_server", "launcher.py": "api_server",
+          "async_llm.py": "api_server"}
+_VANISHED = re.compile(r"\b(?:died|exited) unexpectedly\b")
 _INTERRUPT = re.compile(r"KeyboardInterrupt|CancelledError|^SystemExit")
 _OOM = re.compile(r"(?i)OutOfMemoryError|out of memory|\bOOM\b|oom[-_ ]kill|Killed process \d+")
 
@@ -88,7 +92,9 @@ _REQUEST_STOP = re.compile(
     r"|Waiting for application shutdown|\[shutdown\] \w{1,64}: start\b)")
 
 
-_RANK = {"exception": 0, "abort": 0, "signal": 0, "oom": 0, "announce": 1, "message": 2, "cut": 3}
+# the order among failures that are not wrappers, then time: a line announcing a traceback ("EngineCore failed to
+# start.") is read after the exception line it announces, a traceback cut before its exception line last
+_RANK = {"exception": 0, "abort": 0, "signal": 0, "oom": 0, "message": 0, "announce": 1, "cut": 3}
 
 
 def announced(msg: str) -> Optional[str]:
@@ -218,7 +224,24 @@ def _process(death: Death, recs: Sequence[Any], index: Dict[int, int]) -> Tuple[
         got = process_of_frame(r.msg)
         if got:
             return got[0], "the outermost vLLM frame of its traceback (vllm/%s)" % got[1]
-    return "unknown", "no process tag, announcing line or vLLM frame says which process"
+    for r in own[:1]:   # the logger that printed it: V1's engine core logs its traceback from core.py
+        where = (r.where or "").rsplit("/", 1)[-1].split(":", 1)[0]
+        if where in _WHERE:
+            return _WHERE[where], "the logger that printed its traceback ([%s])" % r.where
+    who = _subject(f.text)
+    if who:
+        return who, "the process its message names"
+    return "unknown", "no process tag, announcing line, vLLM frame, logger or message says which process"
+
+
+def _no_exception(death: Death, recs: Sequence[Any], index: Dict[int, int]) -> bool:
+    """The death was logged with ``logger.exception`` while no exception was active (the next line of its process
+    is Python's ``NoneType: None``): nothing raised, the process vanished (killed)."""
+    i = index.get(death.fact.n)
+    if i is None:
+        return False
+    nxt = next((r for r in recs[i + 1:i + 6] if (r.tags, r.pid) == death.key), None)
+    return nxt is not None and nxt.msg == "NoneType: None"
 
 
 def _following(death: Death, recs: Sequence[Any], i_end: Optional[int]) -> List[Any]:
@@ -297,8 +320,12 @@ def read_life(recs: Sequence[Any], deaths: List[Death]) -> Life:
         life.death_kind = dead.kind
     elif _OOM.search(text) or (cause is not None and _OOM.search(cause.fact.text)):
         life.death_kind = "oom"
-    elif dead.kind == "message":   # vLLM's death messages follow an exception unless they name a signal
-        life.death_kind = "signal" if SIGNAL_DEATH.match(text.split("] ", 1)[-1]) else "exception"
+    elif _no_exception(dead, recs, index):   # logger.exception() with no exception: the process vanished
+        life.death_kind = "signal"
+    elif dead.kind == "message":   # vLLM's death messages follow an exception unless they name a signal, or
+        # say the process vanished ("died unexpectedly (exit code: None)"): no Python exception, so a kill / crash
+        life.death_kind = "signal" if SIGNAL_DEATH.match(text.split("] ", 1)[-1]) or _VANISHED.search(text) \
+            else "exception"
     else:
         life.death_kind = "exception"
     if cause is None:

@@ -34,6 +34,8 @@ def _by_name(model: str) -> str:
 
 _V0_SPARSE = ("the reader says False from the V0 engine (no sparse/DSA path exists in V0: the model cannot run "
               "sparse there); the label leaves sparse null with no deciding line")
+_V0_EAGER = ("enforce_eager=True read as NONE (no CUDA graphs ran) on a V0 engine line; the label keeps V0 logs' "
+             "CUDA-graph mode null because V0 has no V1 mode names (a policy difference: both say no graphs ran)")
 _DRAFTER_AFTER = ("the drafter's phase is known only from a line that starts it (loading the draft / EAGLE model) "
                   "BEFORE a selection line; here the only drafter evidence ('Detected EAGLE model ...') comes after "
                   "the selection line, so it is read as the model's")
@@ -63,15 +65,12 @@ KNOWN_LIMITS: Dict[Tuple[str, str], str] = {
     ('017-', 'sparse'):
         'the reader says False from the V0 engine (no DSA in V0); the label leaves sparse null',
     ('020-', 'sparse'): _by_name('Kimi-VL'),
-    ('024-', 'sparse'): _by_name('Qwen3.5'),
     ('031-', 'sparse'):
         'the decode backend (FlashInferBackend) is named only in the CUDA-graph check, not a selection line: '
         'the dense-backend rule needs a selection line; the label reads the model family',
     ('039-', 'sparse'): _by_name('DeepSeek-R1 (from the issue)'),
     ('040-', 'sparse'): _by_name('DeepSeek-R1 (from the issue)'),
-    ('042-', 'sparse'): _by_name('Qwen2.5'),
     ('047-', 'sparse'): _by_name('DeepSeek-R1 (from the title)'),
-    ('050-', 'sparse'): _by_name('DeepSeek-R1 (0.9.0.1 is named only in the issue, not the paste)'),
     ('052-', 'sparse'): _by_name('DeepSeek-R1-0528 (the version only in the title)'),
     ('053-', 'decode_backend'):
         "the project's canonical enum names drop 0.7-0.9's _VLLM_V1 suffix (knowledge backend_aliases: "
@@ -100,7 +99,6 @@ KNOWN_LIMITS: Dict[Tuple[str, str], str] = {
     ('079-', 'sparse'): _by_name('Gemma 3 (from the title)'),
     ('080-', 'sparse'): _by_name('Command A (from the title)'),
     ('086-', 'sparse'): _by_name('DeepSeek (from the title); 0.7.1 is only a directory name in a frame\'s path'),
-    ('095-', 'sparse'): _by_name('Qwen3.6 (only a directory name in a loading path)'),
     ('099-', 'sparse'): _by_name('gpt-oss (from the title)'),
     ('103-', 'sparse'): _by_name('Llama 4 (from the title)'),
     ('071-', 'sparse'): _V0_SPARSE,
@@ -114,9 +112,11 @@ KNOWN_LIMITS: Dict[Tuple[str, str], str] = {
     ('093-', 'other_backends'): _DRAFTER_AFTER,
     ('093-', 'sparse'):
         "follows from the drafter's backend read as the model's (FLASH_ATTN: dense); " + _DRAFTER_AFTER,
-    ('097-', 'cudagraph_mode'):
-        "enforce_eager=True read as NONE (no CUDA graphs ran) on a V0 engine line; the label keeps V0 logs' "
-        "CUDA-graph mode null because V0 has no V1 mode names (a policy difference: both say no graphs ran)",
+    ('115-', 'sparse'): _by_name('GLM-4.5V (from the title)'),
+    ('116-', 'sparse'): _by_name('DeepSeek-R1 (from the title)'),
+    ('121-', 'sparse'): _by_name('Gemma 3n (from the PR)'),
+    ('120-', 'cudagraph_mode'): _V0_EAGER,
+    ('097-', 'cudagraph_mode'): _V0_EAGER,
     ('064-', 'decode_backend'):
         "the same pytest output: two tests' selection lines, the last one taken as the model's (the label: no"
         ' single server, null)',
@@ -213,7 +213,11 @@ def test_every_indexed_log_is_there_and_every_log_indexed():
     on_disk = {p.name for p in ROOT.glob("*.log")}
     assert files == on_disk, "index.yaml and the .log files differ: %s" % sorted(files ^ on_disk)
     for e in entries:
-        assert e.get("source", "").startswith("https://"), "%s: no source URL" % e["file"]
+        src = e.get("source", "")
+        # a public paste names its URL; a log recorded here names the script (in the tree) that recorded it
+        recorded = re.match(r"recorded: (tests/support/\S+\.py) ", src)
+        assert src.startswith("https://") or (recorded and (ROOT.parents[1] / recorded.group(1)[6:]).is_file()), \
+            "%s: no source URL, nor a recording script of the tree" % e["file"]
 
 
 _SHAPES = {"died": (None, "api_server", "engine_core", "worker", "unknown"),
