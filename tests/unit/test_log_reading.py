@@ -183,7 +183,7 @@ CG_MODES = [   # (start of a shipped format, its placeholder values, the mode th
      "from %s to PIECEWISE for reliability.", ("FULL_AND_PIECEWISE",), "PIECEWISE"),
     ("KV connector %s requires PIECEWISE", ("LMCacheConnectorV1", "FULL_AND_PIECEWISE"), "PIECEWISE"),
     ("Encoder-decoder models do not support %s. Overriding", ("FULL_AND_PIECEWISE",), "FULL_DECODE_ONLY"),
-    ("CUDA graphs are not supported with stock torch.compile", ("FULL_AND_PIECEWISE",), "NONE"),
+    ("CUDA graphs are not supported with stock torch.compile. Overriding", ("FULL_AND_PIECEWISE",), "NONE"),
     ("[XPU] CUDA graph is not supported on XPU, disabling cudagraphs. Fallback", (), "NONE"),
     ("Cudagraph mode %s is not compatible with compilation mode %s.Overriding", ("FULL", "DYNAMO_TRACE_ONCE"), "NONE"),
     ("Cudagraph mode %s is not compatible with compilation mode %s. Overriding to %s",
