@@ -87,8 +87,14 @@ def render_text(ex: Explanation, log: str) -> str:
     ver = r.version or "not stated"
     if r.source_build:
         ver += " (a source build)"
-    out.append(f"vLLM: {ver}; fits release(s): {', '.join(r.releases) or 'none'}")
+    # the candidates once: the basis names them when nothing narrowed them (issue 28)
+    out.append(f"vLLM: {ver}" + ("" if ex.release_ranges else f"; fits release(s): {', '.join(r.releases) or 'none'}"))
     out.append(f"knowledge applied: {ex.release or '-'} ({ex.release_basis})")
+    for rg in ex.release_ranges:
+        e = rg["entries"]
+        span = rg["from"] if rg["from"] == rg["to"] else f"{rg['from']}–{rg['to']}"
+        out.append(f"  {span}: dispatch {e['dispatch'] or '-'}, prefill {e['prefill'] or '-'}, "
+                   f"decode {e['decode'] or '-'}")
 
     def fact(label, f, value=None):
         if f is None:

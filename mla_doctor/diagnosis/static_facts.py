@@ -299,7 +299,8 @@ def classify_model(facts: ReleaseFacts, config: Optional[dict], code: Optional[d
     if isinstance(read, dict) and read.get("types"):
         # the installed release's own list: a family the table never heard of (0.34's mistral_large_4) is MLA
         mla_types, eagle_targets = frozenset(read["types"]), frozenset(read.get("eagle_targets") or ())
-        where = "vllm/%s:%s, read from the installed code" % (read.get("file"), read.get("line"))
+        where = read.get("evidence") or "vllm/%s:%s, read from the installed code" % (read.get("file"),
+                                                                                    read.get("line"))
     dense = _dense_routing(facts)
 
     def no(reason, notes=()):

