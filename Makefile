@@ -9,7 +9,7 @@ ARGS   ?=
 DIST       ?= build/dist
 WHEEL_VENV ?= build/venv-wheel
 
-.PHONY: test setup system-packages unit unit-local unit-data faults soak corpus integration install-tier lint clean demo \
+.PHONY: test setup system-packages demo-packages unit unit-local unit-data faults soak corpus integration install-tier lint clean demo \
 	wheel wheel-venv guard
 
 setup: $(VENV)/.installed
@@ -20,29 +20,41 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[test,bench]'
 	touch $@
 
-# sshd and iproute2 for the test fleet (nftables: the fault tier's packet loss), sudo for the non-root host, chromium to render the HTML report
-# (headless, offline), systemd and docker.io (dockerd) for the service host of the systemd/docker runtimes
-# (tests/fleet/service-host.sh), gdb for `run --method attach`. Installed only when missing and root, by the
-# targets that need them: `test`,
-# `unit-local` (chromium, sshd), `demo`; never by `setup` or `unit`.
-system-packages:
+# Installs the missing packages named in $$missing when root (apt-get, one line per package fetched and set up:
+# progress, never a silent minute); without root, a warning naming them.
+INSTALL_MISSING = if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing system packages:$$missing (apt-get)"; \
+	    apt-get update -qq || exit 1; st=$$(mktemp); \
+	    { DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o Dpkg::Use-Pty=0 $$missing 2>&1; echo $$? >$$st; } \
+	      | grep --line-buffered -E '^(Get:|Setting up )' | sed -u 's/^/  /'; \
+	    rc=$$(cat $$st); rm -f $$st; [ "$$rc" = 0 ] || { echo "apt-get install failed (exit $$rc)" >&2; exit 1; }; \
+	  else \
+	    echo "WARNING: missing system packages:$$missing (need root to install)" >&2; \
+	  fi; \
+	fi
+
+# What `make demo` needs and nothing more: sshd (the sandbox host) and gdb (`run` attaches to the server).
+demo-packages:
 	@missing=""; \
 	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
 	[ -x /usr/bin/gdb ] || missing="$$missing gdb"; \
+	$(INSTALL_MISSING)
+
+# The tiers' own, beside the demo's: iproute2 for the test fleet (nftables: the fault tier's packet loss), sudo
+# for the non-root host, chromium to render the HTML report (headless, offline), systemd and docker.io (dockerd)
+# for the service host of the systemd/docker runtimes (tests/fleet/service-host.sh). Installed only when missing
+# and root, by the targets that need them: `test`, `unit-local` (chromium, sshd); never by `setup`, `unit` or
+# `demo`.
+system-packages: demo-packages
+	@missing=""; \
 	[ -x /lib/systemd/systemd ] || missing="$$missing systemd"; \
 	command -v dockerd >/dev/null 2>&1 || missing="$$missing docker.io"; \
 	command -v ip >/dev/null 2>&1 || missing="$$missing iproute2"; \
 	command -v nft >/dev/null 2>&1 || missing="$$missing nftables"; \
 	command -v sudo >/dev/null 2>&1 || missing="$$missing sudo"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = 0 ]; then \
-	    echo "installing system packages:$$missing"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
-	  else \
-	    echo "WARNING: missing system packages:$$missing (need root to install; the fleet tier will fail)" >&2; \
-	  fi; \
-	fi
+	$(INSTALL_MISSING)
 
 # the agent (agent/) runs on the host's Python, 3.8 and up; the controller (the rest) on 3.9 and up (RHEL 9's)
 lint: $(VENV)/.installed
@@ -109,5 +121,14 @@ wheel-venv: wheel
 clean:
 	rm -rf $(VENV) .pytest_cache $(DIST) $(WHEEL_VENV) build *.egg-info
 
-demo: setup system-packages wheel-venv
-	MLA_DOCTOR_BIN=$(CURDIR)/$(WHEEL_VENV)/bin/mla-doctor $(PY) demo/sandbox.py $(ARGS)
+# One line per stage from the first second; each long stage says what it is doing (sandbox.py: the vLLM venv's
+# pip step and size every 5 s, the server's newest log line every 10 s).
+demo:
+	@echo "[demo] 1/4 system packages the demo needs (openssh-server, gdb): installed only when missing"
+	@$(MAKE) -s --no-print-directory demo-packages
+	@echo "[demo] 2/4 mla-doctor's dev venv $(VENV) (pip; about 30-60 s the first time, cached after)"
+	@$(MAKE) -s --no-print-directory setup
+	@echo "[demo] 3/4 the wheel, installed into its own venv $(WHEEL_VENV) (as a user gets it)"
+	@$(MAKE) -s --no-print-directory wheel-venv
+	@echo "[demo] 4/4 the sandbox: vLLM CPU venv, tiny model, sshd, vLLM server, then mla-doctor run"
+	@MLA_DOCTOR_BIN=$(CURDIR)/$(WHEEL_VENV)/bin/mla-doctor $(PY) demo/sandbox.py $(ARGS)

