@@ -489,12 +489,12 @@ def identify(plan, candidates):
         error = "--pid %d is not a vLLM server this host runs%s" % (want_pid, "".join(
             ": " + x["why"] for x in lookalikes if x["pid"] == want_pid))
     elif len(servers) > 1:
-        error = ("several vLLM servers: %s; name one with --pid (or --port)"
+        error = ("several vLLM servers: %s; name one with --pid"
                  % "; ".join(_candidate(s) for s in servers))
     elif not servers and lookalikes:  # never "vLLM not found": say what was seen and why none is proven
         by_pid = {s["pid"]: s for s in candidates}
         error = ("no process is proven to be the vLLM server%s; %d look%s like one: %s; name the server with "
-                 "--pid (or --port)" % (" on port %d" % want_port if want_port is not None else "", len(lookalikes),
+                 "--pid" % (" on port %d" % want_port if want_port is not None else "", len(lookalikes),
                                         "s" if len(lookalikes) == 1 else "",
                                         "; ".join("%s: %s" % (_candidate(by_pid[x["pid"]]), x["why"])
                                                   for x in lookalikes)))

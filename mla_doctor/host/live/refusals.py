@@ -49,7 +49,7 @@ def check_port_proven(server: dict[str, Any]) -> None:
         raise HostRefusal("PortNotProven", f"the server (pid {server.get('pid')}) is not proven to hold the listening "
                                            f"socket of port {port} (it listens on "
                                            f"{', '.join(str(p) for p in listening) or 'nothing'}): no request, and "
-                                           "no API key, is sent to it; name the port it serves with --port")
+                                           "no API key, is sent to it (a server still starting: wait until it listens)")
 
 
 def check_runtime(runtime: str, unit: str | None, server: dict[str, Any]) -> None:
