@@ -482,7 +482,8 @@ def call(transport: Transport, request: Request[A], *, python: str | None = None
         # the modules whose log formats are cached here are not harvested again (remote/formats_cache.py)
         plan.update(formats_cache.plan_fields(local=isinstance(transport, LocalTransport)))
         if isinstance(plan.get("resolve"), dict):  # the release's resolution held here is not redone
-            plan["resolve"] = resolve_cache.plan_field(plan["resolve"])
+            plan["resolve"] = resolve_cache.plan_field(plan["resolve"], None if isinstance(
+                transport, LocalTransport) else transport.name)
     if session is None:
         raw = runner.run_agent(transport, plan, python=python, sudo=sudo, timeout=timeout)
     else:
@@ -490,5 +491,5 @@ def call(transport: Transport, request: Request[A], *, python: str | None = None
     if isinstance(request, StaticRequest):
         parse_cache.merge(raw, plan.get("symbols") or [], store=isinstance(transport, LocalTransport))
         formats_cache.merge(raw, store=isinstance(transport, LocalTransport))
-        resolve_cache.merge(raw, store=isinstance(transport, LocalTransport))
+        resolve_cache.merge(raw, store=isinstance(transport, LocalTransport), host=transport.name)
     return request.answer(raw)  # type: ignore[return-value]

@@ -36,9 +36,9 @@ def audit(py, seen):
     """One static audit of the release (no model given): the agent's raw resolution before the merge in `seen`."""
     real = resolve_cache.merge
 
-    def spy(raw, store=True):
+    def spy(raw, store=True, host=None):
         seen.append(json.loads(json.dumps(raw.get("resolution"))))
-        real(raw, store)
+        real(raw, store, host)
 
     resolve_cache.merge = spy
     try:
@@ -91,3 +91,29 @@ def test_a_key_no_longer_held_is_an_error_never_a_guess(cache):
     resolve_cache.merge(raw)
     assert raw["resolution"] is None
     assert raw["errors"] == [{"step": "resolution", "error": "resolve cache: no entry for key " + "ab" * 32}]
+
+
+def test_a_remote_hosts_answer_serves_that_host_alone(cache):
+    """A remote host's answer is believed for its own report: stored for it, never under a key others share."""
+    key = "cd" * 32
+    resolve_cache.merge({"resolution": {"scope": "all_mla", "cache_key": key}}, store=False, host="gpu-17")
+    assert [p[:4] for p in resolve_cache.known("gpu-17")] == ["cdcd"]
+    assert resolve_cache.known("gpu-18") == [] and resolve_cache.known() == []
+    mine = {"resolution": {"cached": key}}
+    resolve_cache.merge(mine, store=False, host="gpu-17")
+    assert mine["resolution"] == {"scope": "all_mla"}
+    other = {"resolution": {"cached": key}}
+    resolve_cache.merge(other, store=False, host="gpu-18")
+    assert other["resolution"] is None and other["errors"]
+    # a second host on the same release: its own key file, the one answer kept once
+    resolve_cache.merge({"resolution": {"scope": "all_mla", "cache_key": key}}, store=False, host="gpu-18")
+    assert len(list(cache.rglob("answers/*.json"))) == 1 and len(list(cache.rglob("hosts/*/*.json"))) == 2
+    # an answer changed on disk is not believed
+    blob = next(cache.rglob("answers/*.json"))
+    blob.write_bytes(blob.read_bytes().replace(b"all_mla", b"forged!"))
+    bad = {"resolution": {"cached": key}}
+    resolve_cache.merge(bad, store=False, host="gpu-17")
+    assert bad["resolution"] is None
+    # this machine's agent: for every host
+    resolve_cache.merge({"resolution": {"scope": "model", "cache_key": "ef" * 32}}, store=True, host="local")
+    assert "efefefefefefefef" in resolve_cache.known("gpu-18") and "efefefefefefefef" in resolve_cache.known()
