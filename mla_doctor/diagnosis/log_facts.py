@@ -679,6 +679,8 @@ def _fatal(out: Any, recs: List[Record], markers: dict) -> set:
     placed: set = set()
     abort: Dict[Any, Death] = {}          # process key -> a "terminate called ..." waiting for its what()
     wrappers = markers["_fatal_wrappers"]
+    in_fatal: set = set()                 # id() of the facts in out.fatal
+    death_lines: set = set()              # line numbers of the failures found
 
     def add(r: Record, value: str, rule: str, start: int, fact: Any = None, kind: str = "exception") -> Any:
         if fact is None:
@@ -687,9 +689,11 @@ def _fatal(out: Any, recs: List[Record], markers: dict) -> set:
         fact.value = fact.value or value
         fact.rule = rule
         fact.lines = sorted({start, r.n})
-        if fact not in out.fatal:
+        if id(fact) not in in_fatal:   # by identity: a dataclass's == compares every field (quadratic on big logs)
+            in_fatal.add(id(fact))
             out.fatal.append(fact)
         found.append(Death(fact, start, (r.tags, r.pid), bool(wrappers.search(r.text)), kind))
+        death_lines.add(r.n)
         return fact
 
     last_rec: Dict[Any, Record] = {}      # process key -> its previous record
@@ -707,8 +711,9 @@ def _fatal(out: Any, recs: List[Record], markers: dict) -> set:
         if pending is not None:
             wm = ABORT_WHAT.match(r.msg)
             if wm:   # the C++ exception's message: the line that says why; the terminate line is its context
-                out.fatal.remove(pending.fact)
-                out.facts.remove(pending.fact)
+                out.fatal = [x for x in out.fatal if x is not pending.fact]
+                out.facts = [x for x in out.facts if x is not pending.fact]
+                in_fatal.discard(id(pending.fact))
                 found.remove(pending)
                 add(r, "abort", "C++ abort: terminate called, what() (line %d)" % pending.start, pending.start,
                     kind="abort")
@@ -735,7 +740,7 @@ def _fatal(out: Any, recs: List[Record], markers: dict) -> set:
             prev = last_rec.get(key)
             if prev is not None and r.level in ("ERROR", "CRITICAL") and prev.level == r.level \
                     and prev.n not in placed and prev.fact is None and prev.msg and not announced(prev.msg) \
-                    and not any(d.fact.n == prev.n for d in found):
+                    and prev.n not in death_lines:
                 # logger.exception(msg): the ERROR line just before its traceback says what failed (the only
                 # "why" when the paste cuts the traceback before its exception line)
                 add(prev, "exception", "the ERROR line announcing the traceback at line %d" % r.n, prev.n,
@@ -798,9 +803,11 @@ def _fatal(out: Any, recs: List[Record], markers: dict) -> set:
                           or "torch.OutOfMemoryError" in r.msg) and not quiet:
             add(r, "engine_dead" if "EngineDead" in r.msg else "cuda_oom", "fatal wording", r.n,
                 kind="message" if "EngineDead" in r.msg else "oom")
+    at = {(x.n, x.tags, x.pid): x for x in recs} if open_tb else {}
+    started = {e.n for e in exceptions}
     for key, start in open_tb.items():   # a traceback cut before its exception line: shown, not fatal
-        r = next(x for x in recs if x.n == start and (x.tags, x.pid) == key)
-        if any(e.n == start for e in exceptions):
+        r = at[(start,) + tuple(key)]
+        if start in started:
             continue
         fact = Fact(r.n, r.text, "traceback", None, "", "", [], r.tags[-1] if r.tags else None)
         fact.rule = "traceback without its exception line (the paste ends first): not read as fatal"
@@ -812,14 +819,15 @@ def _fatal(out: Any, recs: List[Record], markers: dict) -> set:
             found.append(Death(fact, r.n, key, False, "cut"))
     life = read_life(recs, found)
     out.life = life
+    gone = {id(f) for f in life.teardown}
+    out.fatal = [x for x in out.fatal if id(x) not in gone]
     for f in life.teardown:   # errors after a requested shutdown: the server going down, not a death
-        if f in out.fatal:
-            out.fatal.remove(f)
         f.kind, f.rule = "teardown", "after the requested shutdown (line %s): teardown, not a death (%s)" % (
             life.shutdown_line, f.rule)
     out.fatal.sort(key=lambda x: x.n)
-    ended = sorted((d.fact for d in found if d.fact in out.fatal and d.kind != "message"), key=lambda x: x.n) \
-        or sorted((d.fact for d in found if d.fact in out.fatal), key=lambda x: x.n)
+    still = {id(x) for x in out.fatal}
+    ended = sorted((d.fact for d in found if id(d.fact) in still and d.kind != "message"), key=lambda x: x.n) \
+        or sorted((d.fact for d in found if id(d.fact) in still), key=lambda x: x.n)
     if ended:
         last = ended[-1]
         out.fatal_error = last

@@ -296,7 +296,8 @@ def read_life(recs: Sequence[Any], deaths: List[Death]) -> Life:
     if life.shutdown:
         life.teardown = [d.fact for d in deaths if d.fact.n >= (since or 0)
                          or "KeyboardInterrupt" in (d.fact.value or "")]
-        deaths = [d for d in deaths if d.fact not in life.teardown]
+        gone = {id(f) for f in life.teardown}
+        deaths = [d for d in deaths if id(d.fact) not in gone]
     if not deaths:
         return life
     # the cause: the first failure that is not a wrapper; an exception / abort / signal line before the line

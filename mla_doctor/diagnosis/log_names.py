@@ -113,4 +113,17 @@ def backend_name(raw: Optional[str], aliases: Optional[Dict[str, str]] = None) -
         return classes[stem + "Backend"]
     if name.endswith("_VLLM_V1"):   # 0.7-0.9's V1 enum spelling; the knowledge keys the backend without it
         return aliases.get(name[:-8]) or name[:-8]
+    up = re.sub(r"[\s-]+", "_", name.upper())
+    if up != name and up in _known_enums():   # an older release's display text spelled like the enum ("Flashinfer")
+        return up
     return name
+
+
+@functools.lru_cache(maxsize=1)
+def _known_enums() -> frozenset:
+    """Every backend enum name the shipped data knows (registries, display names, meanings, aliases)."""
+    classes, modules = backend_code_names()
+    names = load_meanings().get("names") or {}
+    aliases = load_knowledge().data.get("backend_aliases") or {}
+    return frozenset(set(classes.values()) | set(modules.values()) | set(display_names().values())
+                     | set(names.values()) | set(aliases.values()))
