@@ -55,10 +55,11 @@ def _extra_vars(items) -> dict:
     return out
 
 
-def _write_extra(doc: dict, outputs: dict) -> None:
+def _write_extra(doc: dict, outputs: dict, texts: dict | None = None) -> None:
+    """`texts`: the formats already rendered (a saved report's, rendered where its errors are the file's)."""
     for fmt, path in outputs.items():
         if path:
-            reports.write(path, reports.render(doc, fmt))
+            reports.write(path, (texts or {}).get(fmt) or reports.render(doc, fmt))
 
 
 @cli.command("audit")
@@ -334,11 +335,14 @@ def report_merge(files, fmt, output, junit_out, md_out, html_out, retry_file):
     \b
     mla-doctor report merge shard*.json --html fleet.html --junit fleet.xml -o fleet.json
     """
-    doc = reports.merge([(f, _loaded(f)) for f in files])
+    with reports.saved(list(files)):  # another machine's file: a wrong type in it is a usage error
+        doc = reports.merge([(f, _loaded(f)) for f in files])
+        texts = {k: reports.render(doc, k) for k, v in (("junit", junit_out), ("markdown", md_out),
+                                                         ("html", html_out)) if v}
+        text = reports.render(doc, fmt, terminal_width(output))
     if retry_file:
         reports.write(retry_file, "".join(f"{h}\n" for h in doc["fleet"]["retry"]))
-    _write_extra(doc, {"junit": junit_out, "markdown": md_out, "html": html_out})
-    text = reports.render(doc, fmt, terminal_width(output))
+    _write_extra(doc, {"junit": junit_out, "markdown": md_out, "html": html_out}, texts)
     if output:
         reports.write(output, text)
     else:
@@ -357,10 +361,11 @@ def report_render(file, fmt, output):
     \b
     mla-doctor report render fleet.json --format html -o fleet.html
     """
-    doc = _loaded(file)
-    if "fleet" not in doc:
-        doc = reports.finish(doc)
-    text = reports.render(doc, fmt, terminal_width(output))
+    with reports.saved([file]):  # another machine's file: a wrong type in it is a usage error
+        doc = _loaded(file)
+        if "fleet" not in doc:
+            doc = reports.finish(doc)
+        text = reports.render(doc, fmt, terminal_width(output))
     if output:
         reports.write(output, text)
     else:

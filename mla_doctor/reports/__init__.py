@@ -5,6 +5,7 @@ same formats as an audit: json, text, markdown, junit, html.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib
 import json
@@ -217,6 +218,52 @@ def json_depth(doc: Any, stop: int) -> int:
     return deepest
 
 
+# a saved report's sections by type (the writers read them as such; another machine's file may not be)
+_HOST_KINDS = (("findings", list), ("static", dict), ("vllm", dict), ("groups", list), ("model", dict),
+               ("server", dict), ("live", dict), ("answer", dict), ("log", dict), ("timings", dict),
+               ("transport", dict), ("evidence", dict), ("prompts", list), ("steps", list), ("error", str),
+               ("error_kind", str), ("status", str), ("verdict", str), ("address", str))
+
+
+def _strs(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+def _host_fields_problem(h: dict) -> str | None:
+    """The fields inside a host's sections that every writer reads, by type (a finding's code and summary, a
+    prompt's name, the timings' numbers, the release's version...)."""
+    for j, f in enumerate(h.get("findings") or []):
+        if not isinstance(f, dict) or not all(isinstance(f.get(k), str) for k in ("code", "severity", "summary")):
+            return f"findings[{j}] is not a finding (an object with string code, severity and summary)"
+        if f.get("evidence") is not None and not _strs(f["evidence"]):
+            return f"findings[{j}]: evidence is not a list of strings"
+        if f.get("action") is not None and not isinstance(f["action"], str):
+            return f"findings[{j}]: action is not a string"
+    for j, pr in enumerate(h.get("prompts") or []):
+        if not isinstance(pr, dict) or not isinstance(pr.get("name", ""), str):
+            return f"prompts[{j}] is not a prompt (an object with a string name)"
+        for k in ("calls", "expected", "observed", "per_rank", "drafter_calls", "routing"):
+            if pr.get(k) is not None and not isinstance(pr[k], dict):
+                return f"prompts[{j}]: {k} is not an object"
+    for k, v in (h.get("timings") or {}).items():
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            return f"timings: {k} is not a number"
+    for k in ("version", "distribution", "install_kind", "path", "python"):
+        v = (h.get("vllm") or {}).get(k)
+        if v is not None and not isinstance(v, str):
+            return f"vllm: {k} is not a string"
+    for k in ("modified_files", "missing_files"):
+        v = (h.get("static") or {}).get(k)
+        if v is not None and not _strs(v):
+            return f"static: {k} is not a list of strings"
+    live = h.get("live") or {}
+    if live.get("restore_problems") is not None and not _strs(live["restore_problems"]):
+        return "live: restore_problems is not a list of strings"
+    if any(not isinstance(st, dict) for st in h.get("steps") or []):
+        return "steps: a step is not an object"
+    return None
+
+
 def check_report(path: str, doc) -> dict:
     """A saved mla-doctor JSON report, or a usage error naming the file and what is wrong."""
     if not isinstance(doc, dict) or doc.get("tool") != "mla-doctor" or not isinstance(doc.get("hosts"), list):
@@ -225,10 +272,13 @@ def check_report(path: str, doc) -> dict:
     for i, h in enumerate(doc["hosts"]):
         if not isinstance(h, dict) or not isinstance(h.get("host"), str):
             raise UsageError(f"{path}: hosts[{i}] is not a host report (an object with a \"host\" name)")
-        for key, kind in (("findings", list), ("static", dict), ("vllm", dict), ("groups", list)):
+        for key, kind in _HOST_KINDS:
             if h.get(key) is not None and not isinstance(h[key], kind):
-                what = "an object" if kind is dict else "a list"
+                what = "an object" if kind is dict else "a list" if kind is list else "a string"
                 raise UsageError(f"{path}: hosts[{i}] ({h['host']}): {key!r} is not {what}")
+        why = _host_fields_problem(h)
+        if why:
+            raise UsageError(f"{path}: hosts[{i}] ({h['host']}): {why}")
         try:
             ExitStatus(h.get("exit_status") or 0)
         except (TypeError, ValueError) as e:
@@ -236,7 +286,24 @@ def check_report(path: str, doc) -> dict:
                              "mla-doctor exit status") from e
     if doc.get("fleet") is not None and not isinstance(doc["fleet"], dict):
         raise UsageError(f"{path}: \"fleet\" is not an object")
+    d = doc.get("duration_s")
+    if d is not None and (isinstance(d, bool) or not isinstance(d, (int, float))):
+        raise UsageError(f"{path}: 'duration_s' is not a number")
+    if doc.get("started") is not None and not isinstance(doc["started"], str):
+        raise UsageError(f"{path}: 'started' is not a time (a string)")
     return doc
+
+
+@contextlib.contextmanager
+def saved(paths: list[str]):
+    """Reading and rendering saved reports (a shard another machine wrote, a file someone sent): a value of a
+    wrong type deeper than `check_report` looks is that file's fault, a usage error naming it (exit 2), never an
+    internal error (exit 70). Only around saved documents: the tool's own reports are never caught here."""
+    try:
+        yield
+    except (TypeError, AttributeError, ValueError, KeyError, IndexError) as e:
+        raise UsageError(f"{', '.join(paths)}: not a well-formed mla-doctor report ({type(e).__name__}: "
+                         f"{str(e)[:200]})") from e
 
 
 def load_report(path: str) -> dict:
