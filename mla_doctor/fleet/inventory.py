@@ -444,6 +444,9 @@ def _check_var(path: str, line: int | None, what: str, key: str, value: Any, str
         value = "ssh" if value in _SSH_CONNECTIONS else value
         if value not in ("ssh", "local"):
             raise ConfigFileError(path, line, f"{what}: connection {value!r} is not supported (ssh or local)")
+    if key in ("connect_timeout", "command_timeout", "host_timeout") and not 0 < value < float("inf"):
+        # as the CLI's --connect-timeout takes them: seconds > 0 (a NaN or a negative one was an internal error)
+        raise ConfigFileError(path, line, f"{what}: {key} {value!r} is not a number of seconds > 0")
     if key == "port" or key == "server_port":
         if not 1 <= value <= 65535:
             raise ConfigFileError(path, line, f"{what}: {key} {value} is not a TCP port")

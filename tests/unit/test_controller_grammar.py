@@ -278,3 +278,15 @@ def test_a_forged_process_row_is_a_problem_too():
                     "processes": ["pid 1", proc(pid_before="11"), proc(attached="yes"), proc()]})
     attach.detach(run)
     assert sum("malformed detach answer" in p for p in run.live["restore_problems"]) == 3
+
+
+@pytest.mark.parametrize("value", [".nan", "-1", "0", ".inf", "-.inf"])
+@pytest.mark.parametrize("key", ["connect_timeout", "command_timeout", "host_timeout"])
+def test_inventory_timeouts_are_seconds_above_zero(tmp_path, key, value):
+    """Red team: `connect_timeout: .nan` was an internal error in the host's job (ValueError from the socket)."""
+    p = tmp_path / "inv.yaml"
+    p.write_text(f"hosts:\n  gpu-1:\n    address: 192.0.2.1\n    {key}: {value}\n")
+    with pytest.raises(ConfigFileError, match=rf"^{p}:3: host gpu-1: {key} .* is not a number of seconds > 0"):
+        inventory.load(str(p))
+    p.write_text(f"hosts:\n  gpu-1:\n    address: 192.0.2.1\n    {key}: 2.5\n")
+    assert inventory.load(str(p)).hosts["gpu-1"].vars[key] == 2.5
