@@ -205,3 +205,14 @@ def test_what_no_line_says_is_none_with_what_was_looked_for():
     for key in ("engine", "attention_backend", "prefill_backend", "cudagraph_mode", "sparse"):
         assert getattr(r, key) is None and r.unknown[key], key
     assert r.why()["unknown"] == r.unknown and r.decided == {}
+
+
+def test_the_loggers_file_marks_the_engine_only_one_engine_has():
+    # V0's worker/worker.py and engine/multiprocessing/engine.py; V1's v1/engine/core_client.py (issue 29)
+    r = read_log(["INFO 03-02 17:57:20 [worker.py:267] Memory profiling takes 5.13 seconds"])
+    assert r.engine == "V0" and "logger_file_only_in_v0" in r.decided["engine"].rule
+    r = read_log(["CRITICAL 04-17 03:28:36 [core_client.py:359] Got fatal signal from worker processes, shutting "
+                  "down. See stack trace above for root cause issue."])
+    assert r.engine == "V1" and "logger_file_only_in_v1" in r.decided["engine"].rule
+    # a file name both engines have decides nothing (V1's Model Runner V2 has a model_runner.py too)
+    assert read_log(["INFO 03-02 17:57:20 [model_runner.py:1] Loading model weights took 1.0 GB"]).engine is None
