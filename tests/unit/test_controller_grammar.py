@@ -290,3 +290,26 @@ def test_inventory_timeouts_are_seconds_above_zero(tmp_path, key, value):
         inventory.load(str(p))
     p.write_text(f"hosts:\n  gpu-1:\n    address: 192.0.2.1\n    {key}: 2.5\n")
     assert inventory.load(str(p)).hosts["gpu-1"].vars[key] == 2.5
+
+
+def test_malformed_records_are_left_out_counted_and_reported():
+    """Both live methods read the probe's records through LiveRun.records: a forged one is left out of the
+    verdict, counted, and a PROBE_RECORDS_MALFORMED finding names what was wrong."""
+    from types import SimpleNamespace
+
+    from mla_doctor.host.live.records import malformed_findings
+    from mla_doctor.host.live.session import LiveRun
+    from mla_doctor.remote.protocol import RecordsAnswer
+
+    forged = [1, {"event": "call", "pid": 7, "tokens": {"q_rows": "lots"}}, dict(GOOD_CALL, epoch="2"),
+              {"event": "armed", "pid": "7"}]
+    run = LiveRun.__new__(LiveRun)  # the state records() reads; the agent's answer as it would arrive
+    run.live, run.records_offsets, run.armed, run.run_id = {}, {}, [], "r1"
+    run.ropts = SimpleNamespace(run_root="/var/tmp/mla-doctor")
+    run.call = lambda request, **kw: RecordsAnswer({"records": [GOOD_CALL, *forged], "offsets": {"a": 9}})
+    assert run.records() == [GOOD_CALL]
+    assert run.live["records_malformed"]["count"] == 4
+    (f,) = malformed_findings(run.live)
+    assert f.code == "PROBE_RECORDS_MALFORMED" and "4 probe record(s)" in f.summary
+    assert any("tokens: q_rows is not an integer" in e for e in f.evidence), f.evidence
+    assert malformed_findings({}) == []

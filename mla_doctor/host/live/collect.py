@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from mla_doctor.diagnosis.evidence_build import build_live_evidence
 from mla_doctor.diagnosis.live_verdict import expected_path, observed_path, routing_of, verdict
+from mla_doctor.host.live.records import malformed_findings
 from mla_doctor.host.live.session import LiveRun
 from mla_doctor.host.live.steps import Pass
 from mla_doctor.report_sections import ModelSection
@@ -66,12 +67,7 @@ def conclude(run: LiveRun, passes: list[Pass]) -> HostReport:
             findings.append(Finding("SERVER_FAILED_TO_START", Severity.FAIL,
                                     f"the server did not start under the run's settings ({p.configuration}): "
                                     f"{p.start_error}"))
-    bad = run.live.get("records_malformed")
-    if bad:  # forged or broken probe records: left out of the verdict, and said
-        findings.append(Finding("PROBE_RECORDS_MALFORMED", Severity.WARN,
-                                f"{bad['count']} probe record(s) from the server's processes were malformed and "
-                                "left out of the verdict (the service user can write the records)",
-                                evidence=list(bad["examples"])))
+    findings += malformed_findings(run.live)  # forged or broken probe records: left out, and said
     for text in (run.live.get("attach") or {}).get("warnings") or []:  # attach's own blind spot, said
         findings.append(Finding("ATTACH_COMPILED_FRAMES", Severity.WARN, text))
     codes = {f.code for f in findings}

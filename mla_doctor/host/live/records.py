@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mla_doctor.results import Finding, Severity
+
 EVENTS = ("armed", "call", "counters", "attached", "detached")
 _INT = ("pid", "epoch", "seq", "calls", "q_rows", "unknown_rows", "since_detail", "ppid", "tp_rank", "restored",
         "caches", "caches_skipped", "caches_restored", "loggers_restored")
@@ -126,3 +128,13 @@ def process_row_problem(p: Any) -> str | None:
             if why:
                 return f"its {event} record: {why}"
     return None
+
+
+def malformed_findings(live: dict) -> list[Finding]:
+    """The run's malformed records (counted by `LiveRun.records`), said in the report."""
+    bad = live.get("records_malformed")
+    if not bad:
+        return []
+    return [Finding("PROBE_RECORDS_MALFORMED", Severity.WARN,
+                    f"{bad['count']} probe record(s) from the server's processes were malformed and left out of "
+                    "the verdict (the service user can write the records)", evidence=list(bad["examples"]))]
