@@ -698,12 +698,17 @@ def _fatal(out: Any, recs: List[Record], markers: dict) -> set:
 
     last_rec: Dict[Any, Record] = {}      # process key -> its previous record
     request_tb: set = set()               # process keys whose traceback is a request's error (ASGI)
+    msg_start: Dict[int, Record] = {}     # line -> the first record of the multi-line message it continues
     for r in recs:
         key = (r.tags, r.pid)
         f = r.fact
         fatal_fmt = f is not None and f.kind == "fatal"
         quiet = r.level in ("WARNING", "WARN", "INFO", "DEBUG")
         if not _TRACEBACK.match(r.msg):
+            before = last_rec.get(key)
+            if before is not None and before.msg and r.msg and before.level == r.level and before.where == r.where \
+                    and r.level in ("ERROR", "CRITICAL"):   # one logged message over several records
+                msg_start[r.n] = msg_start.get(before.n, before)
             last_rec[key] = r
         if key in open_tb:
             placed.add(r.n)
@@ -741,6 +746,7 @@ def _fatal(out: Any, recs: List[Record], markers: dict) -> set:
             if prev is not None and r.level in ("ERROR", "CRITICAL") and prev.level == r.level \
                     and prev.n not in placed and prev.fact is None and prev.msg and not announced(prev.msg) \
                     and prev.n not in death_lines:
+                prev = msg_start.get(prev.n, prev)   # a message of several lines: its first says what failed
                 # logger.exception(msg): the ERROR line just before its traceback says what failed (the only
                 # "why" when the paste cuts the traceback before its exception line)
                 add(prev, "exception", "the ERROR line announcing the traceback at line %d" % r.n, prev.n,

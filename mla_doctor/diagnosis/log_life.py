@@ -38,6 +38,7 @@ _TAG_API = re.compile(r"^(?:APIServer|ApiServer|API ?server|AsyncLLM|Frontend)",
 # a frame's vLLM path (site-packages/vllm/..., a checkout's vllm/vllm/..., a plugin's vllm_ascend/...)
 _FRAME_PATH = re.compile(r"^(?:\| )?File \"(?:[^\"]{0,1024}[/\\])?(?P<pkg>vllm(?:_\w{1,32})?)[/\\]"
                          r"(?P<path>[^\"]{1,512}?\.py)\", line (?P<line>\d{1,7})")
+_OFFLINE = re.compile(r"^(?:\| )?File \"(?:[^\"]{0,1024}[/\\])?vllm[/\\]entrypoints[/\\]llm\.py\"")
 _FRAME_ENGINE = re.compile(r"^(?:v1/engine/core\.py|engine/multiprocessing/engine\.py|v1/engine/coordinator\.py)$")
 _FRAME_WORKER = re.compile(r"^(?:v1/executor/multiproc_executor\.py|executor/multiproc_worker_utils\.py"
                            r"|executor/ray_utils\.py|v1/executor/ray_utils\.py|worker/|v1/worker/)")
@@ -73,8 +74,8 @@ SIGNAL_DEATH = re.compile(
     r"|.{0,200}\bexit ?code:? ?-(?:9|11|6|15|7|8)\b)")
 _EXC_END = re.compile(r"^(?:[A-Za-z_]\w{0,63}\.){0,8}[A-Z]\w{0,80}(?:Error|Exception|Exit|Interrupt)(?::|$)")
 # the loggers only one kind of process prints a traceback from (V1's engine core: core.py; the front end's)
-_WHERE = {"core.py": "engine_core", "api_server.py": "api_server", "launcher.py": "api_server",
-          "async_llm.py": "api_server"}
+_WHERE = {"core.py": "engine_core", "engine.py": "engine_core", "api_server.py": "api_server",
+          "launcher.py": "api_server", "async_llm.py": "api_server"}   # engine.py: V0's MQLLMEngine process
 _VANISHED = re.compile(r"\b(?:died|exited) unexpectedly\b")
 _INTERRUPT = re.compile(r"KeyboardInterrupt|CancelledError|^SystemExit")
 _OOM = re.compile(r"(?i)OutOfMemoryError|out of memory|\bOOM\b|oom[-_ ]kill|Killed process \d+")
@@ -221,6 +222,8 @@ def _process(death: Death, recs: Sequence[Any], index: Dict[int, int]) -> Tuple[
                         continue
                     return what, "the line announcing its traceback (line %d)" % r.n
     for r in own + _following(death, recs, i_end):   # outermost vLLM frame: the process's entry point
+        if _OFFLINE.match(r.msg):   # LLM(...) in a script: no server process; V0 runs engine and worker in it
+            return "unknown", "an offline LLM(...) run: the script's own process, not one of the server's"
         got = process_of_frame(r.msg)
         if got:
             return got[0], "the outermost vLLM frame of its traceback (vllm/%s)" % got[1]
