@@ -21,11 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from mla_doctor import user_cache
-from mla_doctor.remote.bundle import agent_source
+from mla_doctor.remote.bundle import agent_sources
 
 PREFIX = 16
 MAX_KNOWN = 256  # prefixes sent per plan (the newest): a machine audits a handful of releases
-_CODE = ("facts/resolve.py", "facts/backends.py", "facts/resolve_hint.py")
 
 
 def cache_dir() -> Path | None:
@@ -34,10 +33,11 @@ def cache_dir() -> Path | None:
 
 @functools.lru_cache(maxsize=1)
 def tag() -> str:
-    """The resolution code's identity: another mla-doctor (other rules) never reads these entries."""
+    """The agent code's identity: another mla-doctor (other rules) never reads these entries. Every agent module,
+    not only resolve.py: what it imports (syntax.py, model_types.py...) decides the answer too."""
     h = hashlib.sha256()
-    for rel in _CODE:
-        h.update(agent_source(rel))
+    for rel, text in sorted(agent_sources().items()):
+        h.update(rel.encode("utf-8") + b"\0" + text.encode("utf-8") + b"\0")
     return h.hexdigest()[:12]
 
 
