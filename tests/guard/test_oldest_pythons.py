@@ -10,6 +10,7 @@ wheel is built with a fixed SOURCE_DATE_EPOCH, so an unchanged tree gives the sa
 release and the interpreter; a rerun of an unchanged tree installs nothing."""
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import glob
 import hashlib
@@ -19,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,27 +58,16 @@ def _run(cmd, **kw) -> subprocess.CompletedProcess:
     return p
 
 
-class _Locked:
-    """One builder at a time per cache entry (two test runs on one machine share the cache)."""
-
-    def __init__(self, path: Path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.f = open(f"{path}.lock", "w")
-
-    def __enter__(self):
-        fcntl.flock(self.f, fcntl.LOCK_EX)
-
-    def __exit__(self, *exc):
-        fcntl.flock(self.f, fcntl.LOCK_UN)
-        self.f.close()
-
-
-def _cached_venv(dest: Path, key: str, build) -> Path:
+@contextlib.contextmanager
+def _cached_venv(dest: Path, key: str, build) -> Iterator[Path]:
     """`dest` as build(dest) leaves it, unless it holds `key` already: the key is written last, so a build cut
     short is redone; one that fails leaves nothing to reuse. Built in place (a venv's scripts name their own
-    absolute path, so it cannot be built aside and renamed)."""
+    absolute path, so it cannot be built aside and renamed). Two test runs on one machine share the cache: the
+    build holds the entry's lock alone, the use shares it, so no run reinstalls a venv another is running."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
     marker = dest / ".guard-key"
-    with _Locked(dest):
+    with open(f"{dest}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         if not (marker.is_file() and marker.read_text() == key):
             marker.unlink(missing_ok=True)
             try:
@@ -85,7 +76,8 @@ def _cached_venv(dest: Path, key: str, build) -> Path:
                 shutil.rmtree(dest, ignore_errors=True)
                 raise
             marker.write_text(key)
-    return dest
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        yield dest
 
 
 @dataclass
@@ -104,7 +96,7 @@ class Controller:
 
 
 @pytest.fixture(scope="module")
-def controller(tmp_path_factory) -> Controller:
+def controller(tmp_path_factory) -> Iterator[Controller]:
     py39 = _oldest(9)
     base = tmp_path_factory.mktemp("guard-wheel")
     src = base / "src"
@@ -113,8 +105,8 @@ def controller(tmp_path_factory) -> Controller:
     for name in SOURCES:
         p = ROOT / name
         (shutil.copytree(p, src / name, ignore=ignore) if p.is_dir() else shutil.copy2(p, src / name))
-    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", base / "dist",
-          src], timeout=300, env=dict(os.environ, SOURCE_DATE_EPOCH=EPOCH))
+    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", base / "dist", src], timeout=300,
+         env=dict(os.environ, SOURCE_DATE_EPOCH=EPOCH))
     wheel = next((base / "dist").glob("mla_doctor-*.whl"))
     digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
     cache = corpus.cache_root() / "guard"
@@ -126,15 +118,15 @@ def controller(tmp_path_factory) -> Controller:
         _run(pip + [wheel], timeout=600)  # its dependencies, when the wheel names new ones
         _run(pip + ["--force-reinstall", "--no-deps", wheel], timeout=600)  # this tree's code, same version
 
-    # one venv, keyed on the wheel's hash: an unchanged tree reuses it as is, a changed one reinstalls the wheel
-    venv = _cached_venv(cache / f"controller-{py39.parents[1].name}", digest, build)
     home = base / "home"
     home.mkdir()
-    return Controller(venv, home)
+    # one venv, keyed on the wheel's hash: an unchanged tree reuses it as is, a changed one reinstalls the wheel
+    with _cached_venv(cache / f"controller-{py39.parents[1].name}", digest, build) as venv:
+        yield Controller(venv, home)
 
 
 @pytest.fixture(scope="module")
-def release38() -> Path:
+def release38() -> Iterator[Path]:
     """A venv of pyenv's 3.8 (no pip) whose site-packages hold a real vLLM release, as an install has them."""
     py38 = _oldest(8)
     tree = corpus.ensure(*RELEASE)
@@ -147,7 +139,8 @@ def release38() -> Path:
                 _run(["cp", "-R", p, site], timeout=300)
 
     name = f"{RELEASE[0]}-{RELEASE[1]}-{py38.parents[1].name}"
-    return _cached_venv(corpus.cache_root() / "guard" / name, f"{tree} {py38}", build) / "bin" / "python"
+    with _cached_venv(corpus.cache_root() / "guard" / name, f"{tree} {py38}", build) as venv:
+        yield venv / "bin" / "python"
 
 
 def test_every_controller_module_imports_under_python_3_9(controller):
