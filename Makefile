@@ -9,7 +9,7 @@ ARGS   ?=
 DIST       ?= build/dist
 WHEEL_VENV ?= build/venv-wheel
 
-.PHONY: test setup system-packages demo-packages unit unit-local unit-data faults soak corpus integration install-tier lint clean demo \
+.PHONY: test setup system-packages demo-packages demo-wheel-venv unit unit-local unit-data faults soak corpus integration install-tier lint clean demo \
 	wheel wheel-venv guard
 
 setup: $(VENV)/.installed
@@ -105,11 +105,14 @@ test: setup system-packages lint guard unit-data
 	[ -z "$$rest" ] || { echo "test dirs not in TIERS: $$rest" >&2; failed="$$failed $$rest"; }; \
 	[ -z "$$failed" ] || { echo "FAILED tiers:$$failed" >&2; exit 1; }
 
-wheel: setup
-	rm -rf $(DIST) && mkdir -p $(DIST) && d=$$(mktemp -d) && \
+# $(call BUILD_WHEEL,PYTHON): the wheel into $(DIST), built by PYTHON's pip from a clean copy of the tree
+BUILD_WHEEL = rm -rf $(DIST) && mkdir -p $(DIST) && d=$$(mktemp -d) && \
 	cp -r mla_doctor playbooks templates pyproject.toml setup.py README.md $$d/ && \
 	find $$d -name __pycache__ -prune -exec rm -rf {} + && \
-	$(PY) -m pip wheel -q --no-deps -w $(DIST) $$d && rm -rf $$d
+	$(1) -m pip wheel -q --no-deps -w $(DIST) $$d && rm -rf $$d
+
+wheel: setup
+	$(call BUILD_WHEEL,$(PY))
 	@ls $(DIST)/mla_doctor-*.whl
 
 wheel-venv: wheel
@@ -123,12 +126,20 @@ clean:
 
 # One line per stage from the first second; each long stage says what it is doing (sandbox.py: the vLLM venv's
 # pip step and size every 5 s, the server's newest log line every 10 s).
+# The demo needs no dev venv (no test extras): the wheel is built by its own venv's pip, and demo/sandbox.py
+# (stdlib only) runs under that venv's python.
 demo:
-	@echo "[demo] 1/4 system packages the demo needs (openssh-server, gdb): installed only when missing"
+	@echo "[demo] 1/3 system packages the demo needs (openssh-server, gdb): installed only when missing"
 	@$(MAKE) -s --no-print-directory demo-packages
-	@echo "[demo] 2/4 mla-doctor's dev venv $(VENV) (pip; about 30-60 s the first time, cached after)"
-	@$(MAKE) -s --no-print-directory setup
-	@echo "[demo] 3/4 the wheel, installed into its own venv $(WHEEL_VENV) (as a user gets it)"
-	@$(MAKE) -s --no-print-directory wheel-venv
-	@echo "[demo] 4/4 the sandbox: vLLM CPU venv, tiny model, sshd, vLLM server, then mla-doctor run"
-	@MLA_DOCTOR_BIN=$(CURDIR)/$(WHEEL_VENV)/bin/mla-doctor $(PY) demo/sandbox.py $(ARGS)
+	@echo "[demo] 2/3 mla-doctor as a user gets it: a wheel of this tree installed into its own venv $(WHEEL_VENV)" \
+	  "(pip; about 20-60 s the first time)"
+	@$(MAKE) -s --no-print-directory demo-wheel-venv
+	@echo "[demo] 3/3 the sandbox: vLLM CPU venv, tiny model, sshd, vLLM server, then mla-doctor run"
+	@MLA_DOCTOR_BIN=$(abspath $(WHEEL_VENV))/bin/mla-doctor $(WHEEL_VENV)/bin/python demo/sandbox.py $(ARGS)
+
+demo-wheel-venv:
+	@[ -x $(WHEEL_VENV)/bin/python ] || $(PYTHON) -m venv $(WHEEL_VENV)
+	@$(call BUILD_WHEEL,$(WHEEL_VENV)/bin/python)
+	@$(WHEEL_VENV)/bin/python -m pip install -q --disable-pip-version-check $(DIST)/mla_doctor-*.whl
+	@$(WHEEL_VENV)/bin/python -m pip install -q --disable-pip-version-check --force-reinstall --no-deps \
+	  $(DIST)/mla_doctor-*.whl

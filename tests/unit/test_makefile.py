@@ -79,7 +79,8 @@ def test_make_demo_asks_only_for_its_own_system_packages():
     rules = _rules()
     demo = " ".join(rules["demo"][1])
     assert "system-packages" not in _needs(rules, "demo") and "system-packages" not in demo
-    assert "demo-packages" in demo and demo.index("[demo] 1/4") < demo.index("demo-packages")
+    assert "demo-packages" in demo and demo.index("[demo] 1/3") < demo.index("demo-packages")
+    assert "setup" not in demo.split() and "$(PY)" not in demo  # no dev venv (test extras) for the demo
     own = " ".join(rules["demo-packages"][1])
     assert "openssh-server" in own and "gdb" in own
     assert not any(p in own for p in ("docker.io", "chromium", "nftables", "systemd"))
