@@ -59,6 +59,7 @@ LOCAL: dict[str, object] = {
         "template_escape_under_dry_run_via_the_real_cli"},
     "first_screen_terminal": ALL,
     "help_examples": ALL,
+    "words_and_labels": {"did_you_mean_for_commands_and_options", "static_local_v_is_accepted_as_its_help_shows_it"},
     "first_screen": {"colour_on_a_terminal_only_never_piped_nor_with_no_color", "connection_local_runs_locally",
         "the_dry_run_plan_is_redacted"},
     "fleet_html_browser": ALL,

@@ -4,12 +4,18 @@ server line, runbook kinds by what their steps do, no "re-run the 0"), and the w
 breaks after a `/`, the fleet table's host column never split; piped: not wrapped)."""
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 from click.testing import CliRunner
 
 from mla_doctor import terminal, words
 from mla_doctor.cli import cli
 from mla_doctor.cli.common import cli as group
 from mla_doctor.reports import first_screen, fleet_text
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _hoisted(*args: str) -> list[str]:
@@ -36,8 +42,11 @@ def test_static_local_v_is_accepted_as_its_help_shows_it():
 
 
 def test_did_you_mean_for_commands_and_options():
-    got = CliRunner().invoke(cli, ["stat"])
-    assert got.exit_code == 2 and "No such command 'stat'. Did you mean 'static'?" in got.output, got.output
+    # a fresh process, as typed: the lazy group has loaded no command module there (click's own suggestions
+    # come only from the loaded ones)
+    got = subprocess.run([sys.executable, "-m", "mla_doctor", "stat"], capture_output=True, text=True, timeout=60,
+                         cwd=ROOT)
+    assert got.returncode == 2 and "No such command 'stat'. Did you mean 'static'?" in got.stderr, got.stderr
     got = CliRunner().invoke(cli, ["static", "--hots", "x"])
     assert got.exit_code == 2 and "Did you mean" in got.output and "--host" in got.output, got.output
     got = CliRunner().invoke(cli, ["zzzz"])
@@ -79,8 +88,8 @@ def test_playbooks_label_runbooks_by_what_their_steps_do():
     assert "changes files" in next(ln for ln in out.splitlines() if ln.strip().startswith("revert"))
 
 
-def _fleet(retry: list[str], hosts: int = 2) -> dict:
-    rows = [{"host": f"gpu-{chr(97 + i)}", "status": "ok", "verdict": "ok", "exit_status": 0, "findings": [],
+def _fleet(retry: list[str], hosts: int = 2, name: str = "gpu-{}") -> dict:
+    rows = [{"host": name.format(chr(97 + i)), "status": "ok", "verdict": "ok", "exit_status": 0, "findings": [],
              "vllm": {"version": "0.33.0"},
              "static": {"prefill_entry": {"symbol": "vllm/model_executor/layers/attention/mla_attention.py:"
                                                     "MLACommonBaseImpl.forward_mha"}}}
@@ -132,3 +141,6 @@ def test_the_fleet_table_fits_the_terminal_and_never_splits_a_host():
         assert "MLACommonBaseImpl.forward_mha" in text.replace("\n", "").replace(" ", "")
     piped = fleet_text.render(doc)
     assert len(piped.split("\n\n", 1)[0].splitlines()) == 3  # header + one line per host: not wrapped
+    long = _fleet([], name="gpu-node-{}.rack-17.example.internal")  # wider than any column's floor
+    table = fleet_text.render(long, 80).split("\n\n", 1)[0].splitlines()
+    assert sum("gpu-node-a.rack-17.example.internal" in ln for ln in table) == 1, table
