@@ -144,3 +144,36 @@ def test_the_fleet_table_fits_the_terminal_and_never_splits_a_host():
     long = _fleet([], name="gpu-node-{}.rack-17.example.internal")  # wider than any column's floor
     table = fleet_text.render(long, 80).split("\n\n", 1)[0].splitlines()
     assert sum("gpu-node-a.rack-17.example.internal" in ln for ln in table) == 1, table
+
+
+# --------------------------------------------------------------------------- the verdict as a sentence
+
+def _prompt(n, exp, obs, sparse_steps=0):
+    return {"name": "p", "prompt_tokens": n, "expected": dict(exp, threshold=exp.get("threshold", 1)),
+            "observed": dict(obs, sparse_steps=sparse_steps)}
+
+
+def test_each_live_verdict_says_the_entry_why_and_whether_expected():
+    hidden = first_screen.prompt_words(_prompt(1020, {"prefill": "mha", "decode": "hidden"},
+                                               {"prefill": "mha", "decode": "hidden"}), "CUDA_GRAPHS_HIDE_DECODE",
+                                       "warn")
+    assert hidden.startswith("the 1020-token prompt is over the threshold of 1 token, so its prefill ran "
+                             "forward_mha; its decode steps replayed a CUDA graph, which hides the forward_mqa calls")
+    assert hidden.endswith("— CUDA_GRAPHS_HIDE_DECODE")
+    sparse = first_screen.prompt_words(_prompt(4096, {"prefill": "mqa", "decode": "mqa"},
+                                               {"prefill": "mqa", "decode": "mqa"}, sparse_steps=3),
+                                       "SPARSE_ALL_MQA", "info")
+    assert sparse.startswith("the 4096-token prompt took the sparse (DSA) top-k route: forward_mqa for every token, "
+                             "so forward_mha is never reached") and "— SPARSE_ALL_MQA" in sparse
+    wrong = first_screen.prompt_words(_prompt(1020, {"prefill": "mha", "decode": "mqa", "threshold": 512},
+                                              {"prefill": "mqa", "decode": "mqa"}), "PATH_UNEXPECTED", "fail")
+    assert "ran forward_mqa, not forward_mha" in wrong and "NOT as expected (expected prefill mha" in wrong
+
+
+def test_explain_s_sentence_says_a_full_cuda_graph_hides_the_decode_entry():
+    got = words.prompt_answer({"tokens": 1, "symbol": "forward_mqa", "path": "mqa"}, 64, "FLASHMLA", "V1",
+                              "FULL_AND_PIECEWISE")
+    assert got.startswith("a 1-token prompt is decode-only (at or below FLASHMLA's threshold of 64 tokens), so it "
+                          "runs forward_mqa and forward_mha is never reached")
+    assert "replay a full CUDA graph (FULL_AND_PIECEWISE)" in got
+    assert "CUDA graph" not in words.prompt_answer({"tokens": 1, "symbol": "forward_mqa", "path": "mqa"}, 64)
