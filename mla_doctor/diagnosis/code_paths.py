@@ -266,6 +266,8 @@ def code_paths_section(facts: Any, resolution: Optional[dict], config: Optional[
             "backends_unknown_to_table": be["unknown"], "backend_decode_mismatch": be["mismatch"],
             "disagreements": disagree,
             "family_backend": family_backend(served),
+            # what changes routing as the installed code states it (resolve.py's routing_code)
+            "routing_code": resolution.get("routing_code"),
             "served_not_on_platform": not_on_platform(fps, config)}
 
 

@@ -118,6 +118,10 @@ class Known:
     # families table): {"family", "source", "platform", "by_platform": {branch: {prefill: none|own|forward_mha|
     # mixed, decode: [symbols], prefill_symbol, layers}}}; None: the shared MLA layer (the routing below)
     family: Optional[Dict[str, Any]] = None
+    # a default-on sparse prefill mode under TP read from the installed code (0.34's sparse_mla_shard_q:
+    # config/attention.py default, its min tokens, and _use_sparse_mha's shardq gate): {"on", "min_tokens",
+    # "ref", "gate"}; None where the release has none or no code was read
+    shard_q: Optional[Dict[str, Any]] = None
 
     @property
     def local_heads(self) -> Optional[int]:
@@ -344,6 +348,12 @@ def _decide(ctx: _Ctx) -> Tuple[str, str, str]:
             return MQA, dec, "%d token(s) <= %s: decode (top-k MQA)" % (n, thr_why)
         if ctx.known.force_mqa:
             return MQA, dec, "sparse_mla_force_mqa / a top-k-MQA-only log line: every token to forward_mqa"
+        sq = ctx.known.shard_q
+        if sq and sq.get("on") and n >= int(sq.get("min_tokens") or 0) and _shard_q_backend(ctx, backend) \
+                and ctx.get("tp") > 1:
+            return MQA, dec, ("sparse_mla_shard_q (on by default, %s; gate %s): under TP a sparse prefill of >= %s "
+                              "tokens is sharded by token through forward_mqa" % (sq.get("ref"), sq.get("gate"),
+                                                                                  sq.get("min_tokens")))
         for nd in f.no_dense_mha:
             if nd.backend == backend and _when_holds(ctx, dict(nd.when)):
                 return MQA, dec, "%s has no dense-MHA prefill (%s): top-k MQA only" % (backend, nd.text)
@@ -367,6 +377,33 @@ def _decide(ctx: _Ctx) -> Tuple[str, str, str]:
 
 
 _PLATFORM_OF = {"cuda": "nvidia", "rocm": "amd", "xpu": "xpu", "cpu": "cpu", "nvidia": "nvidia", "amd": "amd"}
+
+
+def _shard_q_backend(ctx: _Ctx, backend: Optional[str]) -> bool:
+    """sparse_mla_shard_q applies on the FlashInfer sparse MLA backend, or FlashMLA sparse with an FP8 DeepSeek KV
+    cache (0.34's AttentionConfig docstring: what the code's flag means is the knowledge's part)."""
+    name = (backend or "").upper()
+    if name.startswith("FLASHINFER_MLA_SPARSE"):
+        return True
+    return name == "FLASHMLA_SPARSE" and ctx.get("kv") == "fp8"
+
+
+def shard_q_of(code_paths: Optional[dict]) -> Optional[Dict[str, Any]]:
+    """Known.shard_q from the static answer's code_paths.routing_code (None without the flag or its gate)."""
+    rc = (code_paths or {}).get("routing_code") if isinstance(code_paths, dict) else None
+    if not isinstance(rc, dict):
+        return None
+    ac = rc.get("attention_config") or {}
+    fields = ac.get("fields") or {}
+    flag = fields.get("sparse_mla_shard_q")
+    gates = (rc.get("sparse_mha_gates") or {})
+    gate = next((g for g in gates.get("gates") or [] if "shardq" in str(g.get("test"))), None)
+    if not isinstance(flag, dict) or gate is None:
+        return None
+    mt = fields.get("sparse_mla_shard_q_min_tokens") or {}
+    return {"on": flag.get("value") is True, "min_tokens": mt.get("value") if isinstance(mt.get("value"), int) else 0,
+            "ref": "vllm/%s:%s" % (ac.get("file"), flag.get("line")),
+            "gate": "vllm/%s:%s" % (gates.get("file"), gate.get("line"))}
 
 
 def _family_decision(ctx: _Ctx) -> Optional[Tuple[str, str, str]]:
@@ -612,6 +649,7 @@ def known_from_host(h: dict, facts: ReleaseFacts) -> Known:
     k.force_mqa = True if no_dense else None
     k.no_prefill_backend = no_backend
     k.family = family_of(StaticSection.of(h.get("static")).code_paths, facts, config)
+    k.shard_q = shard_q_of(StaticSection.of(h.get("static")).code_paths)
     k.sources = srcs
     return k
 

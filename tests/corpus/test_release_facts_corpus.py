@@ -160,3 +160,33 @@ def test_glm5_without_index_topk_is_never_config_has_index_topk():
     mc = classify_model(KB.for_version("0.33.0"), cfg, code=_res("0.33.0", ["GlmMoeDsaForCausalLM"]))
     assert "config has index_topk" not in mc.reason, mc.reason
     assert mc.startup_failure and "index_topk" in mc.startup_failure
+
+
+def test_034s_default_on_shard_q_sends_a_long_sparse_prefill_under_tp_through_forward_mqa():
+    """0.34.0 config/attention.py:150 `sparse_mla_shard_q: bool = True` (min tokens :160, 1024) and
+    MLAAttention._use_sparse_mha's gate `if getattr(attn_metadata, "shardq", None) is not None: return False`
+    (mla_attention.py:1402), read from the code: a 4096-token GLM-5 prompt on FLASHINFER_MLA_SPARSE under TP 8
+    runs forward_mqa, saying why; TP 1 does not; 0.33.0 has no such flag."""
+    from mla_doctor.diagnosis.routing import Known, route, shard_q_of
+
+    res = _res("0.34.0", ["GlmMoeDsaForCausalLM"])
+    cfg = {"architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa", "kv_lora_rank": 512,
+           "index_topk": 2048}
+    section = cp.code_paths_section(KB.for_version("0.34.0"), res, cfg)
+    sq = shard_q_of(section)
+    assert sq == {"on": True, "min_tokens": 1024, "ref": "vllm/config/attention.py:150",
+                  "gate": "vllm/model_executor/layers/attention/mla_attention.py:1402"}, sq
+    facts = KB.for_version("0.34.0")
+
+    def long_prompt(tp, shard_q):
+        k = Known(engine="V1", is_mla=True, is_sparse=True, backend="FLASHINFER_MLA_SPARSE", tp=tp, heads=64,
+                  index_topk=2048, kv="auto", sm=100, shard_q=shard_q)
+        return route(facts, k, 4096)
+
+    r = long_prompt(8, sq)
+    assert r.path == "mqa" and "sparse_mla_shard_q" in r.why(), r.text()
+    r1 = long_prompt(1, sq)
+    assert "sparse_mla_shard_q" not in r1.why(), r1.why()
+    assert long_prompt(8, None).why() != r.why()  # without the code's flag: the table's routing
+    assert shard_q_of(cp.code_paths_section(KB.for_version("0.33.0"), _res("0.33.0", ["GlmMoeDsaForCausalLM"]),
+                                            cfg)) is None

@@ -68,3 +68,65 @@ def mla_model_types(vdir):
                             "symbol": "%s.%s" % (cls.name, FUNCTION), "types": types,
                             "eagle_targets": eagle, "eagle_line": eline}
     return None
+
+
+ATTENTION_CONFIG = "config/attention.py"
+SPLIT_FILE = "model_executor/layers/attention/mla_attention.py"
+
+
+def _constant(node):
+    """A field's literal default: `x: bool = True`, `x: int = Field(default=1024, ge=1)`; else a sentinel."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Call) and (chain(node.func) or [""])[-1] == "Field":
+        for k in node.keywords:
+            if k.arg == "default" and isinstance(k.value, ast.Constant):
+                return k.value.value
+    return _NONE
+
+
+_NONE = object()
+
+
+def _source(vdir, rel, node):
+    """The source text of an expression (ast.unparse is 3.9+: the agent runs on 3.8)."""
+    import os
+
+    try:
+        lines = read_regular(os.path.join(vdir, rel)).decode("utf-8", "replace").splitlines()
+    except OSError:
+        return ""
+    if node.lineno != getattr(node, "end_lineno", node.lineno):
+        return " ".join(ln.strip() for ln in lines[node.lineno - 1:node.end_lineno])
+    return lines[node.lineno - 1][node.col_offset:node.end_col_offset]
+
+
+def routing_code(vdir):
+    """What changes routing, as the installed release states it (issue 28: 0.34's default-on
+    `sparse_mla_shard_q` sends a sparse prefill under TP through forward_mqa): the literal defaults of
+    AttentionConfig's fields ({name: {value, line}}, config/attention.py) and the `return False` gates of
+    MLAAttention._use_sparse_mha ([{test, line}]). None for what the release does not have."""
+    out = {"attention_config": None, "sparse_mha_gates": None}
+    tree = _read(vdir, ATTENTION_CONFIG)
+    if tree is not None:
+        for cls in ast.walk(tree):
+            if isinstance(cls, ast.ClassDef) and cls.name == "AttentionConfig":
+                fields = {}
+                for n in cls.body:
+                    if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name) and n.value is not None:
+                        v = _constant(n.value)
+                        if v is not _NONE:
+                            fields[n.target.id] = {"value": v, "line": n.lineno}
+                out["attention_config"] = {"file": ATTENTION_CONFIG, "fields": fields}
+    tree = _read(vdir, SPLIT_FILE)
+    if tree is not None:
+        for fn in ast.walk(tree):
+            if isinstance(fn, ast.FunctionDef) and fn.name == "_use_sparse_mha":
+                gates = []
+                for st in fn.body:
+                    if isinstance(st, ast.If) and len(st.body) == 1 and isinstance(st.body[0], ast.Return) \
+                            and isinstance(st.body[0].value, ast.Constant) and st.body[0].value.value is False:
+                        gates.append({"test": _source(vdir, SPLIT_FILE, st.test), "line": st.lineno})
+                out["sparse_mha_gates"] = {"file": SPLIT_FILE, "def_line": fn.lineno, "gates": gates}
+                break
+    return out

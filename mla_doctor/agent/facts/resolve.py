@@ -18,7 +18,7 @@ import os
 import re
 
 from ..common import read_regular
-from .model_types import mla_model_types
+from .model_types import mla_model_types, routing_code
 from .syntax import chain, returned_exprs
 
 REGISTRY = "model_executor/models/registry.py"
@@ -912,6 +912,7 @@ def resolve_paths(vdir, architectures=None, ident=None, gpu=None, limit=64, max_
     out["probe_targets"].extend(backend_probe_targets(r, out["backends"], out["probe_targets"], fams))
     # the release's own MLA model types (is_deepseek_mla): a new family's config is classified from these
     out["mla_model_types"] = mla_model_types(vdir)
+    out["routing_code"] = routing_code(vdir)  # AttentionConfig's defaults, _use_sparse_mha's gates
     return out
 
 
