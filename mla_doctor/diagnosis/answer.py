@@ -220,11 +220,13 @@ def host_answer(h: dict, kb: Knowledge | None = None) -> HostAnswer | None:
     stub = isinstance(nop, dict) and a.backend_source == "platform"
     if stub:
         # the platform's branch of the family is a stub that raises: no layer, no path, no backend to claim
-        a.backend = (f"none: {nop.get('family')}'s {nop.get('platform')} branch is a stub that raises "
+        a.backend = (f"none: {nop.get('family')}'s layer on {words.platform_name(nop.get('platform'))} is a stub "
+                     "that raises "
                      f"{nop.get('raises') or '?'}")
         a.backend_name = None
-        a.one_token = a.long_prompt = (f"no path: the server cannot build this model on the {nop.get('platform')} "
-                                       f"branch of {nop.get('family')} (see FAMILY_NOT_ON_PLATFORM)")
+        a.one_token = a.long_prompt = (f"no path: the server cannot build this model on "
+                                       f"{words.platform_name(nop.get('platform'))}: {nop.get('family')} has no "
+                                       "layer there (see FAMILY_NOT_ON_PLATFORM)")
         a.entry_short = a.entry_long = a.dispatch = None
         a.one_token_words = a.long_prompt_words = (
             f"no prompt runs: {nop.get('family')} has no working layer on {words.platform_name(nop.get('platform'))} "

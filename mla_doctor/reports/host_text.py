@@ -9,6 +9,7 @@ import json
 import shutil
 
 from mla_doctor.threshold_text import fmt_threshold
+from mla_doctor.words import platform_name
 from mla_doctor import terminal
 from mla_doctor.reports import first_screen
 from mla_doctor.report_sections import ModelSection, ServerSection, StaticSection, VllmSection
@@ -79,13 +80,14 @@ def render_host(h: HostReport) -> list[str]:
     out.append(f"   decode:    {_sym(s.decode_entry)}")
     served = s.served
     if served and not served.get("generic"):  # the served model's own layer, from the installed code
-        branch = served.get("platform_taken") or "unknown: every branch"
+        taken = served.get("platform_taken")
+        where = f"on {platform_name(taken)}" if taken else "platform unknown: each platform's layer"
         out.append(f"   family:    {served.get('family')} ({served.get('architecture')} -> "
-                   f"vllm/{served.get('module')}; branch {branch}) — prefill {served.get('prefill')}")
+                   f"vllm/{served.get('module')}; {where}) — prefill {served.get('prefill')}")
         for lp in served.get("layers") or []:
             if served.get("platform_taken") and lp.get("platform") != served.get("platform_taken"):
                 continue
-            out.append(f"     - [{lp.get('platform')}] {lp.get('class')} {lp.get('ref')}: decode "
+            out.append(f"     - [{platform_name(lp.get('platform'))}] {lp.get('class')} {lp.get('ref')}: decode "
                        + "; ".join(lp.get("decode") or ["?"])
                        + ("; prefill " + "; ".join(lp["prefill_entries"]) if lp.get("prefill_entries") else ""))
     for d in s.decode_entries:
