@@ -5,9 +5,9 @@ first screen says — the answer the report holds (`hosts[].answer`, computed wh
 diagnosis/answer.py: the backend and why, what a 1-token and a long prompt do, whether the *served model* is
 sparse, the problems with their action), the install, the model and server as found, and for a live run the
 verdict per prompt (expected vs observed path, with the reason code) and the restore. A writer diagnoses nothing.
-`screen(...)` lays that out in at most ~15 lines no wider than the terminal; `verdict_cell(host)` is the one-cell
-summary the fleet Markdown/HTML show. Colour (severity) only when asked: the caller decides (a terminal, no
-NO_COLOR)."""
+`screen(...)` lays that out in ~18 lines, the answer in words first, wrapped to the terminal without losing a
+word (piped: not wrapped); `verdict_cell(host)` is the one-cell summary the fleet Markdown/HTML show. Colour
+(severity) only when asked: the caller decides (a terminal, no NO_COLOR)."""
 from __future__ import annotations
 
 import io

@@ -1,6 +1,6 @@
 """Human-readable rendering of a RunReport (the only place, with the CLI, that formats for people).
 
-Each host starts with its first screen (reports/first_screen.py: the answer, at most ~15 lines fitted to the
+Each host starts with its first screen (reports/first_screen.py: the answer in words, ~18 lines fitted to the
 width); `verbose` >= 1 adds every entry and detail below it. No line is wider than `width`, except a patch's
 unified diff and its undo command (kept whole, so that they can be applied and copied)."""
 from __future__ import annotations
