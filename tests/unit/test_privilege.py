@@ -399,3 +399,27 @@ def test_pid_travels_from_the_command_line_to_the_agent(tmp_path):
                        env=env, cwd=str(tmp_path))
     doc = json.loads(p.stdout)
     assert "--pid 1 is not a vLLM server" in json.dumps(doc), p.stdout[-2000:]
+
+
+def test_no_request_and_no_api_key_to_a_port_the_server_is_not_proven_to_hold():
+    """The controller's precondition before its HTTP client (and the API key) exists: the server's port must
+    be one of its own listening sockets (a --pid server serving another port, or nothing yet, gets nothing)."""
+    from mla_doctor.host.live import refusals
+
+    refusals.check_port_proven({"pid": 11, "port": 8123, "listening_ports": [8123, 9000]})
+    for srv in ({"pid": 11, "port": 8000, "listening_ports": [8123]}, {"pid": 11, "port": 8000},
+                {"pid": 11, "port": None, "listening_ports": [8000]}):
+        with pytest.raises(refusals.HostRefusal) as e:
+            refusals.check_port_proven(srv)
+        assert e.value.kind == "PortNotProven" and "no API key" in e.value.message
+    # and the live run checks it before it makes the HTTP client that carries the key
+    from types import SimpleNamespace
+
+    from mla_doctor.host.live import prepare
+
+    run = SimpleNamespace(server={"pid": 11, "port": 8000, "listening_ports": [9000]}, host_tr=None, tr=None,
+                          ropts=SimpleNamespace(api_key_env=None), host_sudo=False)
+    with pytest.raises(refusals.HostRefusal):
+        prepare.reach_server(run, None)
+    run.server["listening_ports"] = [8000]
+    assert prepare.reach_server(run, None) is not None
