@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 
+from ..privilege import call_as, proc_ids
 from .elf import ElfError, defined_symbols
 from .inject import GDB_TIMEOUT, gdb_argv, interpret, run_gdb
 from .procs import CPYTHON_SYMBOLS, INTERPRETER_SYMBOLS
@@ -75,6 +76,10 @@ def ptrace_refusals(target_uids, gdb):
     return []
 
 
+def _symbols_list(path):
+    return sorted(defined_symbols(path, INTERPRETER_SYMBOLS + CPYTHON_SYMBOLS))
+
+
 def interpreter_refusals(proc):
     """The process must be a CPython whose dynamic symbols include the two the injection calls."""
     pid = proc["pid"]
@@ -83,7 +88,14 @@ def interpreter_refusals(proc):
     # service user controls (a FIFO there hung the agent)
     path = proc.get("libpython_map") if lib else "/proc/%d/exe" % pid
     try:
-        found = defined_symbols(path, INTERPRETER_SYMBOLS + CPYTHON_SYMBOLS)
+        try:
+            found = defined_symbols(path, INTERPRETER_SYMBOLS + CPYTHON_SYMBOLS)
+        except PermissionError:
+            if not lib:
+                raise
+            # map_files needs CAP_SYS_ADMIN (a container granted SYS_PTRACE only): then by its name, but as the
+            # server's own user, bounded -- never by a name it controls as root
+            found = set(call_as(proc_ids(pid), _symbols_list, ("/proc/%d/root%s" % (pid, lib),), timeout=20.0))
     except (OSError, ElfError) as e:
         return ["pid %d (%s): cannot read its interpreter's symbols (%s): %s" % (pid, proc.get("comm"), e, PATCH_FIX)]
     if not found & set(CPYTHON_SYMBOLS):
