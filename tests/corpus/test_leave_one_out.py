@@ -171,9 +171,13 @@ def _generic(kb: Knowledge, dist: str, version: str, code: bool) -> list:
 
 
 def test_the_freeze_removes_what_names_the_release():
-    """0.34.0's frozen table is the shipped one (nothing names 0.34); 0.33.0's loses `>=0.33` items and its own
-    newest_known; 0.29's loses the deepseek_v32 family row (versions >=0.29) and the 0.29 model types."""
-    assert frozen_data(_FULL, "0.34.0")["newest_known"] == _FULL["newest_known"] == "0.33.0"
+    """0.34.0's frozen table is the one the tool was built with (newest 0.33.0, no KIMI_K3_KV_BALANCED_MLA);
+    0.33.0's loses `>=0.33` items and its own newest_known; 0.29's loses the deepseek_v32 family row (versions
+    >=0.29) and the 0.29 model types."""
+    f34 = frozen_data(_FULL, "0.34.0")
+    assert _FULL["newest_known"] == "0.34.0" and f34["newest_known"] == "0.33.0" and "0.34.0" not in f34["inspected"]
+    assert Knowledge(f34).for_version("0.34.0").backend("KIMI_K3_KV_BALANCED_MLA") is None
+    assert Knowledge(_FULL).for_version("0.34.0").backend("KIMI_K3_KV_BALANCED_MLA") is not None
     f33 = frozen_data(_FULL, "0.33.0")
     assert Version(f33["newest_known"]) < Version("0.33") and "0.33.0" not in f33["inspected"]
     k29 = Knowledge(frozen_data(_FULL, "0.29.0")).for_version("0.29.0")

@@ -22,8 +22,9 @@ K = load_knowledge()
     ("0.11.1.dev42+g1234abc", "0.11.1", True, "0.11.0"),
     ("v0.20.2", "0.20.2", True, "0.20.2"),
     ("0.33.1", "0.33.1", True, "0.33.0"),
-    ("0.35.0", "0.35.0", False, "0.33.0"),
-    ("1.0.0", "1.0.0", False, "0.33.0"),
+    ("0.34.1", "0.34.1", True, "0.34.0"),
+    ("0.35.0", "0.35.0", False, "0.34.0"),
+    ("1.0.0", "1.0.0", False, "0.34.0"),
     ("0.5.3", "0.5.3", False, "0.6.6.post1"),
 ])
 def test_version_lookup(given, release, known, nearest):
@@ -36,7 +37,7 @@ def test_version_lookup(given, release, known, nearest):
 @pytest.mark.parametrize("bad", [None, "", "garbage", "unknown"])
 def test_unreadable_version_is_best_effort(bad):
     f = K.for_version(bad)
-    assert f.known is False and f.nearest == "0.33.0"
+    assert f.known is False and f.nearest == "0.34.0"
     assert f.dispatch is not None  # newest facts, never a crash
 
 
@@ -430,7 +431,7 @@ def test_verify_static_never_crashes(agent):
 
 def test_verify_static_unknown_version_flags_extrapolation():
     a = verify_static(K.for_version("0.40.0"), _agent({}, version="0.40.0"))
-    assert not a.known and a.nearest == "0.33.0"
+    assert not a.known and a.nearest == "0.34.0"
     assert "outside the knowledge table" in a.unconfirmed[0]
 
 
