@@ -159,8 +159,9 @@ def main() -> int:
     args = ap.parse_args()
 
     from mla_doctor.diagnosis.knowledge import load_knowledge
-    from mla_doctor.host.audit import AuditOptions, audit_host, static_plan
-    from mla_doctor.remote import formats_cache, parse_cache
+    from mla_doctor.host.audit import AuditOptions, static_plan
+    from mla_doctor.host.library import audit_host
+    from mla_doctor.remote import formats_cache, parse_cache, resolve_cache
     from mla_doctor.remote.runner import run_agent
     from mla_doctor.ssh.transport import ConnectOptions, LocalTransport
 
@@ -184,14 +185,21 @@ def main() -> int:
         # the controller's parse cache (remote/parse_cache.py) in this run's own directory: filled by the warm-up
         # run, so "agent"/"cli" are hits; "agent_miss"/"cli_miss" run without it
         os.environ["MLA_DOCTOR_PARSE_CACHE"] = env["MLA_DOCTOR_PARSE_CACHE"] = str(Path(tmp) / "parse")
+        # the release's resolution (remote/resolve_cache.py) likewise: stored by the warm-up, off for the misses
+        os.environ["MLA_DOCTOR_RESOLVE_CACHE"] = env["MLA_DOCTOR_RESOLVE_CACHE"] = str(Path(tmp) / "resolve")
         env["MLA_DOCTOR_KNOWLEDGE_CACHE"] = str(Path(tmp) / "knowledge")  # the controller's YAML copy, this run's own
         # the agent modules compiled by the controller (remote/bundle.py code_frame), this run's own
         os.environ["MLA_DOCTOR_AGENT_CODE_CACHE"] = env["MLA_DOCTOR_AGENT_CODE_CACHE"] = str(Path(tmp) / "agent-code")
-        miss_env = dict(env, MLA_DOCTOR_PARSE_CACHE="off")
+        miss_env = dict(env, MLA_DOCTOR_PARSE_CACHE="off", MLA_DOCTOR_RESOLVE_CACHE="off")
 
         def agent_run(known, base=plan, formats=None):
             p = dict(base, index=dict(base["index"], known=known() if known else {}), **(formats or {}))
-            return run_agent(LocalTransport(), p, python=py)
+            if known:  # a hit: the resolution stored for this release, as protocol.call sends it
+                p["resolve"] = resolve_cache.plan_field(base["resolve"])
+            raw = run_agent(LocalTransport(), p, python=py)
+            if known:
+                resolve_cache.merge(raw)  # stores it on the warm-up; the controller's side, not in (b)
+            return raw
 
         # the plans as protocol.call sends them: a server of this machine found by the agent (a shared machine's
         # test server) has its log harvested, from the cache on a hit
@@ -217,7 +225,7 @@ def main() -> int:
         src_env = env
         env = dict(env, PYTHONPYCACHEPREFIX=str(Path(tmp) / "pyc"))
         env.pop("PYTHONDONTWRITEBYTECODE")
-        miss_env = dict(env, MLA_DOCTOR_PARSE_CACHE="off")
+        miss_env = dict(env, MLA_DOCTOR_PARSE_CACHE="off", MLA_DOCTOR_RESOLVE_CACHE="off")
 
         def cli_with(e, log=False):
             p = subprocess.run([sys.executable, "-m", "mla_doctor", "static", "--local", "--python", py,
@@ -297,9 +305,9 @@ def main() -> int:
     print("|---|---|---|---|")
     for k, label in (("floor", "(a) read + sha256 every RECORD-listed file, one process"),
                      ("agent", "(b) the agent alone, static audit (parse cache hit)"),
-                     ("agent_miss", "(b') the agent alone, no parse cache"),
+                     ("agent_miss", "(b') the agent alone, no parse or resolve cache"),
                      ("cli", "(c) `mla-doctor static --local --format json`, whole process (cache hit)"),
-                     ("cli_miss", "(c') the same, parse cache off"),
+                     ("cli_miss", "(c') the same, parse and resolve caches off"),
                      ("cli_src", "(c'') the same as (c), no bytecode: every module compiled at start"),
                      ("agent_log", "(b_log) the agent alone, with a server log: parse and log-format caches hit"),
                      ("agent_log_miss", "(b'_log) the same, no cache: the log formats harvested"),
