@@ -46,7 +46,8 @@ def cpu():
     return r.ru_utime + r.ru_stime
 out = {"start": cpu()}
 sys.path.insert(0, sys.argv[1])
-from mla_doctor.host.audit import AuditOptions, audit_host
+from mla_doctor.host.audit import AuditOptions
+from mla_doctor.host.library import audit_host
 from mla_doctor.diagnosis.knowledge import load_knowledge
 from mla_doctor.ssh.transport import ConnectOptions
 out["imports"] = cpu()
@@ -118,7 +119,8 @@ def main() -> int:
     import paramiko
 
     from mla_doctor.diagnosis.knowledge import load_knowledge
-    from mla_doctor.host.audit import AuditOptions, audit_host
+    from mla_doctor.host.audit import AuditOptions
+    from mla_doctor.host.library import audit_host
     from mla_doctor.ssh.transport import ConnectOptions
     from tests.support import corpus
     from tests.support import fleet as fs
