@@ -141,7 +141,12 @@ def _layer(platform: str, lp: dict) -> LayerPath:
             pre.append(ref)
         else:
             disp.append(ref)
-    generic = str(lp.get("file") or "").startswith(_SHARED)
+    # the shared layer, or a family's subclass of it that overrides none of its split (0.34's _MistralMLA(
+    # MLAAttention), dots3's padded layer): every entry call sits in the shared files, so the shared split runs
+    top = [c for c in lp.get("calls") or [] if not c.get("inside")]
+    generic = str(lp.get("file") or "").startswith(_SHARED) or (
+        bool(top) and not any(c.get("own") for c in top)
+        and all(str((c.get("in") or {}).get("file") or "").startswith(_SHARED) for c in top))
     # resolve.py's via for a wrapped model: [Wrapper, "Arch (file:line)", Arch, ...]
     via = [str(v) for v in lp.get("via") or []]
     through = next((v.replace(" (", " (vllm/", 1) for v in via[1:2] if v.endswith(")") and " (" in v), None)

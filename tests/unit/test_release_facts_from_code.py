@@ -325,3 +325,26 @@ def test_explain_believes_the_logs_mla_backend_over_the_tables_list():
                  config=cfg, version="0.33.0")
     assert ex.model["is_mla"], ex.model
     assert not classify_model(load_knowledge().for_version("0.33.0"), cfg).is_mla  # the table alone
+
+
+def test_a_family_subclass_that_overrides_none_of_the_split_runs_the_shared_split():
+    """0.34's `class _MistralMLA(MLAAttention)` (models/mistral/nvidia/attention.py:38) overrides no entry: every
+    entry call sits in the shared mla_attention.py, so it is the shared split (the knowledge's routing applies,
+    no 'own layer' claim); a layer with a call of its own file is the family's."""
+    shared = "model_executor/layers/attention/mla_attention.py"
+
+    def res(call_file):
+        calls = [{"in": {"file": call_file, "symbol": "X.forward_impl", "line": 1}, "line": 2,
+                  "call": "self.forward_impl", "entry": "forward_impl", "via": "self", "role": "dispatch",
+                  "tokens": "all"},
+                 {"in": {"file": call_file, "symbol": "X.forward_impl", "line": 1}, "line": 3,
+                  "call": "self.impl.forward_mqa", "entry": "forward_mqa", "via": "impl", "role": "decode",
+                  "tokens": "[:n]"}]
+        return {"architectures": [{"architecture": "MistralLarge4ForCausalLM", "family": "mistral", "branches": [
+            {"platform": "nvidia", "layers": [{"file": "models/mistral/nvidia/attention.py", "class": "_MistralMLA",
+                                               "line": 38, "calls": calls, "prefill": "forward_mha"}]}]}]}
+
+    (fp,) = cp.family_paths(res(shared))
+    assert fp.generic and cp.family_route(fp) is None
+    (fp,) = cp.family_paths(res("models/mistral/nvidia/attention.py"))
+    assert not fp.generic and cp.family_route(fp) is not None
