@@ -190,3 +190,37 @@ def test_034s_default_on_shard_q_sends_a_long_sparse_prefill_under_tp_through_fo
     assert long_prompt(8, None).why() != r.why()  # without the code's flag: the table's routing
     assert shard_q_of(cp.code_paths_section(KB.for_version("0.33.0"), _res("0.33.0", ["GlmMoeDsaForCausalLM"]),
                                             cfg)) is None
+
+
+@pytest.mark.parametrize("name, config, dispatch, prefill, decode", [
+    # Mistral Large 4 runs the shared split (_MistralMLA(MLAAttention) overrides none of it): the generic entries
+    ("mistral", dict(MISTRAL, num_attention_heads=128), "MLAAttention.forward_impl", "MLACommonBaseImpl.forward_mha",
+     "MLACommonImpl.forward_mqa"),
+    # Kimi-Linear (no dsa_config): its own layer, nvidia branch (no GPU seen): mla.py:642 / :1003
+    ("kimi", dict(KIMI, num_attention_heads=32), "MultiHeadLatentAttention._attention",
+     "MultiHeadLatentAttention._forward_prefill_fused", "MLACommonImpl.forward_mqa"),
+])
+def test_static_on_a_real_034_install_tells_one_story_in_text_and_json(tmp_path, name, config, dispatch, prefill,
+                                                                       decode):
+    """`mla-doctor static --local --python <a 0.34.0 venv> --model <relative dir>`: the model is MLA (0.34's own
+    is_deepseek_mla), and the JSON's top-level entries are the ones the -v text prints."""
+    import json
+    import subprocess
+    import sys
+
+    py = corpus.release_venv(tmp_path / "venv", "vllm", "0.34.0") / "bin" / "python"
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "config.json").write_text(json.dumps(config))
+
+    def static(*extra):
+        return subprocess.run([sys.executable, "-m", "mla_doctor", "static", "--local", "--python", str(py),
+                               "--model", name, *extra], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+
+    (h,) = json.loads(static("--format", "json").stdout)["hosts"]
+    assert h["model"]["classification"]["is_mla"], h["model"]["classification"]
+    st = h["static"]
+    got = (st["dispatch"]["symbol"], st["prefill_entry"]["symbol"], st["decode_entry"]["symbol"])
+    assert got == (dispatch, prefill, decode), got
+    text = static("-v").stdout
+    for key, sym in (("dispatch", dispatch), ("prefill", prefill), ("decode", decode)):
+        assert any(ln.strip().startswith(key + ":") and sym in ln for ln in text.splitlines()), (key, text[:3000])
