@@ -18,6 +18,7 @@ from mla_doctor.diagnosis.static_facts import (OtherInstall, classify_model, des
                                                parse_log, verify_static)
 from mla_doctor.diagnosis.symbol_needs import symbol_needs
 from mla_doctor.errors import MlaDoctorError
+from mla_doctor.exit_codes import ExitStatus
 from mla_doctor.host.answer import attach
 from mla_doctor.remote.protocol import StaticRequest, call
 from mla_doctor.report_sections import LogSection, ModelSection, ServerSection, StaticSection, VllmSection
@@ -107,6 +108,12 @@ def build_static_report(name: str, raw: dict[str, Any], kb: Knowledge) -> HostRe
     report.gpu = raw.get("gpu")
     loc = raw.get("locate") or {}
     agent_errors = raw.get("errors") or []
+    if not loc.get("dir") and raw.get("server_error"):
+        # processes that look like vLLM and none proven (or several, or a --pid that is none): list them and ask
+        # for --pid (a usage error), never "vLLM not found" (issue 27)
+        report.status, report.error_kind, report.error = HostStatus.ERROR, "WhichServer", raw["server_error"]
+        report.exit_override = ExitStatus.USAGE
+        return report
     if not loc.get("dir"):
         tried = "; ".join(f"{t.get('python')} ({t.get('source')}): {t.get('error')}" for t in loc.get("tried", []))
         report.status = HostStatus.ERROR

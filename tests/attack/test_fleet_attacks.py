@@ -201,6 +201,28 @@ def test_over_ssh_a_look_alike_of_another_user_is_reported_never_run_or_used(fle
     stage.assert_unharmed()
 
 
+def test_over_ssh_one_look_alike_stops_a_run_with_a_usage_error_listing_it(fleet, host, stage, attacker,
+                                                                          remote_lookalike):
+    """Issue 27: the host runs no vLLM server, only the attacker's look-alike on port 8000. `run --host
+    --api-key-env` stops before any request (so no key) with a usage error listing it (pid, user, port,
+    install) and asking for --pid, never "vLLM not found"."""
+    pay = _attacker_dir(stage, attacker, "onelook")
+    pid = remote_lookalike(pay, {"PATH": "/usr/bin:/bin"})
+    env_key = "MLA_TEST_VLLM_KEY"
+    os.environ[env_key] = "sk-mla-doctor-over-ssh-" + "5" * 20
+    try:
+        r = ssh_cli(fleet, "run", "--host", host, "--api-key-env", env_key, "--format", "json")
+    finally:
+        key = os.environ.pop(env_key)
+    doc = json.loads(r.stdout)
+    h = doc["hosts"][0]
+    assert r.returncode == 2 and h["error_kind"] == "WhichServer", (r.returncode, h.get("error"), r.stderr[-2000:])
+    assert f"pid {pid} (user {attacker.name}, port 8000" in h["error"] and "--pid" in h["error"], h["error"]
+    assert "vLLM not found" not in h["error"] and key not in r.stdout + r.stderr
+    assert not (h.get("live") or {}).get("run_id"), "a run started on the host"
+    stage.assert_unharmed()
+
+
 def test_over_ssh_the_service_venvs_pth_never_runs_as_root(fleet, host, stage, attacker, service_venv):
     """The service user's /opt/ml-env (given as --python) holds an executable .pth line: the root agent runs
     on the host's own Python, the venv is asked only as its owner (the line runs as the owner, and the audit
