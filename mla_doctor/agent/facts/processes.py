@@ -246,7 +246,9 @@ def _vllm_version(pid, site):
     for di in sorted(glob.glob(_in_root(pid, os.path.join(glob.escape(site), "vllm*.dist-info")))):
         meta_path = os.path.join(di, "METADATA")
         try:
-            head = read_text(meta_path, 4096)  # a regular file only (checked on the descriptor)
+            # a regular file only (checked on the descriptor), never through a final symlink (its owner's link
+            # to a root-only file would put that file's "Version:" line in the report)
+            head = read_text(meta_path, 4096, nofollow=True)
         except OSError:
             continue
         meta = dict((k.strip().lower(), v.strip()) for k, _, v in
