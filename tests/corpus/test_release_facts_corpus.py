@@ -224,3 +224,63 @@ def test_static_on_a_real_034_install_tells_one_story_in_text_and_json(tmp_path,
     text = static("-v").stdout
     for key, sym in (("dispatch", dispatch), ("prefill", prefill), ("decode", decode)):
         assert any(ln.strip().startswith(key + ":") and sym in ln for ln in text.splitlines()), (key, text[:3000])
+
+
+def test_another_venvs_server_never_narrows_the_audited_installs_probes(tmp_path):
+    """A server-like process of another venv (vLLM 0.33.0's dist-info only) serving a DeepSeek V4 model, while
+    `static --local --python X` audits a full 0.33.0 install X: the resolution is X's every-MLA one, its probe
+    targets the same as with no server running (the server is reported as another install)."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import time
+
+    from mla_doctor.agent.facts.processes import find_servers
+
+    x = corpus.release_venv(tmp_path / "x", "vllm", "0.33.0") / "bin" / "python"
+    other = tmp_path / "venv-b"
+    subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip", str(other)],
+                   check=True, capture_output=True)
+    site = next(other.glob("lib/python3*/site-packages"))
+    tree = corpus.ensure("vllm", "0.33.0")
+    (site / "vllm").mkdir()
+    shutil.copy(tree / "vllm" / "__init__.py", site / "vllm" / "__init__.py")
+    shutil.copytree(tree / "vllm-0.33.0.dist-info", site / "vllm-0.33.0.dist-info")
+    model = tmp_path / "v4"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"architectures": ["DeepseekV4ForCausalLM"],
+                                                   "model_type": "deepseek_v4", "kv_lora_rank": 512}))
+
+    def probes():
+        p = subprocess.run([sys.executable, "-m", "mla_doctor", "static", "--local", "--python", str(x),
+                            "--format", "json"], capture_output=True, text=True, timeout=300)
+        (h,) = json.loads(p.stdout)["hosts"]
+        cp_ = h["static"]["code_paths"]
+        return cp_["scope"], sorted("%s %s.%s" % (t["file"], t["class"], t["method"]) for t in cp_["probe_targets"]), h
+
+    alone = probes()
+    import socket
+
+    with socket.socket() as s:  # a free port, for the server to listen on (what proves it a server)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    listen = ("import socket, time; s = socket.socket(); s.bind(('127.0.0.1', %d)); s.listen(); time.sleep(120)"
+              % port)
+    srv = subprocess.Popen([str(other / "bin" / "python"), "-c", listen, "vllm.entrypoints.openai.api_server",
+                            "--model", str(model), "--port", str(port)], stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and not any(s["pid"] == srv.pid for s in find_servers()):
+            time.sleep(0.05)
+        if len([s for s in find_servers() if s["pid"] != os.getpid()]) != 1:
+            pytest.fail("another vLLM server runs on this machine: the check needs this one alone")
+        with_server = probes()
+    finally:
+        srv.kill()
+        srv.wait()
+    assert alone[0] == with_server[0] == "all_mla", (alone[0], with_server[0])
+    assert with_server[1] == alone[1], (len(alone[1]), len(with_server[1]))
+    assert any("models/kimi_k3/" in t for t in alone[1]) and any("models/deepseek_v4/" in t for t in alone[1])
+    assert with_server[2]["server"].get("other_install"), with_server[2]["server"]
