@@ -99,3 +99,25 @@ def test_0_33_0_sparse_model_on_the_release_with_index_topk_routing():
     assert row(_sparse_screen(B200, **DSV32_DIMS), "long") == (
         "a 4096-token prompt on this sparse (DSA) model runs forward_mha with an unquantized KV cache and FA4, "
         "otherwise forward_mqa (index_topk=2048)")
+
+
+def test_0_33_0_deepseek_v4_with_no_gpu_seen_names_each_platform_s_layer_none_as_the_host_s():
+    """Issue 32: with no GPU seen, DeepSeek V4's own layers (one per platform, all forward_mqa) are each said with
+    their platform — never the AMD layer's forward_mqa as if it were the host's — in words, no branch names."""
+    from mla_doctor.agent.facts.resolve import resolve_paths
+    from mla_doctor.diagnosis import code_paths as cp
+    from mla_doctor.diagnosis.answer import host_answer
+
+    tree = corpus.ensure("vllm", "0.33.0")
+    res = resolve_paths(str(tree / "vllm"), ["DeepseekV4ForCausalLM"], {}, {})
+    cfg = {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "kv_lora_rank": 512,
+           "index_topk": 2048}
+    h = {"host": "h", "status": "ok", "vllm": {"version": "0.33.0", "distribution": "vllm"},
+         "model": {"config": cfg, "classification": {"is_mla": True, "is_sparse": True, "reason": "DSA"}},
+         "static": {"code_paths": cp.code_paths_section(None, res, cfg)}}
+    a = host_answer(h, load_knowledge())
+    for said in (a.one_token_words, a.long_prompt_words):
+        assert said.startswith(("a 1-token prompt runs per platform (the host's is not known): ",
+                                "a 4096-token prompt runs per platform (the host's is not known): ")), said
+        assert "on AMD, DeepseekV4ROCMAiterMLAAttention.forward_mqa" in said and "on NVIDIA, " in said
+        assert "on CPU, DeepseekV4CPUAttention.forward_mqa" in said and "branch" not in said
