@@ -51,7 +51,16 @@ def render(doc: dict, width: int = 0) -> str:
     if fl.get("retry_file") and fl.get("retry"):  # after an all-OK audit there is nothing to re-run
         out.append(f"re-run the {len(fl.get('retry') or [])} that did not pass: "
                    f"--limit @{terminal.line(fl['retry_file'])}")
+    if width > 0:  # below the table too: each line wrapped to the terminal, continuation indented, no word lost
+        head, _, rest = "\n".join(out).partition("\n\n")
+        out = head.split("\n") + [""] + [w for ln in rest.split("\n")
+                                          for w in ([ln] if len(ln) <= width else _wrapped(ln, width))]
     return terminal.text("\n".join(out)) + "\n"
+
+
+def _wrapped(line: str, width: int) -> list[str]:
+    first, *more = terminal.wrap(line, width - 4)
+    return [first] + ["    " + m for m in more]
 
 
 def h_status(row: dict) -> str:

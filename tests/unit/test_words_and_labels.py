@@ -141,6 +141,13 @@ def test_the_fleet_table_fits_the_terminal_and_never_splits_a_host():
         assert "MLACommonBaseImpl.forward_mha" in text.replace("\n", "").replace(" ", "")
     piped = fleet_text.render(doc)
     assert len(piped.split("\n\n", 1)[0].splitlines()) == 3  # header + one line per host: not wrapped
+    failed = _fleet(["gpu-a"])
+    failed["hosts"][0].update(verdict="error", status="error", exit_status=4,
+                              error="vLLM not found on gpu-a — tried /usr/bin/python3 (PATH): vllm is not importable; "
+                                    "give --python PATH or --pid PID")
+    text = fleet_text.render(failed, 60)
+    assert all(len(ln) <= 60 for ln in text.splitlines()), text
+    assert "givepython" not in text and "give --python PATH or --pid PID" in " ".join(text.split())
     long = _fleet([], name="gpu-node-{}.rack-17.example.internal")  # wider than any column's floor
     table = fleet_text.render(long, 80).split("\n\n", 1)[0].splitlines()
     assert sum("gpu-node-a.rack-17.example.internal" in ln for ln in table) == 1, table
