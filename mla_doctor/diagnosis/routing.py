@@ -12,6 +12,7 @@ retried once per value of that fact's domain, so only the facts that matter are 
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
@@ -588,6 +589,40 @@ def kv_from_argv(argv: Any) -> Optional[str]:
     return kv_kind(kv_dtype_from_argv(argv))
 
 
+def _arg(args: List[str], *names: str) -> Optional[str]:
+    for i, a in enumerate(args):
+        for n in names:
+            if a == n and i + 1 < len(args):
+                return args[i + 1]
+            if a.startswith(n + "="):
+                return a.split("=", 1)[1]
+    return None
+
+
+def backend_from_argv(argv: Any, code_paths: Optional[dict]) -> Optional[Tuple[str, str]]:
+    """The MLA layers' backend the server's argv forces: `--attention-config`'s backend_per_kind for the MLA
+    layers' KV-cache kind (read from the installed selector: code_paths.routing_code.mla_kind), which wins over
+    `--attention-backend` (vllm/v1/attention/selector.py); (name, where it came from), or None."""
+    args = [str(a) for a in argv or []]
+    rc = (code_paths or {}).get("routing_code") if isinstance(code_paths, dict) else None
+    kind = (rc or {}).get("mla_kind") if isinstance(rc, dict) else None
+    raw = _arg(args, "--attention-config", "-ac")
+    if raw and isinstance(kind, dict) and kind.get("value"):
+        try:
+            cfg = json.loads(raw)
+        except ValueError:
+            cfg = None
+        per = cfg.get("backend_per_kind") if isinstance(cfg, dict) else None
+        name = per.get(kind["value"]) if isinstance(per, dict) else None
+        if isinstance(name, str) and name:
+            return name.upper(), ("the server's argv: --attention-config backend_per_kind[%r] (the MLA layers' kind, "
+                                  "vllm/%s:%s)" % (kind["value"], kind.get("file"), kind.get("line")))
+    name = _arg(args, "--attention-backend")
+    if name:
+        return name.upper(), "the server's argv: --attention-backend"
+    return None
+
+
 def known_from_log(reading: Any, facts: ReleaseFacts, config: Optional[dict], engine: Optional[str],
                    model_cls: Any, sparse: Optional[bool], backend: Optional[str]) -> Known:
     """For ``explain``: only the log and the model config; the GPU, TP and FA version stay unknown."""
@@ -650,6 +685,11 @@ def known_from_host(h: dict, facts: ReleaseFacts) -> Known:
     k.no_prefill_backend = no_backend
     k.family = family_of(StaticSection.of(h.get("static")).code_paths, facts, config)
     k.shard_q = shard_q_of(StaticSection.of(h.get("static")).code_paths)
+    if k.backend is None:  # no selection line: the backend the argv forces on the MLA layers, if any
+        forced = backend_from_argv(server.argv, StaticSection.of(h.get("static")).code_paths)
+        if forced and facts.backend(forced[0]) is not None:
+            k.backend = forced[0]
+            srcs["backend"] = forced[1]
     k.sources = srcs
     return k
 

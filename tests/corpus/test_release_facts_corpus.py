@@ -284,3 +284,27 @@ def test_another_venvs_server_never_narrows_the_audited_installs_probes(tmp_path
     assert with_server[1] == alone[1], (len(alone[1]), len(with_server[1]))
     assert any("models/kimi_k3/" in t for t in alone[1]) and any("models/deepseek_v4/" in t for t in alone[1])
     assert with_server[2]["server"].get("other_install"), with_server[2]["server"]
+
+
+def test_backend_per_kind_from_the_servers_argv_names_the_mla_layers_backend():
+    """0.34.0 get_attn_spec_kind returns KVCacheSpecKind.MLA_ATTENTION for an MLA layer (v1/attention/selector.py
+    :103; kv_cache_interface.py:174 "mla_attention"): a server started with `--attention-config
+    '{"backend_per_kind": {"mla_attention": "FLASHMLA"}}'` runs FLASHMLA on its MLA layers (over
+    --attention-backend), and the route reads FLASHMLA's threshold when no log line says."""
+    import json
+
+    from mla_doctor.diagnosis.routing import backend_from_argv, known_from_host
+
+    cfg = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "kv_lora_rank": 512,
+           "num_attention_heads": 128}
+    res = _res("0.34.0", ["DeepseekV3ForCausalLM"])
+    section = cp.code_paths_section(KB.for_version("0.34.0"), res, cfg)
+    argv = ["vllm", "serve", "m", "--attention-backend", "TRITON_MLA", "--attention-config",
+            json.dumps({"backend_per_kind": {"mla_attention": "FLASHMLA", "full_attention": "FLASH_ATTN"}})]
+    name, why = backend_from_argv(argv, section)
+    assert name == "FLASHMLA" and "vllm/v1/attention/selector.py:103" in why, why
+    assert backend_from_argv(argv[:5], section)[0] == "TRITON_MLA"  # without the per-kind map: the global one
+    h = {"model": {"config": cfg, "classification": {"is_mla": True, "is_sparse": False}},
+         "server": {"running": True, "argv": argv}, "static": {"code_paths": section}}
+    k = known_from_host(h, KB.for_version("0.34.0"))
+    assert k.backend == "FLASHMLA" and "backend_per_kind" in k.sources["backend"], (k.backend, k.sources)

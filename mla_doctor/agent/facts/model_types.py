@@ -129,4 +129,40 @@ def routing_code(vdir):
                         gates.append({"test": _source(vdir, SPLIT_FILE, st.test), "line": st.lineno})
                 out["sparse_mha_gates"] = {"file": SPLIT_FILE, "def_line": fn.lineno, "gates": gates}
                 break
+    out["mla_kind"] = _mla_kind(vdir)
     return out
+
+
+SELECTOR = "v1/attention/selector.py"
+KINDS = "v1/kv_cache_interface.py"
+
+
+def _mla_kind(vdir):
+    """The KV-cache group kind an MLA layer belongs to (`get_attn_spec_kind`: `if use_mla: ... return
+    KVCacheSpecKind.MLA_ATTENTION`), as `--attention-config`'s `backend_per_kind` keys it: {value, sliding,
+    file, line}; None before per-kind backends (< 0.33)."""
+    tree = _read(vdir, SELECTOR)
+    kinds = _read(vdir, KINDS)
+    if tree is None or kinds is None:
+        return None
+    values = {}
+    for cls in ast.walk(kinds):
+        if isinstance(cls, ast.ClassDef) and cls.name == "KVCacheSpecKind":
+            for n in cls.body:
+                if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name) \
+                        and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str):
+                    values[n.targets[0].id] = n.value.value
+    for fn in ast.walk(tree):
+        if not (isinstance(fn, ast.FunctionDef) and fn.name == "get_attn_spec_kind"):
+            continue
+        for st in ast.walk(fn):
+            if isinstance(st, ast.If) and isinstance(st.test, ast.Name) and st.test.id == "use_mla":
+                rets = [(r.value, r.lineno) for r in ast.walk(st) if isinstance(r, ast.Return)
+                        and isinstance(r.value, ast.Attribute)]
+                names = [(r.attr, line) for r, line in rets]
+                plain = [(n, line) for n, line in names if "SLIDING" not in n]
+                slide = [n for n, _line in names if "SLIDING" in n]
+                if plain and plain[-1][0] in values:
+                    return {"value": values[plain[-1][0]], "sliding": values.get(slide[0]) if slide else None,
+                            "file": SELECTOR, "line": plain[-1][1]}
+    return None
