@@ -147,6 +147,15 @@ def emit(report: RunReport, fmt: str, output: str | None) -> ExitStatus:
     return status
 
 
+def terminal_width(output: str | None) -> int:
+    """The width text is fitted to: the terminal's columns on a terminal; piped or to a file, 0 (not wrapped)."""
+    if output or not sys.stdout.isatty():
+        return 0
+    import shutil
+
+    return max(shutil.get_terminal_size().columns, 40)
+
+
 def json_asked(argv) -> bool:
     """`--format json` or `--format=json` anywhere on the command line (or MLA_DOCTOR_*FORMAT=json)."""
     argv = list(argv)
@@ -167,15 +176,6 @@ def command_name(argv) -> str:
                 break
             continue
         words.append(a)
-def terminal_width(output: str | None) -> int:
-    """The width text is fitted to: the terminal's columns on a terminal; piped or to a file, 0 (not wrapped)."""
-    if output or not sys.stdout.isatty():
-        return 0
-    import shutil
-
-    return max(shutil.get_terminal_size().columns, 40)
-
-
         if a != "report":
             break
     return " ".join(words)
@@ -230,6 +230,20 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+GLOBAL_FLAGS = ("--verbose", "--debug")
+
+
+def _value_options(cmd) -> set[str]:
+    """Every option name of a command (and a subgroup's commands) that takes a value."""
+    out: set[str] = set()
+    cmds = [cmd] + (list(cmd.commands.values()) if isinstance(cmd, click.Group) else [])
+    for c in cmds:
+        for p in getattr(c, "params", []):
+            if isinstance(p, click.Option) and not p.is_flag and not p.count:
+                out.update(p.opts + p.secondary_opts)
+    return out
+
+
 class LazyGroup(click.Group):
     """click's lazy group: a command's module is imported when that command is looked up (invoked, completed,
     or its own --help), never to list the group's commands; a module registers its commands with @cli.command."""
@@ -248,40 +262,6 @@ class LazyGroup(click.Group):
 
             show_envvars(self)  # the loaded commands' options read and show their MLA_DOCTOR_* variables
         return self.commands.get(cmd_name)
-
-    def load_all(self) -> None:
-GLOBAL_FLAGS = ("--verbose", "--debug")
-
-
-def _value_options(cmd) -> set[str]:
-    """Every option name of a command (and a subgroup's commands) that takes a value."""
-    out: set[str] = set()
-    cmds = [cmd] + (list(cmd.commands.values()) if isinstance(cmd, click.Group) else [])
-    for c in cmds:
-        for p in getattr(c, "params", []):
-            if isinstance(p, click.Option) and not p.is_flag and not p.count:
-                out.update(p.opts + p.secondary_opts)
-    return out
-
-
-        """Every command (the config file's keys are checked against all commands' options)."""
-        for name in self.lazy_commands:
-            self.get_command(None, name)
-
-    def format_commands(self, ctx, formatter):
-        """The command list from the data (the same truncation as click's own short help), importing nothing."""
-        rows = []
-        for name in self.list_commands(ctx):
-            cmd = self.commands.get(name)
-            if cmd is not None and cmd.hidden:
-                continue
-            rows.append((name, cmd, self.lazy_commands.get(name, ("", ""))[1]))
-        if rows:
-            limit = formatter.width - 6 - max(len(n) for n, _, _ in rows)
-            with formatter.section("Commands"):
-                # an unloaded command's line: click's own shortening of the first paragraph, via a stand-in
-                formatter.write_dl([(n, (c or click.Command(n, help=h)).get_short_help_str(limit))
-                                    for n, c, h in rows])
 
     def parse_args(self, ctx, args):
         """The group's own options (-v, --debug, --config) wherever people type them: those after the command
@@ -326,6 +306,26 @@ def _value_options(cmd) -> set[str]:
             if close:
                 ctx.fail(f"No such command {name!r}. Did you mean {' or '.join(repr(c) for c in close[:3])}?")
         return super().resolve_command(ctx, args)
+
+    def load_all(self) -> None:
+        """Every command (the config file's keys are checked against all commands' options)."""
+        for name in self.lazy_commands:
+            self.get_command(None, name)
+
+    def format_commands(self, ctx, formatter):
+        """The command list from the data (the same truncation as click's own short help), importing nothing."""
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.commands.get(name)
+            if cmd is not None and cmd.hidden:
+                continue
+            rows.append((name, cmd, self.lazy_commands.get(name, ("", ""))[1]))
+        if rows:
+            limit = formatter.width - 6 - max(len(n) for n, _, _ in rows)
+            with formatter.section("Commands"):
+                # an unloaded command's line: click's own shortening of the first paragraph, via a stand-in
+                formatter.write_dl([(n, (c or click.Command(n, help=h)).get_short_help_str(limit))
+                                    for n, c, h in rows])
 
 
 @click.group(cls=LazyGroup, lazy_commands=LAZY_COMMANDS,
