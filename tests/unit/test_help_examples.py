@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -132,7 +133,17 @@ def test_the_examples_are_found():
     assert "mla-doctor static --host gpu-17" in readme and "mla-doctor --help" in readme
 
 
-def test_every_example_runs_as_typed(place):
+@pytest.fixture
+def dump_dir_removed_after():
+    """`agent --dump /tmp/mla-agent` writes where its example says: removed after, unless it was there before."""
+    d = Path("/tmp/mla-agent")
+    existed = d.exists()
+    yield
+    if not existed:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_every_example_runs_as_typed(place, dump_dir_removed_after):
     examples = _order(list(dict.fromkeys(help_examples() + readme_examples())))
     seen = {}
     for ex in examples:
