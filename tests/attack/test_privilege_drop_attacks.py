@@ -218,12 +218,13 @@ def _install(base: Path, owner: GroupedUser | None):
     private.mkdir(mode=0o700)
     (private / "secret.py").write_bytes(SECRET)
     rows = ["vllm/__init__.py,%s,%d" % (_b64(good), len(good))]
-    for name in ("link.py", "fifo.py", "zero.py"):  # RECORD says each holds the secret (a hash oracle)
+    for name in ("link.py", "fifo.py", "zero.py", "dir/secret.py"):  # RECORD: each holds the secret (an oracle)
         rows.append("vllm/sub/%s,%s,%d" % (name, _b64(SECRET), len(SECRET)))
     (di / "RECORD").write_text("\n".join(rows) + "\n")
     (v / "sub" / "link.py").symlink_to(private / "secret.py")
     os.mkfifo(v / "sub" / "fifo.py")
     (v / "sub" / "zero.py").symlink_to("/dev/zero")
+    (v / "sub" / "dir").symlink_to(private)  # a directory link on the way: only the final component is O_NOFOLLOW
     for dirpath, dirnames, filenames in os.walk(site):
         for n in dirnames + filenames:
             os.lchown(os.path.join(dirpath, n), *(owner and (owner.uid, owner.gid) or (0, 0)))
@@ -242,7 +243,8 @@ def test_attach_hashes_the_install_without_reading_through_a_link_fifo_or_device
     res = ops.install_digest(str(vdir))
     assert time.monotonic() - t0 < 20, "the install check hung"
     assert res["record"] and res["files"] == 1, res
-    assert sorted(res["modified"]) == ["vllm/sub/fifo.py", "vllm/sub/link.py", "vllm/sub/zero.py"], res
+    assert sorted(res["modified"]) == ["vllm/sub/dir/secret.py", "vllm/sub/fifo.py", "vllm/sub/link.py",
+                                       "vllm/sub/zero.py"], res
     assert set(res["unread"]) == set(res["modified"]), res
 
 

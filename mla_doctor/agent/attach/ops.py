@@ -18,7 +18,7 @@ import time
 from .. import fs
 from ..facts.logs import descriptor_ident
 from ..common import ScanBudget, read_static, time_now, unread_why
-from ..privilege import NOBODY, call_as, ids_of_uid, path_owner
+from ..privilege import NOBODY, Owner, call_as, ids_of_uid, path_owner
 from ..fs import lease_path, read_json, plan_run_dir, run_root, server_paths, write_json, atomic_write
 from ..protocol import AGENT_VERSION, Refusal
 from . import checks, inject, procs
@@ -78,6 +78,8 @@ def install_digest(vdir):
     no FIFO, no device); a file it refuses counts as modified, with why."""
     try:
         owner = path_owner(vdir)
+        if owner.trusted:
+            owner = _tree_owner(vdir)
     except OSError:
         owner = None
     if owner is not None and owner.trusted:
@@ -87,6 +89,19 @@ def install_digest(vdir):
                        timeout=120.0)
     except OSError as e:
         return {"record": None, "error": "the install's RECORD was not read (as its owner): %s" % (e.strerror or e)}
+
+
+def _tree_owner(vdir):
+    """Trusted when every directory under `vdir` is root's and tight (then no one else can put a directory link
+    on the way to a file RECORD names: the final one read_static refuses), else the Owner of the first that is
+    not: the whole check is then read as that user."""
+    for dirpath, dirnames, _files in os.walk(vdir):  # never into a linked directory
+        for d in dirnames:
+            full = os.path.join(dirpath, d)
+            st = os.lstat(full)
+            if st.st_uid != 0 or st.st_mode & 0o022:
+                return Owner(False, st.st_uid if st.st_uid != 0 else NOBODY, "%s is not root's alone" % full)
+    return Owner(True, 0)
 
 
 def _install_digest(vdir):
