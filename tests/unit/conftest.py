@@ -76,6 +76,7 @@ LOCAL: dict[str, object] = {
         "templates_in_expect_values_are_not_parsed_before_rendering"},
     "patch_engine": {"watchdog_never_reverts_under_a_patch_still_being_written"},
     "privilege": {"a_config_the_server_user_cannot_read_is_never_read_by_root", "a_fifo_named_pth_hangs_nothing",
+        "an_editable_install_its_venv_imports_through_a_pth_is_its_install",
         "one_look_alike_is_a_usage_error_listing_it_never_vllm_not_found",
         "the_port_is_read_as_vllm_reads_it_and_a_mapping_alone_proves_nothing",
         "a_users_interpreter_is_asked_as_that_user_and_its_pth_never_runs_as_root",

@@ -203,7 +203,7 @@ def _free_port():
 def spawn():
     procs = []
 
-    def start(so, port, listen=True, uid=None, stdout=None, imports=True, args=None, cwd="/"):
+    def start(so, port, listen=True, uid=None, stdout=None, imports=True, args=None, cwd="/", python=PY3):
         """`imports`: the install is on the process's own PYTHONPATH (its interpreter imports it); without,
         the process only maps the .so (a look-alike's mmap)."""
         def drop():
@@ -215,7 +215,7 @@ def spawn():
         env = {"PATH": "/usr/bin:/bin"}
         if imports:
             env["PYTHONPATH"] = str(os.path.dirname(os.path.dirname(so)))
-        p = subprocess.Popen([PY3, "-c", SERVER_CODE, str(so), str(port), "1" if listen else "0",
+        p = subprocess.Popen([str(python), "-c", SERVER_CODE, str(so), str(port), "1" if listen else "0",
                               "vllm.entrypoints.openai.api_server", *argv], stdout=stdout or subprocess.PIPE,
                              preexec_fn=drop, cwd=cwd, env=env)
         procs.append(p)
@@ -283,6 +283,28 @@ def test_the_port_is_read_as_vllm_reads_it_and_a_mapping_alone_proves_nothing(tm
     # the operator's --port decides between the two; the look-alike's own port proves nothing for it
     servers, _l, error = processes.identify({"port": look["listening_ports"][0]}, _ours([real, mimic]))
     assert servers == [] and str(mimic.pid) in error and "--pid" in error
+
+
+def test_an_editable_install_its_venv_imports_through_a_pth_is_its_install(tmp_path, root, spawn):
+    """`pip install -e` puts the source tree on sys.path through a .pth (or a setuptools finder's MAPPING) in
+    the venv's site-packages: that tree's vllm/ is the install its interpreter imports, not a look-alike's."""
+    subprocess.run([PY3, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True, capture_output=True)
+    site = next((tmp_path / "venv" / "lib").glob("python3*/site-packages"))
+    vdir, so = _install(tmp_path, "src")  # tmp/src/site-packages/vllm: a source checkout stands in
+    port = _free_port()
+    for how in ("pth", "finder"):
+        if how == "pth":
+            (site / "__editable__.vllm-0.0.1.pth").write_text(f"{vdir.parent}\n")
+        else:
+            (site / "__editable__.vllm-0.0.1.pth").write_text("import __editable___vllm_0_0_1_finder\n")
+            (site / "__editable___vllm_0_0_1_finder.py").write_text(f"MAPPING = {{'vllm': '{vdir}'}}\n")
+        p = spawn(so, port, imports=False, python=tmp_path / "venv" / "bin" / "python")
+        servers, looks, error = processes.identify({}, _ours([p]))
+        assert [s["pid"] for s in servers] == [p.pid] and error is None, (how, looks)
+        assert servers[0]["install"]["vllm_dir"] == str(vdir)
+        p.kill()
+        p.wait()
+        port = _free_port()
 
 
 def test_a_config_the_server_user_cannot_read_is_never_read_by_root(tmp_path, root, spawn):

@@ -272,6 +272,7 @@ def _site_dirs(pid, prefix, env):
             for pat in pats[:2]:
                 found = glob.glob(_in_root(pid, os.path.join("/usr/local", pat)))
                 out += [f[len(_in_root(pid, "")):] for f in found]
+    out += _pth_dirs(pid, out)
     for d in (env.get("PYTHONPATH") or "").split(":"):
         if os.path.isabs(d):
             out.append(d)
@@ -279,6 +280,30 @@ def _site_dirs(pid, prefix, env):
     if home and os.path.isabs(home):
         out += [f[len(_in_root(pid, "")):] for f in
                 glob.glob(_in_root(pid, os.path.join(glob.escape(home), ".local/lib/python3*/site-packages")))]
+    return out
+
+
+_FINDER_RE = re.compile(r"""['"]vllm['"]\s*:\s*['"](/[^'"]+)['"]""")
+
+
+def _pth_dirs(pid, sites):
+    """What an editable install adds to sys.path: absolute path lines of the site directories' *.pth files and
+    the `vllm` entry of a setuptools `__editable___*_finder.py` MAPPING. Read through the one door (no final
+    symlink, regular files only, bounded); used only to compare paths, never reported."""
+    out = []
+    for site in sites:
+        for name in sorted(glob.glob(_in_root(pid, os.path.join(glob.escape(site), "*.pth"))))[:64]:
+            try:
+                text = read_regular(name, limit=65536, nofollow=True, max_size=1 << 20).decode("utf-8", "replace")
+            except OSError:
+                continue
+            out += [ln.strip() for ln in text.splitlines() if ln.strip().startswith("/")]
+        for name in sorted(glob.glob(_in_root(pid, os.path.join(glob.escape(site), "__editable___*finder.py"))))[:8]:
+            try:
+                text = read_regular(name, limit=1 << 20, nofollow=True, max_size=1 << 20).decode("utf-8", "replace")
+            except OSError:
+                continue
+            out += [os.path.dirname(m.group(1).rstrip("/")) for m in _FINDER_RE.finditer(text)]
     return out
 
 
