@@ -18,7 +18,9 @@ import os
 import re
 
 from ..common import read_regular
+from .layer_conditions import conditions, if_context
 from .model_types import mla_model_types, routing_code
+from .targets import backend_probe_targets
 from .syntax import chain, returned_exprs
 
 REGISTRY = "model_executor/models/registry.py"
@@ -304,32 +306,6 @@ class Source(object):
         return None
 
 
-def _if_context(fn):
-    """id(node) -> ((if test, negated), ...) for every node of a function under an `if` (outermost first)."""
-    out = {}
-
-    def visit(body, conds):
-        for st in body:
-            if isinstance(st, ast.If):
-                for n in ast.walk(st.test):
-                    out[id(n)] = conds
-                visit(st.body, conds + ((st.test, False),))
-                visit(st.orelse, conds + ((st.test, True),))
-                continue
-            for f in ("body", "orelse", "finalbody", "handlers"):
-                sub = getattr(st, f, None)
-                if isinstance(sub, list) and sub and isinstance(sub[0], ast.AST) and f != "handlers":
-                    visit(sub, conds)
-                elif f == "handlers" and sub:
-                    for h in sub:
-                        visit(h.body, conds)
-            for n in ast.walk(st):
-                if id(n) not in out:
-                    out[id(n)] = conds
-    visit(fn.body, ())
-    return out
-
-
 def _locals(fn):
     """name -> [assigned expressions] of a function (for `attn_cls = A if c else B; attn_cls(...)`)."""
     out = {}
@@ -469,7 +445,7 @@ class Resolver(object):
         out = []
         for mm, fn in fns:
             local = _locals(fn)
-            conds_of = _if_context(fn)
+            conds_of = if_context(fn)
             for n in ast.walk(fn):
                 if not isinstance(n, ast.Call):
                     continue
@@ -484,63 +460,9 @@ class Resolver(object):
                         found = self.src.class_expr(attr[0], attr[1], {})
                 for it in found:
                     if it[0] == "class":
-                        out.append((it[1], it[2], it[4], self._conditions(mm, conds_of.get(id(n), ()))))
+                        out.append((it[1], it[2], it[4], conditions(self.src.vdir, mm, conds_of.get(id(n), ()),
+                                                                    self.__dict__.setdefault("_cfg_meth", {}))))
         return out
-
-    def _conditions(self, m, conds):
-        """The `if` tests a layer is built under, as the config keys they read (issue 28: Kimi K3.1 builds
-        its DSA layer `if config.is_dsa_layer(layer_idx)`, a dense one otherwise): [{test, negated, keys,
-        file, line}], only the tests that read the model's config."""
-        out = []
-        for test, negated in conds:
-            keys = self._config_keys(test)
-            if keys:
-                out.append({"test": m.text_of(test), "negated": negated, "keys": keys, "file": m.rel,
-                            "line": test.lineno})
-        return out
-
-    def _config_keys(self, test):
-        """The config attributes a test reads: `config.k`, `getattr(config, "k")`, `hasattr(config, "k")`, and
-        for `config.method(...)` the `self.k` its def in transformers_utils/configs/ reads."""
-        keys = []
-        for n in ast.walk(test):
-            if isinstance(n, ast.Call):
-                c = chain(n.func) or []
-                if c and c[-1] in ("getattr", "hasattr") and len(n.args) >= 2 and \
-                        (chain(n.args[0]) or [""])[-1].endswith("config") and isinstance(n.args[1], ast.Constant):
-                    keys.append(str(n.args[1].value))
-                elif len(c) >= 2 and c[-2].endswith("config"):
-                    keys.extend(self._config_method_keys(c[-1]))
-            elif isinstance(n, ast.Attribute):
-                c = chain(n) or []
-                if len(c) >= 2 and c[-2].endswith("config") and not c[-1].startswith("is_"):
-                    keys.append(c[-1])
-        return list(dict.fromkeys(k for k in keys if not k.startswith("_")))
-
-    def _config_method_keys(self, name):
-        memo = self.__dict__.setdefault("_cfg_meth", {})
-        if name not in memo:
-            memo[name] = []
-            cdir = os.path.join(self.src.vdir, "transformers_utils", "configs")
-            try:
-                files = sorted(f for f in os.listdir(cdir) if f.endswith(".py"))
-            except OSError:
-                files = []
-            needle = ("def %s(" % name).encode()
-            for f in files:
-                try:
-                    data = read_regular(os.path.join(cdir, f))
-                except OSError:
-                    continue
-                if needle not in data:
-                    continue
-                for fn in ast.walk(ast.parse(data)):
-                    if isinstance(fn, ast.FunctionDef) and fn.name == name:
-                        for a in ast.walk(fn):
-                            c = chain(a) if isinstance(a, ast.Attribute) else None
-                            if c and len(c) == 2 and c[0] == "self":
-                                memo[name].append(c[1])
-        return memo[name]
 
     def layers(self, m, cls):
         """The attention layer classes a model class builds: [(mod, ClassDef, via chain, when, conditions)]
@@ -909,40 +831,10 @@ def resolve_paths(vdir, architectures=None, ident=None, gpu=None, limit=64, max_
     fams = None if out["scope"] == "all_mla" else tuple(
         a["module_file"].rsplit("/", 1)[0] + "/" for a in out["architectures"]
         if str(a.get("module_file") or "").startswith("models/"))
-    out["probe_targets"].extend(backend_probe_targets(r, out["backends"], out["probe_targets"], fams))
+    out["probe_targets"].extend(backend_probe_targets(vdir, out["backends"], out["probe_targets"], fams))
     # the release's own MLA model types (is_deepseek_mla): a new family's config is classified from these
     out["mla_model_types"] = mla_model_types(vdir)
     out["routing_code"] = routing_code(vdir)  # AttentionConfig's defaults, _use_sparse_mha's gates
-    return out
-
-
-# the playbook's decode globs (playbooks/instrument-mla.yaml) cover the shared backend trees; a backend defined in
-# a family's package (0.34's opt-in KIMI_K3_KV_BALANCED_MLA under models/kimi_k3/) is probed from here
-_PLAYBOOK_DECODE = ("v1/attention/backends/mla/", "model_executor/layers/attention/", "attention/backends/")
-
-
-def backend_probe_targets(r, found, have, families=None):
-    """The decode entry of every MLA attention backend whose impl lives outside the playbook's globs: the
-    served model can take it (opt-in by --attention-backend, or named by its family's layer). `families`:
-    the served families' package prefixes (models/kimi_k3/): another family's private backend is left out."""
-    seen = {(t["file"], t["class"], t["method"]) for t in have}
-    out = []
-    for b in found:
-        d = b.get("decode") if isinstance(b, dict) else None
-        if b.get("kind") != "attention" or not isinstance(d, dict) or not d.get("file") \
-                or d["file"].startswith(_PLAYBOOK_DECODE):
-            continue
-        cls_name, _, meth = str(d.get("symbol")).rpartition(".")
-        m = r.src.mod(d["file"])
-        if m is None or not cls_name or (d["file"], cls_name, meth) in seen:
-            continue
-        if families is not None and d["file"].startswith("models/") and not d["file"].startswith(families):
-            continue
-        seen.add((d["file"], cls_name, meth))
-        out.append({"file": d["file"], "class": cls_name, "method": meth, "line": d.get("line"), "sha256": m.sha,
-                    "role": "decode", "family": d["file"].split("/")[1] if d["file"].startswith("models/") else None,
-                    "architecture": None, "platform": "any",
-                    "call": "impl.%s" % meth, "call_site": None, "backend": b.get("name")})
     return out
 
 

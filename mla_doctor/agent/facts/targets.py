@@ -74,3 +74,37 @@ def resolve_targets(vdir, targets):
         out.append({"key": t.get("key"), "files_found": [os.path.relpath(p, vdir) for p in files],
                     "matches": matches})
     return out
+
+
+# the playbook's decode globs (playbooks/instrument-mla.yaml) cover the shared backend trees; a backend defined in
+# a family's package (0.34's opt-in KIMI_K3_KV_BALANCED_MLA under models/kimi_k3/) is probed from the resolution
+_PLAYBOOK_DECODE = ("v1/attention/backends/mla/", "model_executor/layers/attention/", "attention/backends/")
+
+
+def backend_probe_targets(vdir, found, have, families=None):
+    """The decode entry of every MLA attention backend (`found`: backends.backends) whose impl lives outside the
+    playbook's globs: the served model can take it (opt-in by --attention-backend, or named by its family's
+    layer). `families`: the served families' package prefixes (models/kimi_k3/): another family's private
+    backend is left out. `have`: the targets already listed (never twice)."""
+    seen = {(t["file"], t["class"], t["method"]) for t in have}
+    out = []
+    for b in found:
+        d = b.get("decode") if isinstance(b, dict) else None
+        if b.get("kind") != "attention" or not isinstance(d, dict) or not d.get("file") \
+                or d["file"].startswith(_PLAYBOOK_DECODE):
+            continue
+        cls_name, _, meth = str(d.get("symbol")).rpartition(".")
+        if not cls_name or (d["file"], cls_name, meth) in seen:
+            continue
+        if families is not None and d["file"].startswith("models/") and not d["file"].startswith(families):
+            continue
+        try:
+            sha = sha256_hex(read_regular(os.path.join(vdir, d["file"])))
+        except OSError:
+            continue
+        seen.add((d["file"], cls_name, meth))
+        out.append({"file": d["file"], "class": cls_name, "method": meth, "line": d.get("line"), "sha256": sha,
+                    "role": "decode", "family": d["file"].split("/")[1] if d["file"].startswith("models/") else None,
+                    "architecture": None, "platform": "any",
+                    "call": "impl.%s" % meth, "call_site": None, "backend": b.get("name")})
+    return out
