@@ -40,6 +40,8 @@ demo-packages:
 	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
 	[ -x /usr/bin/gdb ] || missing="$$missing gdb"; \
 	$(INSTALL_MISSING)
+	@# a gdb whose injected call leaves the process alive (Debian 12's cannot on a CPU with AMX): installed when root
+	@$(PYTHON) tools/ensure_gdb.py || [ "$$(id -u)" != 0 ]
 
 # The tiers' own, beside the demo's: iproute2 for the test fleet (nftables: the fault tier's packet loss), sudo
 # for the non-root host, chromium to render the HTML report (headless, offline), systemd and docker.io (dockerd)

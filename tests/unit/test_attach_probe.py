@@ -349,3 +349,55 @@ def test_a_test_attach_that_times_out_is_said_to_be_slow_never_a_ptrace_refusal(
     (why,) = checks.ptrace_refusals([os.geteuid()], str(slow))
     assert "did not finish a test attach" in why and "overloaded" in why, why
     assert "ptrace is refused" not in why and "--method patch --yes" in why
+
+
+def _inject_survives(gdb: str, tmp: Path) -> bool:
+    """Ground truth, independent of inject.self_test: gdb queues real code into a real CPython that calls the
+    stand-in entries; True when the code ran and the process went on to finish its loop without a wrong result."""
+    p, log = start_target(tmp, seconds=120)
+    marker = tmp / "ran"
+    try:
+        ok, _ = inject.inject(gdb, p.pid, "open(%r, 'w').close()" % str(marker))
+        try:
+            wait_for(marker.exists, timeout=20, what="the injected code")
+        except AssertionError:
+            pass
+        alive = p.poll() is None
+        stop(tmp)
+        p.wait(timeout=60)
+        tail = log.read_text().splitlines()[-1]
+        return bool(ok and alive and marker.exists() and p.returncode == 0 and json.loads(tail)["bad"] == 0)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_attach_uses_only_a_gdb_whose_injected_call_leaves_the_process_running(tmp_path):
+    """gdb 13 on a CPU with AMX cannot write the register state back after a call (it said "Couldn't write extended
+    state status: Bad address") and the process it called into died: on a server that would be the production
+    outage this tool must never cause. The agent tries each trusted gdb on a throwaway process first; here every
+    gdb it turned down really kills a CPython it injects into, and the one it chose really does not."""
+    chosen, unfit = inject.choose_gdb()
+    assert chosen is not None, "no usable gdb: %s (python3 tools/ensure_gdb.py installs one as root)" % unfit
+    (tmp_path / "chosen").mkdir()
+    assert _inject_survives(chosen, tmp_path / "chosen"), "%s was chosen but its injected call failed" % chosen
+    for i, gdb in enumerate(g for g in inject.trusted_gdbs() if g != chosen and
+                            any(u.startswith(g + ":") for u in unfit)):
+        d = tmp_path / ("unfit%d" % i)
+        d.mkdir()
+        assert not _inject_survives(gdb, d), "%s was turned down (%s) but an injected call left the process " \
+                                             "running" % (gdb, unfit)
+
+
+def test_a_gdb_that_kills_what_it_calls_into_is_refused_before_attach(monkeypatch):
+    """The refusal names each gdb and why, and the fix, before anything changes (ops.check returns no gdb)."""
+    from mla_doctor.agent.attach import ops
+    monkeypatch.setattr(inject, "_CHOSEN", {"gdb": (None, ["/usr/bin/gdb: an injected call into a throwaway "
+                                                             "process killed it (gdb exit 1: Couldn't write "
+                                                             "extended state status: Bad address.)"])})
+    monkeypatch.setattr(ops.procs, "identify_server", lambda pid: {"pid": pid})
+    monkeypatch.setattr(ops.procs, "model_processes", lambda pid, vdir: [{"pid": pid, "tracer_pid": 0}])
+    server, found, gdb, problems = ops.check({"pid": os.getpid(), "vllm_dir": "/nonexistent"})
+    assert gdb is None and len(problems) == 1
+    assert "/usr/bin/gdb" in problems[0] and "extended state" in problems[0] and "--method patch" in problems[0]

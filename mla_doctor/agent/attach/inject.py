@@ -13,6 +13,7 @@ import os
 import signal
 import stat
 import subprocess
+import time
 
 GDB_PATHS = ("/usr/bin/gdb", "/usr/local/bin/gdb", "/bin/gdb")
 CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C", "LC_ALL": "C", "HOME": "/nonexistent",
@@ -24,8 +25,9 @@ SAFE_SETTINGS = ("set auto-load off", "set debuginfod enabled off", "set libthre
 GDB_TIMEOUT = 60.0
 
 
-def find_gdb():
-    """A root-owned gdb nobody else can replace (file and directory), or None."""
+def trusted_gdbs():
+    """Each root-owned gdb nobody else can replace (file and directory), in GDB_PATHS' order."""
+    found = []
     for p in GDB_PATHS:
         try:
             real = os.path.realpath(p)
@@ -33,9 +35,83 @@ def find_gdb():
         except OSError:
             continue
         if stat.S_ISREG(st.st_mode) and st.st_uid == 0 and not st.st_mode & 0o022 and dst.st_uid == 0 \
-                and not dst.st_mode & 0o022 and os.access(real, os.X_OK):
-            return real
+                and not dst.st_mode & 0o022 and os.access(real, os.X_OK) and real not in found:
+            found.append(real)
+    return found
+
+
+_CHOSEN = {}
+
+
+def choose_gdb():
+    """(the first trusted gdb whose injected call leaves a process alive, [why each other one was not taken]).
+    Each is tried on a throwaway process of ours first: a gdb that cannot write this CPU's register state back
+    (gdb 13 on a CPU with AMX: "Couldn't write extended state status") kills the process it calls into, and it
+    must never get that far with a server. Decided once per agent process."""
+    if "gdb" not in _CHOSEN:
+        why = []
+        chosen = None
+        for gdb in trusted_gdbs():
+            ok, detail = self_test(gdb)
+            if ok:
+                chosen = gdb
+                break
+            why.append("%s: %s" % (gdb, detail))
+        _CHOSEN["gdb"] = (chosen, why)
+    return _CHOSEN["gdb"]
+
+
+def find_gdb():
+    """The gdb attach uses (see choose_gdb), or None."""
+    return choose_gdb()[0]
+
+
+SLEEP_PATHS = ("/usr/bin/sleep", "/bin/sleep")
+
+
+def _libc_of(pid):
+    try:
+        with open("/proc/%d/maps" % pid) as f:
+            for line in f:
+                path = line.rstrip("\n").split(None, 5)[-1]
+                base = os.path.basename(path)
+                if path.startswith("/") and (base.startswith("libc.so") or base.startswith("libc-")
+                                             or base.startswith("ld-musl")):
+                    return path
+    except OSError:
+        pass
     return None
+
+
+def self_test(gdb, timeout=30.0):
+    """(ok, detail): gdb calls getpid() in a throwaway sleep of ours, the way inject calls into a server, and
+    the sleep must answer its own pid and still be running after gdb detached."""
+    sleep = next((p for p in SLEEP_PATHS if os.path.isfile(p)), None)
+    if sleep is None:
+        return False, "no %s to try gdb on" % " or ".join(SLEEP_PATHS)
+    child = subprocess.Popen([sleep, "120"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, env=dict(CLEAN_ENV), cwd="/", close_fds=True)
+    try:
+        libc = None
+        for _ in range(100):  # the dynamic loader maps libc within milliseconds of exec
+            libc = _libc_of(child.pid)
+            if libc:
+                break
+            time.sleep(0.01)
+        if libc is None:
+            return False, "could not find the C library of a throwaway %s (pid %d)" % (sleep, child.pid)
+        rc, out, err = run_gdb(gdb_argv(gdb, child.pid, ["call (int)getpid()"], libc), timeout)
+        answered = any(line.strip() == "$1 = %d" % child.pid for line in out.splitlines())
+        alive = child.poll() is None
+        if answered and alive:
+            return True, "an injected call returned and the process lived on"
+        said = _first(out + "\n" + err, ("Couldn't", "Cannot", "ptrace:", "warning: Couldn't", "Error"))
+        return False, ("an injected call into a throwaway process %s (gdb exit %s: %s); attaching with it would "
+                       "do the same to the server" % ("killed it" if not alive else "did not return", rc, said))
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.wait()
 
 
 def gdb_argv(gdb, pid, commands, libpython=None):

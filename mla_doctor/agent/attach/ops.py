@@ -44,7 +44,11 @@ def check(plan):
     if not found:
         return server, [], None, ["no process of the server (pid %d) has vLLM's native code from %s loaded: "
                                   "nothing to attach to; %s" % (pid, vdir, checks.PATCH_FIX)]
-    gdb = inject.find_gdb()
+    gdb, unfit = inject.choose_gdb()
+    if gdb is None and unfit:
+        return server, found, None, ["no gdb on this host can call into a process and leave it running (%s): "
+                                     "install a newer gdb as /usr/local/bin/gdb, %s"
+                                     % ("; ".join(unfit), checks.PATCH_FIX)]
     if gdb is None:
         return server, found, None, ["no gdb on this host (a root-owned %s): install it (Debian/Ubuntu: "
                                      "apt-get install gdb; RHEL: dnf install gdb), %s"
