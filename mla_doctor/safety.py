@@ -86,3 +86,50 @@ def user_problem(value: object) -> str | None:
     if isinstance(value, str) and _USER_NAME.match(value):
         return None
     return "not a user name (letters, digits, '.', '-', '_'; not starting with '-' or '.')"
+
+
+def check_host(value: str, what: str = "host") -> str:
+    why = host_problem(value)
+    if why:
+        raise UsageError(f"{what} {value!r}: {why}")
+    return value
+
+
+def check_user(value: str, what: str = "user") -> str:
+    why = user_problem(value)
+    if why:
+        raise UsageError(f"{what} {value!r}: {why}")
+    return value
+
+
+def check_port(value: object, what: str = "port") -> int:
+    why = port_problem(value)
+    if why:
+        raise UsageError(f"{what} {value!r}: {why}")
+    return int(value)  # type: ignore[arg-type]
+
+
+def split_target(target: str) -> tuple[str | None, str, int | None]:
+    """`[user@]host[:port]` (host may be an ssh_config alias or [IPv6]), each part checked by its grammar: the
+    host and user reach ssh_config's %h/%r (a `Match exec`, a ProxyCommand) and run in a shell there."""
+    user, _, hostport = target.rpartition("@")
+    host, port = hostport, None
+    if hostport.startswith("["):
+        host, _, rest = hostport[1:].partition("]")
+        if rest and not (rest.startswith(":") and rest[1:].isdigit()):
+            raise UsageError(f"bad port in host {target!r}")
+        if rest:
+            port = int(rest[1:])
+    elif hostport.count(":") == 1:
+        host, p = hostport.split(":")
+        if not p.isdigit():
+            raise UsageError(f"bad port in host {target!r}")
+        port = int(p)
+    if not host:
+        raise UsageError(f"empty host name in {target!r}")
+    check_host(host)  # before any ssh_config look-up (its `Match exec` runs a shell with %h)
+    if user:
+        check_user(user)
+    if port is not None:
+        check_port(port, f"port in host {target!r}")
+    return user or None, host, port

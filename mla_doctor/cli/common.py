@@ -69,7 +69,7 @@ def check_host_option(ctx, param, value):
     """`--host` by the address grammar before any work (exit 2): it reaches ssh_config's %h/%r/%p."""
     if value:
         from mla_doctor.errors import UsageError
-        from mla_doctor.ssh.sshconfig import split_target  # pure: no paramiko at the CLI's start
+        from mla_doctor.safety import split_target
 
         try:
             split_target(value)

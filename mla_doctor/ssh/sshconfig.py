@@ -14,7 +14,9 @@ import threading
 from dataclasses import dataclass, field
 
 from mla_doctor.errors import ConfigFileError, UsageError
-from mla_doctor.safety import host_problem, port_problem, user_problem  # noqa: F401 - re-exported
+from mla_doctor.safety import (  # noqa: F401 - re-exported
+    check_host, check_port, check_user, host_problem, port_problem, split_target, user_problem,
+)
 
 MAX_INCLUDE_DEPTH = 16
 # paramiko's parse of an expanded config text, shared by a fleet's connections (each parsed the whole
@@ -24,27 +26,6 @@ _PARSED: dict = {}
 _PARSED_LOCK = threading.Lock()
 _INCLUDE_RE = re.compile(r"^\s*include(\s+|\s*=\s*)(?P<rest>.+?)\s*$", re.IGNORECASE)
 _LINE_RE = re.compile(r"^\s*(?P<key>\w+)(?:\s*=\s*|\s+)(?P<value>.+?)\s*$")
-def check_host(value: str, what: str = "host") -> str:
-    why = host_problem(value)
-    if why:
-        raise UsageError(f"{what} {value!r}: {why}")
-    return value
-
-
-def check_user(value: str, what: str = "user") -> str:
-    why = user_problem(value)
-    if why:
-        raise UsageError(f"{what} {value!r}: {why}")
-    return value
-
-
-def check_port(value: object, what: str = "port") -> int:
-    why = port_problem(value)
-    if why:
-        raise UsageError(f"{what} {value!r}: {why}")
-    return int(value)  # type: ignore[arg-type]
-
-
 @dataclass(frozen=True)
 class HostParams:
     alias: str
@@ -172,32 +153,6 @@ def proxy_command_line(command: str, hostname: str, port: int) -> str:
     if not words:
         raise UsageError("ProxyCommand is empty")
     return shlex.join(w.replace("%h", hostname).replace("%p", str(int(port))) for w in words)
-
-
-def split_target(target: str) -> tuple[str | None, str, int | None]:
-    """`[user@]host[:port]` (host may be an ssh_config alias or [IPv6]), each part checked by its grammar: the
-    host and user reach ssh_config's %h/%r (a `Match exec`, a ProxyCommand) and run in a shell there."""
-    user, _, hostport = target.rpartition("@")
-    host, port = hostport, None
-    if hostport.startswith("["):
-        host, _, rest = hostport[1:].partition("]")
-        if rest and not (rest.startswith(":") and rest[1:].isdigit()):
-            raise UsageError(f"bad port in host {target!r}")
-        if rest:
-            port = int(rest[1:])
-    elif hostport.count(":") == 1:
-        host, p = hostport.split(":")
-        if not p.isdigit():
-            raise UsageError(f"bad port in host {target!r}")
-        port = int(p)
-    if not host:
-        raise UsageError(f"empty host name in {target!r}")
-    check_host(host)  # before any ssh_config look-up (its `Match exec` runs a shell with %h)
-    if user:
-        check_user(user)
-    if port is not None:
-        check_port(port, f"port in host {target!r}")
-    return user or None, host, port
 
 
 def default_config_path() -> str:

@@ -17,7 +17,7 @@ PKG = Path(__file__).resolve().parents[2] / "mla_doctor"
 BASE = {"mla_doctor", "mla_doctor.errors", "mla_doctor.exit_codes", "mla_doctor.results", "mla_doctor.yamlfile",
         "mla_doctor.paths", "mla_doctor.safety", "mla_doctor.redact", "mla_doctor.user_cache", "mla_doctor.cancel",
         "mla_doctor.terminal", "mla_doctor.interrupts", "mla_doctor.threshold_text",
-        "mla_doctor.report_sections"}
+        "mla_doctor.report_sections", "mla_doctor.words"}
 # layer -> the layers it may import (itself always allowed)
 ALLOWED = {
     "base": set(),
