@@ -88,6 +88,25 @@ def user_problem(value: object) -> str | None:
     return "not a user name (letters, digits, '.', '-', '_'; not starting with '-' or '.')"
 
 
+# An environment variable's name as POSIX shells accept it (the `--api-key-env` NAME, an inventory's
+# `api_key_env`): a name only, never a word a shell or a runbook could read as more.
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def env_name_problem(value: object) -> str | None:
+    """Why `value` is not an environment variable name, or None when it is one."""
+    if isinstance(value, str) and ENV_NAME.match(value):
+        return None
+    return "not an environment variable name (letters, digits and '_', not starting with a digit)"
+
+
+def check_env_name(value: object, what: str = "--api-key-env") -> str:
+    why = env_name_problem(value)
+    if why:
+        raise UsageError(f"{what} {value!r}: {why}")
+    return value  # type: ignore[return-value]
+
+
 def check_host(value: str, what: str = "host") -> str:
     why = host_problem(value)
     if why:

@@ -32,6 +32,7 @@ from mla_doctor.fleet.playbook import catalog
 from mla_doctor.fleet.scheduler import Events, FleetHostReport, run_fleet
 from mla_doctor.redact import redact_tree
 from mla_doctor.results import HostStatus
+from mla_doctor.safety import check_env_name
 from mla_doctor.host.target import HOST_KEY_POLICIES, connect_options
 
 _FMT = click.Choice(["text", "json", "junit", "markdown", "html"])
@@ -120,6 +121,8 @@ def audit_cmd(inventory_path, limit, playbook_name, forks, serial, max_fail_perc
     mla-doctor audit -i inventory.yaml --shard 1/4 --format json -o shard1.json
     """
 
+    for name in api_key_envs:  # names only (as `run --api-key-env`), before any file is read
+        check_env_name(name, "--api-key-env")
     inv = inv_mod.load(inventory_path, allow_env=api_key_envs)
     pb = pb_mod.load(playbook_name)
     hosts = inv.select(limit)

@@ -22,10 +22,10 @@ from mla_doctor.errors import ConfigFileError, UsageError
 from mla_doctor.host.expect import EXPECT_KEYS, EXPECT_VALUES
 from mla_doctor.host.runtimes import INVENTORY_KINDS, from_inventory
 from mla_doctor.host.target import HOST_KEY_POLICIES
-from mla_doctor.safety import host_problem, user_problem
+from mla_doctor.safety import ENV_NAME, host_problem, user_problem
 
 RUNTIME_KINDS = INVENTORY_KINDS  # host/runtimes.py
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_NAME = ENV_NAME  # safety.py: the one environment-name grammar
 # The controller variables an inventory may name as `api_key_env` (its value is sent to the host's port as a
 # bearer token): others only when the operator names them with `--api-key-env` on the command line. An
 # inventory naming AWS_SECRET_ACCESS_KEY must not ship the operator's cloud secret to a host.

@@ -10,6 +10,7 @@ from mla_doctor.errors import UsageError
 from mla_doctor.host.fields import NUM, option
 from mla_doctor.host.runtimes import KINDS
 from mla_doctor.paths import DEFAULT_RUN_ROOT
+from mla_doctor.safety import check_env_name
 
 RUNTIMES = KINDS  # host/runtimes.py: what each can do
 DEFAULT_PROMPTS = ("short", "long", "chunked")  # chunked: only where chunked prefill is on
@@ -133,6 +134,8 @@ class RunOptions:
         """The one place run options are made (`mla-doctor run` and a playbook's live step). None keeps the
         default; `prompts` is "short,long" or a sequence (an empty one: the default); `debug_env` replaces
         the default settings; `second_pass` is server arguments (a sequence) or settings by name (a mapping)."""
+        if api_key_env is not None:  # a name, checked before anything runs ('X;touch canary' is exit 2)
+            check_env_name(api_key_env, "--api-key-env")
         sp_args: tuple[str, ...] = ()
         sp_settings: dict[str, str] = {}
         if isinstance(second_pass, Mapping):

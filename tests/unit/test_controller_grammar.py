@@ -211,6 +211,30 @@ def test_the_secret_never_leaves_the_cli_unless_the_operator_names_it(tmp_path):
     assert r.returncode == 2 and str(pb) in r.stderr and "api_key_env" in r.stderr, r.stdout + r.stderr
 
 
+HOSTILE_ENV_NAMES = ["X;touch canary", "X$(touch canary)", "X`touch canary`", "A B", "1X", "", "X-Y"]
+
+
+@pytest.mark.parametrize("name", HOSTILE_ENV_NAMES)
+def test_run_api_key_env_is_a_name_checked_up_front(tmp_path, name):
+    """`run --api-key-env 'X;touch canary'` (and `audit --api-key-env`): a usage error (exit 2) naming the flag,
+    before any server is looked for or any file read; no canary is made."""
+    r = _cli("run", "--local", "--method", "attach", "--api-key-env", name, cwd=tmp_path)
+    assert r.returncode == 2 and "--api-key-env" in r.stderr and "environment variable name" in r.stderr, \
+        r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "canary").exists()
+    r = _cli("audit", "-i", str(tmp_path / "absent.ini"), "--dry-run", "--api-key-env", name, cwd=tmp_path)
+    assert r.returncode == 2 and "environment variable name" in r.stderr, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("name", ["VLLM_API_KEY", "_K", "my_key2"])
+def test_run_api_key_env_names_pass_the_grammar(name):
+    from mla_doctor.host.live_options import RunOptions
+
+    assert RunOptions.build(api_key_env=name).api_key_env == name
+    with pytest.raises(UsageError, match="environment variable name"):
+        RunOptions.build(api_key_env=name + ";id")
+
+
 # ----------------------------------------------------------------------------------------- records by type
 
 GOOD_CALL = {"event": "call", "pid": 7, "epoch": 2, "seq": 1, "role": "decode", "function": "X.forward_mqa",
