@@ -302,6 +302,25 @@ def served_entries(section: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]
     # the branch the host takes; unknown (no GPU seen): the nvidia branch, named in entries_from.platform
     mine = ([lp for lp in layers if taken and lp.get("platform") == taken]
             or [lp for lp in layers if "nvidia" in str(lp.get("platform")).split("+")] or layers)
+    out = _branch_entries(mine)
+    plats = list(dict.fromkeys(str(lp.get("platform")) for lp in layers))
+    if not taken and len(plats) > 1:
+        # the host's platform is unknown and the family builds a layer per platform: the entries depend on the
+        # platform, said per platform; the one shown at the top level is named as one platform's, never the host's
+        per = {p: _branch_entries([lp for lp in layers if str(lp.get("platform")) == p]) for p in plats}
+        out["per_platform"] = {p: {k: e[k] for k in ("layer", "alternatives") + ENTRY_KEYS} for p, e in per.items()}
+        out["depends_on_platform"] = True
+        for k in ENTRY_KEYS:
+            if isinstance(out.get(k), dict):
+                out[k] = dict(out[k], platform=out["platform"], depends_on_platform=True,
+                              note="the %s branch's layer, one of %d platforms' (the host's platform is unknown: "
+                                   "the entry depends on the platform, entries_from.per_platform)"
+                                   % (out["platform"], len(plats)))
+    return out
+
+
+def _branch_entries(mine: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """One platform branch's entries: its layer built unconditionally, else the selector's last."""
     own = [lp for lp in mine if not lp.get("generic")] or mine
     # several layers on one branch, chosen at run time (DeepSeek V4 nvidia: SM120, FlashInfer, FlashMLA): the one
     # built unconditionally, else the selector's last (its fall-through); the others listed as alternatives
@@ -339,6 +358,9 @@ def apply_served_entries(static: Dict[str, Any], section: Optional[Dict[str, Any
             static[k] = fam[k]
     static["entries_from"] = {"source": "code", "layer": fam["layer"], "platform": fam["platform"],
                               "alternatives": fam["alternatives"]}
+    if fam.get("depends_on_platform"):
+        static["entries_from"].update(depends_on_platform=True, platform=None, shown_platform=fam["platform"],
+                                      per_platform=fam["per_platform"])
 
 
 def family_backend(fp: Optional[FamilyPath]) -> Optional[Dict[str, Any]]:

