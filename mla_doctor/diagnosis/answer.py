@@ -11,7 +11,7 @@ from typing import Any
 from mla_doctor import words
 from mla_doctor.threshold_text import fmt_threshold, table_values
 from mla_doctor.diagnosis.knowledge import Knowledge, load_knowledge
-from mla_doctor.diagnosis.routing import CONDITION_NAMES, known_from_host, route, routes
+from mla_doctor.diagnosis.routing import CONDITION_NAMES, backend_from_argv, known_from_host, route, routes
 from mla_doctor.report_sections import LogSection, ModelSection, ServerSection, StaticSection, VllmSection
 from mla_doctor.results import HostReport, host_to_dict
 
@@ -40,7 +40,7 @@ class RouteLine:
 class HostAnswer:
     backend: str = ""
     backend_name: str | None = None
-    backend_source: str = ""  # log | run | platform
+    backend_source: str = ""  # log | run | argv | platform
     dispatch: str | None = None
     family_layer: str | None = None  # a model-private family's layer (code_paths), shown instead of the dispatch
     family_backend: str | None = None  # the backend that layer names itself (backend_cls): wins over the platform's
@@ -180,6 +180,12 @@ def host_answer(h: dict, kb: Knowledge | None = None) -> HostAnswer | None:
         a.backend, candidates = _platform_backend(h, names, version)
         if len(candidates) == 1:
             a.backend_name = candidates[0]
+        # no selection line: the backend the server's argv forces on the MLA layers (--attention-config
+        # backend_per_kind[the MLA kind], else --attention-backend), as the route reads it (known_from_host)
+        forced = backend_from_argv(ServerSection.of(h.get("server")).argv, st.code_paths)
+        if forced and facts is not None and facts.backend(forced[0]) is not None:
+            a.backend_name, a.backend_source, candidates = forced[0], "argv", [forced[0]]
+            a.backend = f"{forced[0]} — forced by {forced[1]}; not seen in a log"
         own = _family_backend((st.code_paths or {}).get("family_backend"), a.backend)
         if own:
             a.backend, a.backend_name, a.family_backend = own[0], own[1] or a.backend_name, own[1]
@@ -217,7 +223,7 @@ def host_answer(h: dict, kb: Knowledge | None = None) -> HostAnswer | None:
         if known.family:
             fam = (route(facts, known, 1), route(facts, known, LONG_TOKENS), known.family.get("family"))
     nop = (st.code_paths or {}).get("served_not_on_platform")
-    stub = isinstance(nop, dict) and a.backend_source == "platform"
+    stub = isinstance(nop, dict) and a.backend_source in ("platform", "argv")
     if stub:
         # the platform's branch of the family is a stub that raises: no layer, no path, no backend to claim
         a.backend = (f"none: {nop.get('family')}'s layer on {words.platform_name(nop.get('platform'))} is a stub "

@@ -64,7 +64,7 @@ class Answer:
     install: str = ""
     backend: str = ""
     backend_name: str | None = None
-    backend_source: str = ""  # log | run | platform | unknown
+    backend_source: str = ""  # log | run | argv | platform | unknown
     dispatch: str | None = None
     family_layer: str | None = None  # a model-private family's layer (code_paths), shown instead of the dispatch
     one_token: str = ""

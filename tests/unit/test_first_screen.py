@@ -112,10 +112,21 @@ def test_problems_fail_first_then_warn_each_with_its_action(answer, kb):
 
 def test_without_a_log_the_platform_choice_is_said_as_such(answer, kb):
     answer["log"] = {"found": False, "reason": "no log"}
+    argv = answer["servers"][0]["argv"]
+    del argv[argv.index("--attention-backend"):]  # nothing forced: the platform's choice (forced: the next test)
     lines = host_part(render(RunReport("static", [build_static_report("localhost", answer, kb)]), width=100))
     assert row(lines, "backend").startswith("CPU_MLA (AMX_MLA where the CPU has AMX) — the CPU platform's choice in "
                                             "0.32.0, not seen in a log")
     assert row(lines, "1 token").startswith("a 1-token prompt is decode-only (at or below the threshold of 1 token)")
+
+
+def test_without_a_log_the_backend_the_argv_forces_is_said_with_its_source(answer, kb):
+    """The recorded server runs with --attention-backend CPU_MLA: the backend line names it as the argv's, the
+    same backend (and source) the route reads, never as the platform's choice."""
+    answer["log"] = {"found": False, "reason": "no log"}
+    lines = host_part(render(RunReport("static", [build_static_report("localhost", answer, kb)]), width=100))
+    assert row(lines, "backend").startswith("CPU_MLA — forced by the server's argv: --attention-backend; not seen in "
+                                            "a log")
 
 
 def test_a_sparse_model_is_said_so(answer, kb):

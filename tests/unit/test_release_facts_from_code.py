@@ -418,3 +418,38 @@ def test_platform_unknown_the_entries_are_said_per_platform_never_one_platforms_
     assert "entries:   depend on the platform" in text and "[CPU] DeepseekV4CPUAttention" in text
     cell = entry_cell(StaticSection.of(rep.static), "decode_entry")
     assert cell.startswith("by platform: ") and "cpu DeepseekV4CPUAttention.forward_mqa" in cell, cell
+
+
+def test_the_backend_line_says_the_backend_per_kind_the_route_reads():
+    """No selection line in the log: the server's argv `--attention-config '{"backend_per_kind": {"mla_attention":
+    "FLASHMLA"}}'` (the MLA layers' kind read from 0.34.0's selector) names the backend on the answer's backend
+    line, with its source — the same backend the route reads (known_from_host) — over --attention-backend."""
+    import copy
+    import json
+
+    from mla_doctor.diagnosis.answer import host_answer
+    from mla_doctor.diagnosis.routing import known_from_host
+    from mla_doctor.host.audit import build_static_report
+    from mla_doctor.results import host_to_dict
+    from tests.support import corpus
+    from tests.support.fake_agent import load
+
+    kb = load_knowledge()
+    answer = copy.deepcopy(load("static_local")["exchanges"][0]["answer"])
+    cfg = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "kv_lora_rank": 512,
+           "num_attention_heads": 128}
+    answer["model"] = dict(answer["model"], config=cfg)
+    answer["resolution"] = resolve_paths(str(corpus.ensure("vllm", "0.34.0") / "vllm"), ["DeepseekV3ForCausalLM"],
+                                         {"distribution": "vllm"}, {})
+    answer["log"] = {"found": False, "reason": "no log given"}  # no selection line: the argv names the backend
+    h = host_to_dict(build_static_report("localhost", answer, kb))
+    argv = ["vllm", "serve", "m", "--attention-backend", "TRITON_MLA", "--attention-config",
+            json.dumps({"backend_per_kind": {"mla_attention": "FLASHMLA", "full_attention": "FLASH_ATTN"}})]
+    h["server"] = {"running": True, "argv": argv}
+    k = known_from_host(h, kb.for_version(h["vllm"]["version"]))
+    a = host_answer(h, kb)
+    assert k.backend == "FLASHMLA" and a.backend_name == k.backend and a.backend_source == "argv", a
+    assert a.backend.startswith("FLASHMLA — forced by the server's argv: --attention-config backend_per_kind["), \
+        a.backend
+    h["server"]["argv"] = argv[:5]  # without the per-kind map: --attention-backend
+    assert host_answer(h, kb).backend_name == "TRITON_MLA"
