@@ -25,6 +25,7 @@ DISPATCH = {
     "server_restore": ("lifecycle.server", "op_server_restore"),
     "tick": ("lifecycle.server", "op_tick"),
     "http": ("loopback", "op_http"),
+    "port_held": ("facts.processes", "op_port_held"),
     "command_restart": ("runtimes.command", "op_command_restart"),
     "systemd_restart": ("runtimes.systemd", "op_systemd_restart"),
     "docker_find": ("runtimes.docker", "op_docker_find"),

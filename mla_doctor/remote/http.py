@@ -9,7 +9,7 @@ import http.client
 import json
 import os
 import socket
-from typing import Any
+from typing import Any, Callable
 
 from mla_doctor.errors import RemoteError
 from mla_doctor.remote.protocol import HttpRequest, call
@@ -43,6 +43,11 @@ class _ChannelSocket:
         return bool(self.chan.closed and not self.chan.eof_received)
 
 
+class PortNotHeld(ConnectionError):
+    """The port's listening socket is not (or no longer) the proven server's: nothing was sent to it. A
+    ConnectionError, so a server still starting reads as not answering yet (wait_ready keeps waiting)."""
+
+
 class HostHTTP:
     def __init__(self, transport: Transport, port: int, bind_host: str | None = None,
                  api_key_env: str | None = None, timeout: float = 60.0):
@@ -54,6 +59,9 @@ class HostHTTP:
         self._key = None
         self.via_agent = False  # set when the host's sshd refuses TCP forwarding
         self.sudo = False
+        # called before every request: raises PortNotHeld when the port's listening socket is no longer the
+        # proven server's (it died and another process took the port): no byte, and no API key, goes there
+        self.guard: Callable[[], None] | None = None
         if api_key_env:
             self._key = os.environ.get(api_key_env)
             if self._key is None:
@@ -74,6 +82,8 @@ class HostHTTP:
     def request(self, method: str, path: str, body: Any = None, timeout: float | None = None,
                 auth: bool = False) -> tuple[int, bytes]:
         timeout = timeout or self.timeout
+        if self.guard is not None:
+            self.guard()
         headers = {"Connection": "close"}
         data = None
         if body is not None:

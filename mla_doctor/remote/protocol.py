@@ -144,6 +144,20 @@ class HttpAnswer(Answer):
         return self.raw.get("error")
 
 
+class PortHeldAnswer(Answer):
+    @property
+    def held(self) -> bool:
+        return self.raw.get("held") is True
+
+    @property
+    def alive(self) -> bool:
+        return self.raw.get("alive") is True
+
+    @property
+    def listening_ports(self) -> list[int]:
+        return [p for p in self.raw.get("listening_ports") or [] if isinstance(p, int)]
+
+
 class DockerFindAnswer(Answer):
     @property
     def containers(self) -> list[dict[str, Any]]:
@@ -332,6 +346,18 @@ class HttpRequest(Request[HttpAnswer]):
 
 
 @dataclass
+class PortHeldRequest(Request[PortHeldAnswer]):
+    """Read-only, before each request of a run: the proven server (pid) still holds its port's listening socket."""
+    op: ClassVar[str] = "port_held"
+    answer: ClassVar[type[Answer]] = PortHeldAnswer
+    pid: int
+    port: int
+
+    def to_plan(self) -> dict[str, Any]:
+        return {"op": self.op, "pid": self.pid, "port": self.port}
+
+
+@dataclass
 class DockerFindRequest(Request[DockerFindAnswer]):
     """The containers running a vLLM server (or the named one)."""
     op: ClassVar[str] = "docker_find"
@@ -465,7 +491,7 @@ class DetachRequest(Request[AttachAnswer]):
 
 REQUESTS: dict[str, type[Request[Any]]] = {cls.op: cls for cls in (
     StaticRequest, IndexRequest, PatchRequest, RevertRequest, RenewRequest, RecordsRequest, ServerRestartRequest,
-    ServerRestoreRequest, TickRequest, HttpRequest, CommandRestartRequest, SystemdRestartRequest,
+    ServerRestoreRequest, TickRequest, HttpRequest, PortHeldRequest, CommandRestartRequest, SystemdRestartRequest,
     DockerFindRequest, DockerRestartRequest, AttachCheckRequest, AttachRequest, DetachRequest)}
 
 

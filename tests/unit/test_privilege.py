@@ -440,8 +440,10 @@ def test_no_request_and_no_api_key_to_a_port_the_server_is_not_proven_to_hold():
     from mla_doctor.host.live import prepare
 
     run = SimpleNamespace(server={"pid": 11, "port": 8000, "listening_ports": [9000]}, host_tr=None, tr=None,
-                          ropts=SimpleNamespace(api_key_env=None), host_sudo=False)
+                          ropts=SimpleNamespace(api_key_env=None, method="attach", runtime="process"), host_sudo=False,
+                          prove_port=lambda: None)
     with pytest.raises(refusals.HostRefusal):
         prepare.reach_server(run, None)
     run.server["listening_ports"] = [8000]
-    assert prepare.reach_server(run, None) is not None
+    http = prepare.reach_server(run, None)
+    assert http is not None and http.guard is run.prove_port and run.server_pid == 11  # proven again per request

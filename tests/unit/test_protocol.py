@@ -22,7 +22,7 @@ def agent_ops() -> set[str]:
 
 
 def test_every_op_the_agent_serves_has_a_builder():
-    assert len(protocol.OPS) == len(set(protocol.OPS)) == 17
+    assert len(protocol.OPS) == len(set(protocol.OPS)) == 18
     assert set(protocol.OPS) == agent_ops()
     assert set(protocol.REQUESTS) == set(protocol.OPS)
     for op, cls in protocol.REQUESTS.items():

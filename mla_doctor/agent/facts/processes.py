@@ -454,6 +454,17 @@ def _listening(pid):
     return sorted(ports)
 
 
+def op_port_held(plan):
+    """Before each request of a run: does the proven server (pid) still hold the listening socket of its port?
+    A server that died and a port another process took since get no request, and no API key (the controller
+    asks before every request: remote/http.py's guard)."""
+    pid, port = plan.get("pid"), plan.get("port")
+    alive = isinstance(pid, int) and pid > 0 and os.path.isdir("/proc/%d" % pid)
+    ports = _listening(pid) if alive else []
+    return {"op": "port_held", "pid": pid, "port": port, "alive": alive, "listening_ports": ports,
+            "held": bool(alive and port in ports)}
+
+
 def _install_owner(vdir, pid):
     """uid owning the vllm directory a server runs (as the process sees it), or None."""
     try:

@@ -12,8 +12,9 @@ from mla_doctor.host.instrument import PreparedPatch
 from mla_doctor.host.live.options import RunOptions
 from mla_doctor.host.live.records import record_problem
 from mla_doctor.host.patch import renew
-from mla_doctor.remote.http import HostHTTP
-from mla_doctor.remote.protocol import A, RecordsRequest, Request, TickAnswer, TickRequest, call
+from mla_doctor.remote.http import HostHTTP, PortNotHeld
+from mla_doctor.remote.protocol import (A, PortHeldRequest, RecordsRequest, Request, TickAnswer, TickRequest,
+                                       call)
 from mla_doctor.remote.session import AgentSession
 from mla_doctor.results import HostReport
 from mla_doctor.ssh.transport import ConnectOptions, Transport
@@ -54,6 +55,7 @@ class LiveRun:
         self.report: HostReport = HostReport(host=name)
         self.raw: dict[str, Any] = {}  # the static audit's answer
         self.server: dict[str, Any] = {}
+        self.server_pid: int | None = None  # the proven server now (a restart's new pid): its port gets requests
         self.facts: Any = None  # the knowledge for this vLLM version
         self.http: HostHTTP | None = None
         self.live: dict[str, Any] = {}  # report.live
@@ -100,6 +102,20 @@ class LiveRun:
         tr, sudo = (self.host_tr, self.host_sudo) if host else (self.tr, self.conn.sudo)
         return call(tr, request, sudo=sudo, timeout=timeout or self.conn.command_timeout,
                     session=self.agent(tr, sudo))
+
+    def prove_port(self) -> None:
+        """HostHTTP's guard, before every request: the server the run proved (or the one its restart started)
+        still holds the listening socket of its port. It died and another process took the port: no byte, and
+        no API key, goes there (PortNotHeld, a connection error: a server still starting is waited for)."""
+        pid, port = self.server_pid, self.server.get("port")
+        if not isinstance(pid, int) or not isinstance(port, int):
+            raise PortNotHeld(f"no proven server for port {port}: no request sent")
+        ans = self.call(PortHeldRequest(pid=pid, port=port), host=True)
+        if not ans.held:
+            state = ("holds the listening sockets of " + (", ".join(map(str, ans.listening_ports)) or "no port")
+                     if ans.alive else "is gone")
+            raise PortNotHeld(f"port {port} is not the proven server's: the server (pid {pid}) {state}; no "
+                              "request, and no API key, was sent to that port")
 
     def close_agents(self) -> None:
         for s in self.sessions.values():

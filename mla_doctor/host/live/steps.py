@@ -105,6 +105,7 @@ def restart(run: LiveRun, mode: str, add_args: tuple[str, ...] = ()) -> RestartA
         run.restarted = True
         run.host_lease = runtime(run.ropts.runtime).host_lease
     run.log_offset = rr.log_offset  # a new run log, the new part of the user's, a journal cursor
+    run.server_pid = rr.pid  # requests go to its port only while it holds it (LiveRun.prove_port)
     return rr
 
 
@@ -289,7 +290,7 @@ def restore(run: LiveRun) -> None:
         try:
             rs = run.call(ServerRestoreRequest(run_id=run.run_id, run_root=run.ropts.run_root),
                           timeout=run.conn.command_timeout + 120, host=True)
-            live["restored_pid"] = rs.pid
+            live["restored_pid"] = run.server_pid = rs.pid
             run.log_offset = rs.log_offset  # it appends to its original log: read only new lines
             ok, why, _info = wait_ready(run, http, run.kb.for_version((report.vllm or {}).get("version")),
                                         run.ropts.ready_timeout)
