@@ -12,6 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 
+class Note(str):
+    """A progress message that continues the step before it (a wait's seconds so far, the server's newest log
+    line): redrawn where a terminal shows the current step, never a line of its own in a plain (piped) log."""
+
+
 def _escape(cp: int) -> str:
     return f"\\x{cp:02x}" if cp < 0x100 else f"\\u{cp:04x}"
 

@@ -362,13 +362,13 @@ def one_host_command(command: str, target, step, fmt: str, output: str | None, p
     """Run a one-step plan on the one host (host.execute: one connection), report, exit with its status."""
     from mla_doctor.host import execute
 
-    from mla_doctor.cli.progress import Status
+    from mla_doctor.cli.progress import Status, without_notes
 
     t0 = time.monotonic()
     report = RunReport(command=command)
     status = Status.for_command(command, target.name, fmt)  # on a terminal: what is done, where, how long
     try:
-        report.hosts.append(execute(target, [step], status.say(progress) if status else progress))
+        report.hosts.append(execute(target, [step], status.say(progress) if status else without_notes(progress)))
     finally:
         if status is not None:
             status.stop()  # erased before the report is written

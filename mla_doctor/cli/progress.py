@@ -60,7 +60,8 @@ class Progress:
         with self.lock:
             if host in self.running:
                 self.running[host] = msg
-            self._line(f"{host}: {msg}")
+            if not (isinstance(msg, terminal.Note) and self.mode == "plain"):  # a log gets the step once
+                self._line(f"{host}: {msg}")
 
     def finished(self, host: str, report) -> None:
         with self.lock:
@@ -132,15 +133,27 @@ class Status:
         return self
 
     def say(self, progress):
-        """`progress` (a step's own lines) printed above the status line, which goes on below them."""
+        """`progress` (a step's own lines) printed above the status line, which goes on below them; a Note
+        (a wait's seconds and the server's newest line) is shown on the status line itself, until the next step."""
         def said(msg: str) -> None:
             with self.lock:
                 self._erase()
-                if progress is not None:
-                    progress(msg)
+                if isinstance(msg, terminal.Note):
+                    self.doing = terminal.line(msg)
+                else:
+                    self.doing = _DOING.get(self.command, "working")
+                    if progress is not None:
+                        progress(msg)
                 if not self.done.is_set():
                     self._draw()
         return said
+
+
+def without_notes(progress):
+    """`progress` for a plain log (no terminal): each step once, never a wait's Note every few seconds."""
+    if progress is None:
+        return None
+    return lambda msg: None if isinstance(msg, terminal.Note) else progress(msg)
 
     def stop(self) -> None:
         with self.lock:

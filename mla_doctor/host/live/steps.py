@@ -18,6 +18,8 @@ from mla_doctor.host.live.session import EXCEPTION_LINE, LiveRun, PromptResults
 from mla_doctor.host.prompts import FILLER, chunked_prefill, fill_tokens, plan_prompts
 from mla_doctor.host.runtimes import runtime
 from mla_doctor.remote.http import HostHTTP
+from mla_doctor.redact import redact_text
+from mla_doctor.terminal import Note
 from mla_doctor.report_sections import ModelSection, StaticSection
 from mla_doctor.remote.protocol import (
     CommandRestartRequest,
@@ -124,11 +126,30 @@ def _cause(fatal: list[str]) -> str:
     return (exc or fatal)[-1] if fatal else ""
 
 
-def wait_ready(run: LiveRun, http: HostHTTP, facts, timeout: float) -> tuple[bool, str | None, dict[str, Any]]:
-    """/health, /v1/models, then one real completion; fail fast on a dead process or fatal log lines."""
-    deadline = time.monotonic() + timeout
+# A wait's progress: every WAIT_NOTE_S a Note (the step, how long, the server's newest line) that a terminal
+# redraws in place; a plain, piped log prints only the step itself (cli/progress.py)
+WAIT_NOTE_S = 10.0
+WAIT_LABEL = "wait for the server (model load)"
+
+
+def wait_note(label: str, waited: float, log_lines: list[dict[str, Any]]) -> Note:
+    """`label — 20s waited; server log: <its newest line>`: a model load of a minute is seen to go on."""
+    newest = next((ln["text"].strip() for ln in reversed(log_lines) if ln.get("text", "").strip()), "")
+    return Note(f"{label} — {waited:.0f}s waited" + (f"; server log: {redact_text(newest)}" if newest else ""))
+
+
+def wait_ready(run: LiveRun, http: HostHTTP, facts, timeout: float,
+               label: str = WAIT_LABEL) -> tuple[bool, str | None, dict[str, Any]]:
+    """/health, /v1/models, then one real completion; fail fast on a dead process or fatal log lines.
+    Says `label` (the step) first, then every WAIT_NOTE_S how long it has waited and the server's newest line."""
+    run.step(label)
+    t0 = last_note = time.monotonic()
+    deadline = t0 + timeout
     last_tick = 0.0
     while time.monotonic() < deadline:
+        if time.monotonic() - last_note >= WAIT_NOTE_S:
+            run.step(wait_note(label, time.monotonic() - t0, run.log_lines))
+            last_note = time.monotonic()
         if time.monotonic() - last_tick > 3:
             t = run.tick()
             last_tick = time.monotonic()
@@ -170,7 +191,6 @@ def production_pass(run: LiveRun) -> Pass:
     run.step("restart the server with debug settings")
     rr = restart(run, "debug")
     run.live["debug_pid"], run.live["server_log"] = rr.pid, rr.log
-    run.step("wait for the server (model load)")
     ok, why, info = wait_ready(run, run.http, run.facts, run.ropts.ready_timeout)
     if not ok:
         run.start_error = why
