@@ -291,7 +291,10 @@ def classify_model(facts: ReleaseFacts, config: Optional[dict], code: Optional[d
                           % type(model_type).__name__, "")
     archs = config.get("architectures") or text.get("architectures") or []
     arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    gate = _code_gate(code, arch)
     has_topk = "index_topk" in text or "index_topk" in config
+    if gate and gate.get("kind") == "not_none":  # `getattr(config, "index_topk", None) is not None`: null is dense
+        has_topk = text.get("index_topk", config.get("index_topk")) is not None
     nested = None if has_topk else _nested_topk(text)
     where = ("vllm/%s" % facts.model_types_where.file) if facts.model_types_where else "is_deepseek_mla"
     read = (code or {}).get("mla_model_types") if isinstance(code, dict) else None
@@ -367,14 +370,28 @@ def classify_model(facts: ReleaseFacts, config: Optional[dict], code: Optional[d
                   "the config has no index_topk" % arch)
         routing = facts.sparse_routing
     elif sparse:
-        reason = "sparse MLA (DSA): config has index_topk (hasattr gate)"
+        # the gate as the served architecture's code writes it (read, never assumed); unread: said as such
+        how = ("`%s`, vllm/%s:%s" % (gate.get("text"), gate.get("file"), gate.get("line")) if gate
+               else "its code's gate not read")
+        reason = "sparse MLA (DSA): config has index_topk (%s)" % how
         routing = facts.sparse_routing
     else:
         reason = "dense MLA (model_type %r, kv_lora_rank set, no index_topk)" % mt
+        if gate and gate.get("kind") == "not_none" and ("index_topk" in text or "index_topk" in config):
+            reason = ("dense MLA (model_type %r, kv_lora_rank set): index_topk is null and the code tests `%s` "
+                      "(vllm/%s:%s)" % (mt, gate.get("text"), gate.get("file"), gate.get("line")))
         if module or model_type in ("deepseek_v32", "glm_moe_dsa"):
             reason += "; a DSA architecture without index_topk builds no indexer and runs as dense MLA"
         routing = dense
     return ModelClass(True, sparse, model_type, arch, reason, routing, failure, notes)
+
+
+def _code_gate(code: Any, arch: Optional[str]) -> Optional[dict]:
+    """The served architecture's index_topk test as the installed code writes it (resolve.py's sparse_gate)."""
+    for a in (code or {}).get("architectures") or [] if isinstance(code, dict) else []:
+        if isinstance(a, dict) and a.get("architecture") == arch and isinstance(a.get("sparse_gate"), dict):
+            return a["sparse_gate"]
+    return None
 
 
 # --------------------------------------------------------------------------- the server's install

@@ -453,3 +453,43 @@ def test_the_backend_line_says_the_backend_per_kind_the_route_reads():
         a.backend
     h["server"]["argv"] = argv[:5]  # without the per-kind map: --attention-backend
     assert host_answer(h, kb).backend_name == "TRITON_MLA"
+
+
+def test_the_sparse_gate_is_the_one_the_served_architectures_code_writes(tmp_path):
+    """The index_topk test is read from the architecture's files: `hasattr(config, "index_topk")` (a null value is
+    sparse) or `getattr(config, "index_topk", None) is not None` / `config.index_topk is not None` (null is dense),
+    in a family package's own files too; on the real 0.34.0 tree Mistral Large 4's model line names
+    models/mistral/common/layer_spec.py:33's getattr test (never '(hasattr gate)'), DeepSeek V3.2's
+    deepseek_v2.py:1138 hasattr, and an index_topk: null Mistral config is dense by that test."""
+    from mla_doctor.agent.facts.sparse_gate import sparse_gate
+    from tests.support import corpus
+
+    fam = tmp_path / "vllm" / "models" / "fam"
+    (fam / "common").mkdir(parents=True)
+    (fam / "__init__.py").write_text("from .model import M\n")
+    (fam / "common" / "spec.py").write_text("def spec(config):\n    return config.index_topk is not None\n")
+    flat = tmp_path / "vllm" / "model_executor" / "models"
+    flat.mkdir(parents=True)
+    (flat / "dsv2.py").write_text("class A:\n    def __init__(self, config):\n"
+                                  "        self.is_v32 = hasattr(config, 'index_topk')\n")
+    got = sparse_gate(str(tmp_path / "vllm"), ["models/fam/__init__.py"])
+    assert (got["kind"], got["file"], got["line"]) == ("not_none", "models/fam/common/spec.py", 2), got
+    got = sparse_gate(str(tmp_path / "vllm"), ["model_executor/models/dsv2.py"])
+    assert (got["kind"], got["line"], got["text"]) == ("present", 3, 'hasattr(config, "index_topk")'), got
+
+    vdir = str(corpus.ensure("vllm", "0.34.0") / "vllm")
+    facts = load_knowledge().for_version("0.34.0")
+    res = resolve_paths(vdir, ["MistralLarge4ForCausalLM"], {"distribution": "vllm"}, {})
+    cfg = {"architectures": ["MistralLarge4ForCausalLM"], "model_type": "mistral_large_4", "kv_lora_rank": 512,
+           "index_topk": 2048}
+    mc = classify_model(facts, cfg, code=res)
+    assert mc.is_sparse and "hasattr" not in mc.reason, mc.reason
+    assert ('`getattr(config, "index_topk", None) is not None`, vllm/models/mistral/common/layer_spec.py:33'
+            in mc.reason), mc.reason
+    mc = classify_model(facts, dict(cfg, index_topk=None), code=res)
+    assert mc.is_sparse is False and "index_topk is null" in mc.reason, mc.reason
+    res = resolve_paths(vdir, ["DeepseekV32ForCausalLM"], {"distribution": "vllm"}, {})
+    cfg = dict(cfg, architectures=["DeepseekV32ForCausalLM"], model_type="deepseek_v32", index_topk=None)
+    mc = classify_model(facts, cfg, code=res)  # hasattr: a null index_topk is still sparse
+    assert mc.is_sparse and '`hasattr(config, "index_topk")`, vllm/model_executor/models/deepseek_v2.py:1138' \
+        in mc.reason, mc.reason

@@ -20,6 +20,7 @@ import re
 from ..common import read_regular
 from .layer_conditions import conditions, if_context
 from .model_types import mla_model_types, routing_code
+from .sparse_gate import sparse_gate
 from .targets import backend_probe_targets
 from .syntax import chain, returned_exprs
 
@@ -691,7 +692,11 @@ class Resolver(object):
             taken = next((p for p in plats if host_platform in p.split("+")), None)
             if taken is None and "any" in plats:
                 taken = "any"
+        # the index_topk test that builds its sparse (DSA) layers, as its own files write it (hasattr / is not None)
+        files = [rel] + [b["model"]["file"] for b in branches] + [lp.get("file") for b in branches
+                                                                  for lp in b["layers"]]
         return {"architecture": arch, "family": fam, "registry": entry, "module_file": rel,
+                "sparse_gate": sparse_gate(self.src.vdir, files),
                 "branches": branches, "platform_taken": taken,
                 "mla": any(_mla_call(c, lp) for b in branches for lp in b["layers"] for c in lp["calls"])}
 
