@@ -143,7 +143,10 @@ def _family_backend(fb: Any, generic: str) -> tuple[str, str | None] | None:
 
 
 def _route_line(label: str, r: dict) -> RouteLine:
-    return RouteLine(label, r.get("text") or "", dict(r.get("resolved") or {}),
+    # the route said in words (words.route: "forward_mha on NVIDIA SM100 with an unquantized KV cache and FA4,
+    # otherwise forward_mqa"), never the route's code wording (r["text"]: "when SM100 and unquantized KV")
+    text = words.route(r) if r.get("branches") else r.get("text") or ""
+    return RouteLine(label, text, dict(r.get("resolved") or {}),
                      [CONDITION_NAMES.get(u, u) for u in r.get("unresolved") or []])
 
 

@@ -211,7 +211,10 @@ def test_text_report_shows_the_resolution_and_the_conditions():
     text = host_text.render(RunReport(command="run", hosts=[h]), verbose=1, width=400)
     assert "resolved by the probe: forward_mqa ran for the 3000-token prompt → not (SM100 and unquantized KV and " \
            "FA4)" in text
-    assert "routing, prompt long (3000 tok): forward_mha when SM100 and unquantized KV and FA4" in text
+    # the -v routing line in words (words.route), the same facts as the route's code wording
+    assert "routing, prompt long (3000 tok): forward_mha on NVIDIA SM100 with an unquantized KV cache and FA4, " \
+           "otherwise forward_mqa" in text, text
+    assert "when SM100" not in text.split("routing, ", 1)[1].split("\n", 1)[0]
     assert "conditions unresolved: " in text and "the GPU architecture (compute capability" in text
     assert "conditions resolved: " in text and "tp=8 (the server's argv)" in text
     assert json.loads(json.dumps(plain(h)))["prompts"][0]["routing"]["resolution"]["holds"] == \
