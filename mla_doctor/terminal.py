@@ -104,3 +104,14 @@ def wrap(value: Any, width: int) -> list[str]:
             cur = word
     out.append(cur)
     return out
+
+
+def wrap_lines(value: Any, width: int) -> list[str]:
+    """Text that may span lines (a gdb error, a traceback's tail), each of its lines wrapped as `wrap` does: only a
+    newline becomes a line break (a multi-line error reads as lines, not `\\x0a`); every other control, a CR or a
+    tab included, is still shown escaped. Trailing empty lines dropped."""
+    s = value if isinstance(value, str) else str(value)
+    parts = s.split("\n")
+    while len(parts) > 1 and not parts[-1].strip():
+        parts.pop()
+    return [piece for part in parts for piece in wrap(part, width)]

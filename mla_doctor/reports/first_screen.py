@@ -247,7 +247,7 @@ def _row(label: str, text: str, width: int, style: str | None = None) -> list[li
     0: one line whatever its length (piped output is not wrapped)."""
     avail = max(width - LABEL, 10) if width > 0 else 0
     label = terminal.line(label)  # host-provided: no control reaches the terminal
-    lines = terminal.wrap(text, avail) or [""]
+    lines = terminal.wrap_lines(text, avail) or [""]  # a multi-line error as lines (only \n breaks one)
     out = [[("  ", None), (label[: LABEL - 3].ljust(LABEL - 3), style), (" " + lines[0], None)]]
     out += [[(" " * LABEL, None), (ln, None)] for ln in lines[1:]]
     return out

@@ -208,6 +208,25 @@ def test_first_screen_and_details_show_host_strings_escaped():
     _inert(render_host_text(RunReport(command="static", hosts=[err]), width=100))
 
 
+def test_a_multi_line_error_on_the_first_screen_reads_as_lines_its_controls_still_escaped():
+    """Issue 32: gdb's error (several lines) was shown as one line with `\\x0a` escapes; only a newline becomes a
+    line break, under the error's label, wrapped or piped; a CR, a tab and ESC stay escaped."""
+    gdb = ("attach: gdb /usr/local/bin/gdb could not call into pid 4242:\n"
+           "Couldn't write extended state status: Bad address.\n"
+           f"The program being debugged was signaled {HOSTILE}\tx\n")
+    err = HostReport(host="gpu-2", status=HostStatus.ERROR, error_kind="RemoteError", error=gdb)
+    for width in (80, 0):  # a terminal, piped
+        out = render_host_text(RunReport(command="run", hosts=[err]), width=width)
+        _inert(out)
+        assert "\\x0a" not in out, out
+        lines = out.splitlines()
+        i = next(n for n, ln in enumerate(lines) if "could not call into pid 4242:" in ln)
+        assert lines[i].lstrip().startswith("error") and lines[i].rstrip().endswith("pid 4242:"), lines[i]
+        assert lines[i + 1].strip() == "Couldn't write extended state status: Bad address.", lines[i:i + 3]
+        assert lines[i + 2].startswith(" " * 8) and "The program being debugged" in lines[i + 2]  # under the text
+        assert "\\x09x" in out and "\\x0d" in out
+
+
 @pytest.mark.parametrize("fmt", ["text", "markdown", "junit", "html"])
 def test_fleet_writers_show_host_strings_escaped(fmt):
     out = reports.render(_hostile_doc(), fmt)
