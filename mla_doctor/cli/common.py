@@ -244,6 +244,20 @@ def _value_options(cmd) -> set[str]:
     return out
 
 
+def _near_global(ctx, cmd, arg: str) -> None:
+    """`static --local --verbos`: an unknown option after the command that is close to a global one gets its
+    "did you mean" (click's own suggests only the command's options, and finds none)."""
+    name = arg.split("=", 1)[0]
+    own = {o for p in getattr(cmd, "params", []) for o in [*getattr(p, "opts", []), *getattr(p, "secondary_opts", [])]}
+    if not name.startswith("--") or name in own:
+        return
+    import difflib
+
+    close = difflib.get_close_matches(name, (*GLOBAL_FLAGS, "--config"), n=1, cutoff=0.75)
+    if close:
+        ctx.fail(f"No such option {name!r}. Did you mean {close[0]!r}?")
+
+
 class LazyGroup(click.Group):
     """click's lazy group: a command's module is imported when that command is looked up (invoked, completed,
     or its own --help), never to list the group's commands; a module registers its commands with @cli.command."""
@@ -291,6 +305,7 @@ class LazyGroup(click.Group):
                 rest += args[j:j + 2]
                 j += 1
             else:
+                _near_global(ctx, self.get_command(ctx, args[i]), a)
                 rest.append(a)
             j += 1
         return args[:i] + moved + head[i:] + rest

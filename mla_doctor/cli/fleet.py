@@ -290,11 +290,13 @@ def playbooks_cmd(fmt):
         click.echo(json.dumps({"playbooks": items}, indent=2))
         return
     click.echo("runbooks (audit --playbook NAME):")
+    tags = {e["name"]: ("restarts servers" if e["restarts"] else "changes files" if e["changes"] else
+                        "attaches, changes no file" if e.get("attaches") else "read-only")  # by what the steps do
+            for e in items if e["kind"] == "runbook"}
+    wide = max(map(len, tags.values()), default=0)  # the column fits its longest label: none reads cut
     for e in items:
         if e["kind"] == "runbook":
-            tag = ("restarts servers" if e["restarts"] else "changes files" if e["changes"] else
-                   "attaches, no file" if e.get("attaches") else "read-only")  # by what the steps do
-            click.echo(f"  {e['name']:<14} {tag:<17} {e['description']}")
+            click.echo(f"  {e['name']:<14} {tags[e['name']]:<{wide}}  {e['description']}")
             click.echo(f"  {'':<14} steps: {', '.join(e['steps'])}")
     targets = [e for e in items if e["kind"] == "targets"]
     if targets:

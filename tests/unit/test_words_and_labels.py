@@ -51,6 +51,11 @@ def test_did_you_mean_for_commands_and_options():
     assert got.exit_code == 2 and "Did you mean" in got.output and "--host" in got.output, got.output
     got = CliRunner().invoke(cli, ["zzzz"])
     assert got.exit_code == 2 and "Did you mean" not in got.output
+    # a global option mistyped after the command, as people type -v there (click's own suggests none)
+    got = CliRunner().invoke(cli, ["static", "--local", "--verbos"])
+    assert got.exit_code == 2 and "No such option '--verbos'. Did you mean '--verbose'?" in got.output, got.output
+    got = CliRunner().invoke(cli, ["static", "--local", "--zzz"])
+    assert got.exit_code == 2 and "Did you mean" not in got.output, got.output
 
 
 # --------------------------------------------------------------------------- conditions in words
@@ -84,7 +89,12 @@ def test_the_model_line_agrees_with_the_server_line():
 def test_playbooks_label_runbooks_by_what_their_steps_do():
     out = CliRunner().invoke(cli, ["playbooks"]).output
     attach = next(ln for ln in out.splitlines() if ln.strip().startswith("mla-attach"))
-    assert "attaches, no file" in attach and "changes files" not in attach
+    # a whole label, never one cut by its column ("attaches, no file" read as a phrase cut short)
+    assert "attaches, changes no file " in attach and "changes files" not in attach, attach
+    rows = {ln.split()[0]: ln for ln in out.splitlines() if ln.strip().startswith(("mla-attach", "mla-path", "static"))}
+    firsts = ("live diagnosis", "live diagnosis", "read-only audit")
+    starts = {ln.index(word) for ln, word in zip(rows.values(), firsts)}
+    assert len(starts) == 1, rows  # the description column starts where the longest label leaves room for it
     assert "changes files" in next(ln for ln in out.splitlines() if ln.strip().startswith("revert"))
 
 
