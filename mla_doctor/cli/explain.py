@@ -90,6 +90,9 @@ def render_text(ex: Explanation, log: str) -> str:
     # the candidates once: the basis names them when nothing narrowed them (issue 28)
     out.append(f"vLLM: {ver}" + ("" if ex.release_ranges else f"; fits release(s): {', '.join(r.releases) or 'none'}"))
     out.append(f"knowledge applied: {ex.release or '-'} ({ex.release_basis})")
+    if ex.facts_from:  # the model facts: the release's code (harvested) or the table (history)
+        out.append(f"model facts from: {'the code' if ex.facts_from['source'] == 'code' else 'the table'} — "
+                   f"{ex.facts_from['why']}")
     for rg in ex.release_ranges:
         e = rg["entries"]
         span = rg["from"] if rg["from"] == rg["to"] else f"{rg['from']}–{rg['to']}"

@@ -8,10 +8,15 @@ resolve from what it was given.
 """
 from __future__ import annotations
 
+import functools
+import gzip
+import json
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from mla_doctor.diagnosis.code_paths import family_route, served_path
 from mla_doctor.diagnosis.knowledge import load_knowledge
 from mla_doctor.diagnosis.log_reading import LogReading, load_formats, read_log
 from mla_doctor.diagnosis.routing import CONDITION_NAMES, Route, known_from_log, routes
@@ -36,6 +41,9 @@ class Explanation:
     input: Optional[Dict[str, Any]] = None               # how much of the file was read (the caller's cap)
     # several releases fit and nothing in the log narrows them: each range's entries, once (issue 28)
     release_ranges: List[Dict[str, Any]] = field(default_factory=list)
+    # where the model facts (MLA types, family route, sparse gate) came from: the release's code, harvested into
+    # the tool's knowledge (code_facts.json.gz), or the table (history) where that release was not harvested
+    facts_from: Optional[Dict[str, Any]] = None
 
     @property
     def status(self) -> str:
@@ -53,7 +61,7 @@ class Explanation:
             "overall": self.status,
             "version": r.version, "source_build": r.source_build,
             "releases": r.releases, "release": self.release, "release_basis": self.release_basis,
-            "release_ranges": self.release_ranges,
+            "release_ranges": self.release_ranges, "facts_from": self.facts_from,
             "attention_backend": fact(r.attention_backend), "prefill_backend": fact(r.prefill_backend),
             "engine": r.engine, "engine_line": fact(r.engine_line),
             "cudagraph_mode": r.cudagraph_mode, "eager": r.eager,
@@ -143,6 +151,39 @@ def _facts_for(reading: LogReading, version: Optional[str]) -> tuple:
     return None, None, "no release could be told from the log", []
 
 
+CODE_FACTS = Path(__file__).resolve().parent / "knowledge" / "code_facts.json.gz"
+
+
+@functools.lru_cache(maxsize=1)
+def _harvested() -> Dict[str, Any]:
+    """tools/gen_code_facts.py's document: each corpus release's code facts ({} when not shipped)."""
+    try:
+        return json.loads(gzip.decompress(CODE_FACTS.read_bytes())).get("releases") or {}
+    except (OSError, ValueError, EOFError):
+        return {}
+
+
+def code_facts(release: Optional[str], config: Optional[dict]) -> tuple:
+    """(classify_model's `code`, the family route or False when the code names none for it, facts_from) for the
+    release explain applies: from the release's code where the tool harvested it, else the table's (None)."""
+    got = _harvested().get(release or "")
+    if not got:
+        return None, False, {"source": "table", "release": release,
+                             "why": "vLLM %s's code is not in the tool's harvested knowledge: the model facts "
+                                    "(MLA types, family layer, sparse gate) are the table's (history)" % release}
+    archs = (config or {}).get("architectures") or []
+    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    mine = (got.get("architectures") or {}).get(arch) if arch else None
+    code = {"mla_model_types": got.get("mla_model_types"),
+            "architectures": [{"architecture": arch, "sparse_gate": mine.get("sparse_gate")}] if mine else []}
+    res = mine.get("resolution") if mine else None
+    route = family_route(served_path({"architectures": [res]}, config)) if res else None
+    return code, (route if mine else False), {
+        "source": "code", "release": release,
+        "why": "vLLM %s's own code, harvested into the tool's knowledge (tools/gen_code_facts.py): the MLA model "
+               "types%s" % (release, ", %s's layer and sparse gate" % arch if mine else "")}
+
+
 def explain(lines: Sequence[Any], config: Optional[dict] = None, version: Optional[str] = None) -> Explanation:
     reading = read_log(lines, version=version)
     facts, rel, basis, ranges = _facts_for(reading, version or reading.version)
@@ -158,7 +199,11 @@ def explain(lines: Sequence[Any], config: Optional[dict] = None, version: Option
     elif backend is None and "MLA" not in backend_name.upper():
         ex.unresolved.append("%s is not an MLA backend: the model runs the generic attention path (no "
                              "forward_mha/forward_mqa split)" % backend_name)
-    model_cls = classify_model(facts, config) if config else None
+    # one release decided: its code's facts where the tool harvested them; several fit: the table's, said so
+    code, route, ex.facts_from = code_facts(rel if not ranges else None, config)
+    if ranges:
+        ex.facts_from["why"] = "several releases fit the log: the model facts are the table's (history)"
+    model_cls = classify_model(facts, config, code=code) if config else None
     if model_cls is not None and not model_cls.is_mla and backend_name and "MLA" in backend_name.upper() \
             and model_cls.model_type and "is_deepseek_mla list" in model_cls.reason:
         # the log's own evidence wins over the table's list, written before this model type (0.34's Mistral
@@ -191,6 +236,8 @@ def explain(lines: Sequence[Any], config: Optional[dict] = None, version: Option
                              % facts.default_engine)
     known = known_from_log(reading, facts, config, engine, model_cls, sparse,
                            backend.name if backend is not None else None)
+    if route is not False:  # the harvested code's route for the architecture (None: the shared split)
+        known.family = route
     one, long = routes(facts, known, LONG_PROMPT)
     ex.routes = [one, long]
     ex.prompts = [{"prompt": r.prompt, "path": r.text(), "why": r.why(),

@@ -493,3 +493,31 @@ def test_the_sparse_gate_is_the_one_the_served_architectures_code_writes(tmp_pat
     mc = classify_model(facts, cfg, code=res)  # hasattr: a null index_topk is still sparse
     assert mc.is_sparse and '`hasattr(config, "index_topk")`, vllm/model_executor/models/deepseek_v2.py:1138' \
         in mc.reason, mc.reason
+
+
+def test_explain_uses_the_harvested_code_facts_of_the_release_it_decided():
+    """explain reads no installed code: for a release the tool harvested (knowledge/code_facts.json.gz, from the
+    real release trees by tools/gen_code_facts.py) the model facts are that code's — 0.34.0's Mistral Large 4
+    sparse gate (layer_spec.py:33), Kimi-Linear's own layer (no forward_mha), DeepSeek V4's layer per platform
+    (the table names one DeepseekV4Attention) — and facts_from says 'code'; a
+    release never harvested, or several releases fitting, says the table (history)."""
+    from mla_doctor.diagnosis.explain import explain
+
+    line = ["Using FLASHMLA attention backend out of potential backends: ['FLASHMLA', 'TRITON_MLA']."]
+    cfg = {"architectures": ["MistralLarge4ForCausalLM"], "model_type": "mistral_large_4", "kv_lora_rank": 512,
+           "index_topk": 2048}
+    ex = explain(line, config=cfg, version="0.34.0")
+    assert ex.facts_from["source"] == "code" and ex.facts_from["release"] == "0.34.0", ex.facts_from
+    assert ex.model["is_mla"] and ex.model["is_sparse"], ex.model
+    assert "vllm/models/mistral/common/layer_spec.py:33" in ex.model["reason"], ex.model["reason"]
+    kimi = {"architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear", "kv_lora_rank": 512}
+    ex = explain(line, config=kimi, version="0.34.0")
+    assert ex.facts_from["source"] == "code"
+    assert "forward_mha" not in ex.prompts[1]["path"], ex.prompts[1]
+    v4 = {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "kv_lora_rank": 512,
+          "compress_ratios": [1], "head_dim": 512}
+    path = explain(line, config=v4, version="0.34.0").prompts[1]["path"]  # each platform's own layer, by code
+    assert "DeepseekV4CPUAttention.forward_mqa when on CPU" in path, path
+    ex = explain(line, config=cfg)  # several releases fit: the table's, said so
+    assert ex.release_ranges and ex.facts_from["source"] == "table", ex.facts_from
+    assert explain(line, config=cfg, version="0.99.0").facts_from["source"] == "table"
