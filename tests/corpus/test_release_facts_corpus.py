@@ -306,3 +306,21 @@ def test_backend_per_kind_from_the_servers_argv_names_the_mla_layers_backend():
          "server": {"running": True, "argv": argv}, "static": {"code_paths": section}}
     k = known_from_host(h, KB.for_version("0.34.0"))
     assert k.backend == "FLASHMLA" and "backend_per_kind" in k.sources["backend"], (k.backend, k.sources)
+
+
+def test_the_shipped_code_facts_are_what_the_resolver_reads_today():
+    """explain's harvested code facts (knowledge/code_facts.json.gz) for the newest release are what
+    tools/gen_code_facts.py would write from its real tree now: a change to the resolver that moves a fact makes
+    this fail until the file is regenerated (`.venv/bin/python tools/gen_code_facts.py`)."""
+    import gzip
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("gen_code_facts", root / "tools" / "gen_code_facts.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    shipped = json.loads(gzip.decompress(gen.OUT.read_bytes()))["releases"]
+    newest = json.loads(json.dumps(gen.harvest("0.34.0")))  # tuples as the file stores them (lists)
+    assert shipped["0.34.0"] == newest
