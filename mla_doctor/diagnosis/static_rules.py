@@ -212,8 +212,17 @@ def knowledge_rules(audit, fam: dict | None = None) -> list[Finding]:
             "backends with a decode threshold above 1: a prompt this short, alone in a batch, runs entirely "
             "through the decode (MQA) path and never reaches the prefill (MHA) entry",
             [f"{b}: <= {t} new tokens -> decode" for b, t in sorted(big.items())],
-            "send prompts longer than the threshold when you want to see forward_mha"))
+            "send prompts longer than the threshold when you want to see forward_mha" if not _no_prefill(fam) else
+            "the served model's own layer has no prefill (MHA) entry: no prompt length reaches forward_mha"))
     return out
+
+
+def _no_prefill(fam: dict | None) -> bool:
+    """The served family's layer has no prefill entry on any platform it may run on (DeepSeek V4)."""
+    if fam is None:
+        return False
+    per = fam.get("per_platform") if fam.get("depends_on_platform") else None
+    return all(e.get("prefill_entry") is None for e in per.values()) if per else fam.get("prefill_entry") is None
 
 
 def server_rules(server: dict | None, facts) -> list[Finding]:

@@ -414,6 +414,8 @@ def test_platform_unknown_the_entries_are_said_per_platform_never_one_platforms_
     f = next(x for x in plain(rep)["findings"] if x["code"] == "MLA_ENTRIES")
     assert "depend on the platform" in f["summary"]
     assert sum(e.startswith("platform ") for e in f["evidence"]) == 4, f["evidence"]
+    thr = next(x for x in plain(rep)["findings"] if x["code"] == "DECODE_THRESHOLDS")
+    assert "no prompt length reaches forward_mha" in thr["action"], thr  # DeepSeek V4 has none on any platform
     text = "\n".join(render_host(rep))
     assert "entries:   depend on the platform" in text and "[CPU] DeepseekV4CPUAttention" in text
     cell = entry_cell(StaticSection.of(rep.static), "decode_entry")
