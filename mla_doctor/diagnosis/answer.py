@@ -263,7 +263,14 @@ def host_answer(h: dict, kb: Knowledge | None = None) -> HostAnswer | None:
         a.dispatch = None  # the shared MLAAttention.forward_impl split is not what this family runs
         if served.get("layers"):
             mine = [lp for lp in served["layers"] if lp.get("platform") == served.get("platform_taken")]
-            a.family_layer = ", ".join(f"{lp['class']} {lp['ref']}" for lp in (mine or served["layers"])[:3])
+            plats = list(dict.fromkeys(str(lp.get("platform")) for lp in served["layers"]))
+            if mine or len(plats) == 1:
+                a.family_layer = ", ".join(f"{lp['class']} {lp['ref']}" for lp in (mine or served["layers"])[:3])
+            else:  # the host's platform unknown: each platform's layer, never one platform's as the host's
+                a.family_layer = "per platform (the host's is not known): " + "; ".join(
+                    f"on {words.platform_name(p)}, " + " / ".join(f"{lp['class']} {lp['ref']}"
+                                                                  for lp in served["layers"] if lp["platform"] == p)
+                    for p in plats)
         a.one_token = f"→ {one.text()} ({name}'s own layer)"
         a.long_prompt = f"{LONG_TOKENS} tokens → {long.text()} ({name}'s own layer)"  # its forward_mha, if any
         a.entry_short, a.entry_long = one.symbol, long.symbol

@@ -418,6 +418,12 @@ def test_platform_unknown_the_entries_are_said_per_platform_never_one_platforms_
     assert "no prompt length reaches forward_mha" in thr["action"], thr  # DeepSeek V4 has none on any platform
     text = "\n".join(render_host(rep))
     assert "entries:   depend on the platform" in text and "[CPU] DeepseekV4CPUAttention" in text
+    from mla_doctor.diagnosis.answer import host_answer
+    from mla_doctor.results import host_to_dict
+
+    layer = host_answer(host_to_dict(rep)).family_layer  # the first screen's layer row
+    assert layer.startswith("per platform (the host's is not known): ") and "on CPU, DeepseekV4CPUAttention" in layer \
+        and "on NVIDIA, DeepseekV4FlashInferSM120Attention" in layer, layer
     cell = entry_cell(StaticSection.of(rep.static), "decode_entry")
     assert cell.startswith("by platform: ") and "cpu DeepseekV4CPUAttention.forward_mqa" in cell, cell
 
