@@ -148,13 +148,6 @@ class Status:
                     self._draw()
         return said
 
-
-def without_notes(progress):
-    """`progress` for a plain log (no terminal): each step once, never a wait's Note every few seconds."""
-    if progress is None:
-        return None
-    return lambda msg: None if isinstance(msg, terminal.Note) else progress(msg)
-
     def stop(self) -> None:
         with self.lock:
             if not self.done.is_set():
@@ -162,3 +155,10 @@ def without_notes(progress):
                 self._erase()
         if self.thread.is_alive() and self.thread is not threading.current_thread():
             self.thread.join(timeout=1)
+
+
+def without_notes(progress):
+    """`progress` for a plain log (no terminal): each step once, never a wait's Note every few seconds."""
+    if progress is None:
+        return None
+    return lambda msg: None if isinstance(msg, terminal.Note) else progress(msg)

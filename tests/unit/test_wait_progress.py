@@ -65,6 +65,8 @@ def test_on_a_terminal_a_note_is_the_status_line_not_a_printed_line(monkeypatch)
     said("prompt short (1 tokens)")  # the next step: printed, the status line back to what the command does
     assert printed[-1] == "prompt short (1 tokens)"
     assert "waited" not in stream.getvalue().rsplit("\r", 1)[-1]
+    st.stop()  # the status line is erased before the report (a Status that cannot stop breaks every command)
+    assert stream.getvalue().endswith("\r\x1b[2K")
 
 
 def test_piped_a_note_is_never_a_line():
