@@ -78,9 +78,11 @@ def _clauses(branches: list[dict], vendor: bool = True) -> str:
     if len(by) == 1:
         return next(iter(by))
     rest = max(by, key=lambda s: (s.endswith("forward_mqa") or s.endswith("_forward_decode"), len(by[s])))
-    parts = [("%s %s" % (s, " or ".join(conditions(b.get("conditions") or {}, vendor) for b in bs))).rstrip()
+    # the branches of one entry joined by "; or " (a fact's own alternatives say "or": `SM100 or SM90`), so
+    # which "or" separates what stays readable
+    parts = [("%s %s" % (s, "; or ".join(conditions(b.get("conditions") or {}, vendor) for b in bs))).rstrip()
              for s, bs in by.items() if s != rest]
-    return "; ".join(parts) + ", otherwise " + rest
+    return "; ".join(parts) + ("; otherwise " if any("; or " in x for x in parts) else ", otherwise ") + rest
 
 
 def route(r: dict) -> str:

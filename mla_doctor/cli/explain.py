@@ -53,6 +53,23 @@ def answer_lines(ex: Explanation) -> list[str]:
             for i, rt in enumerate(ex.routes or [])]
 
 
+def prompt_line(p: dict, rt) -> str:
+    """`a 4096-token prompt -> forward_mha on NVIDIA SM100 with …, otherwise forward_mqa: [on SM90] why; …`: the
+    route and each branch's conditions in words (issue 32), never the route's code wording (`when SM100 and
+    unquantized KV`); a note added to the reason (chunked prefill) kept."""
+    from mla_doctor import words
+
+    d = rt.to_dict()
+    why = p["why"]
+    if len(d["branches"]) > 1:
+        code_why = rt.why()
+        extra = why[len(code_why):] if why.startswith(code_why) else ""
+        why = "; ".join("[%s] %s" % (words.conditions(b["conditions"]) or "otherwise", b["why"])
+                        for b in d["branches"]) + extra
+    label = str(p["prompt"]).replace(" tokens", " token").replace(" ", "-")
+    return f"a {label} prompt -> {words.route(d)}: {why}"
+
+
 def life_lines(r) -> list[str]:
     """The process-life reading (issue 29): which process died, of what, the line that says why (the wrapper only
     as context), or a requested shutdown whose teardown errors are no death; lines no header placed."""
@@ -143,8 +160,8 @@ def render_text(ex: Explanation, log: str) -> str:
         out.append(f"model: {ex.model['model_type']} ({ex.model['architecture']}): {ex.model['reason']}")
     if ex.threshold is not None:
         out.append(f"decode threshold: {ex.threshold} ({ex.threshold_note})")
-    for p in ex.prompts:
-        out.append(f"a {p['prompt']} prompt -> {p['path']}: {p['why']}")
+    for p, rt in zip(ex.prompts, ex.routes or []):
+        out.append(prompt_line(p, rt))
     if r.fatal:
         out.append("fatal lines:")
         for f in r.fatal:

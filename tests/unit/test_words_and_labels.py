@@ -194,3 +194,29 @@ def test_explain_s_sentence_says_a_full_cuda_graph_hides_the_decode_entry():
                           "runs forward_mqa and forward_mha is never reached")
     assert "replay a full CUDA graph (FULL_AND_PIECEWISE)" in got
     assert "CUDA graph" not in words.prompt_answer({"tokens": 1, "symbol": "forward_mqa", "path": "mqa"}, 64)
+
+
+def test_one_entry_under_several_branches_reads_which_or_separates_what():
+    """explain of real log 004 (a sparse V3.2 on 0.29+): forward_mha under three branches read as one run-on
+    `… or TP 8 or on NVIDIA SM100 …`; the branches are joined by "; or ", a fact's own alternatives by "or"."""
+    r = {"symbol": None, "branches": [
+        {"symbol": "forward_mha", "conditions": {"sm": (100, 90), "topk": "le"}},
+        {"symbol": "forward_mha", "conditions": {"sm": 100, "kv": "auto", "tp": (4, 8)}},
+        {"symbol": "forward_mqa", "conditions": {"topk": "gt"}},
+        {"symbol": "forward_mqa", "conditions": {"kv": "fp8"}}]}
+    assert words.route(r) == ("forward_mha on NVIDIA SM100 or SM90 with a prompt no longer than index_topk; or on "
+                              "NVIDIA SM100 with an unquantized KV cache and TP 4 or TP 8; otherwise forward_mqa")
+
+
+def test_explain_prompt_lines_say_the_route_and_branches_in_words():
+    """explain's per-prompt lines said the route's code wording (`forward_mha when ((SM100 or SM90 …) and
+    prompt <= index_topk)`, `[SM100 and unquantized KV …] why`) on the default screen."""
+    log = ROOT / "tests/fixtures/real_logs/004-v1-dsv32-b200-cutlass-sparse-not-supported.log"
+    got = CliRunner().invoke(cli, ["explain", str(log)])
+    lines = [ln for ln in got.output.splitlines() if " prompt -> " in ln]
+    assert [ln.split(" -> ")[0] for ln in lines] == ["a 1-token prompt", "a 4096-token prompt"], got.output
+    long = lines[1]
+    assert long.startswith("a 4096-token prompt -> forward_mha on NVIDIA SM100 or SM90"), long
+    assert "[on NVIDIA SM100 with an unquantized KV cache and" in long and "] 4096 token(s) > index_topk" in long
+    for code in ("when (", "unquantized KV and", "prompt <= index_topk", "[SM100"):
+        assert code not in long, (code, long)
