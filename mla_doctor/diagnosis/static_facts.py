@@ -494,6 +494,7 @@ class LogEvidence:
     sparse: Optional[bool] = None                    # None: no line proves it either way
     other_backends: List[Dict[str, Any]] = field(default_factory=list)   # drafter / encoder / indexer backends
     fatal_error: Optional[LogLine] = None            # the exception (else death message) that ended a process
+    fatal_cause: Optional[LogLine] = None            # the line that says why (never a wrapper when the paste has it)
     crashed_backend: Optional[LogLine] = None        # no selection line: the backend whose own code raised
     decided: Dict[str, Any] = field(default_factory=dict)    # field -> {value, rule, lines, text[, events]}
     unknown: Dict[str, str] = field(default_factory=dict)    # field -> what was looked for
@@ -600,6 +601,7 @@ def evidence_of(facts: ReleaseFacts, reading: Any, source: str = "shipped") -> L
     ev.other_backends = [{"role": f.role, "backend": f.value, "line": f.n, "text": f.text}
                          for f in reading.other_backends]
     ev.fatal_error = line(reading.fatal_error, "fatal") if reading.fatal_error is not None else None
+    ev.fatal_cause = line(reading.fatal_cause, "fatal") if reading.fatal_cause is not None else None
     cb = reading.crashed_backend
     ev.crashed_backend = LogLine(cb.n, cb.text, cb.rule or "crashed", "crashed_backend", [cb.value]) if cb else None
     ev.decided = {k: v.to_dict() for k, v in reading.decided.items()}

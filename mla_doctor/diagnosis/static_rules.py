@@ -321,8 +321,13 @@ def log_rules(log, log_raw: dict, model_class) -> list[Finding]:
         out.append(Finding("LOG_SPARSE", INFO, "sparse-attention lines in the server log",
                            [ln.text for ln in log.sparse_lines[:10]]))
     if log.fatal_lines:
-        out.append(Finding("LOG_FATAL", WARN, "the server log shows fatal errors",
-                           [f"line {ln.n}: {ln.text}" for ln in log.fatal_lines[:10]],
+        # the line that says why first (log_facts: the first failure that is not a wrapper such as EngineDeadError)
+        cause = getattr(log, "fatal_cause", None)
+        lines = ([cause] if cause is not None else []) + [ln for ln in log.fatal_lines
+                                                          if cause is None or ln.n != cause.n]
+        out.append(Finding("LOG_FATAL", WARN, "the server log shows a fatal error" + (
+                               f" (line {cause.n}): {cause.text[:200]}" if cause is not None else "s"),
+                           [f"line {ln.n}: {ln.text}" for ln in lines[:10]],
                            "read the server log around these lines"))
     earlier = getattr(log, "earlier_fatal_lines", None) or []
     if earlier:

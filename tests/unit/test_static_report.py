@@ -165,3 +165,23 @@ def test_plain_gives_what_it_gave_on_a_real_report(answer, kb):
 
     assert plain({1: Record()}) == _plain_as_it_was({1: Record()}) == {"1": {"a": 1}}
     assert plain(Record) is Record  # a dataclass type itself is a value, not a record
+
+
+def test_the_fatal_finding_names_the_cause_not_the_wrapper(answer, kb):
+    """The static/run path says why the server died as explain does: the engine core's own exception, not the API
+    server's EngineDeadError that reports it (a planted reader that takes the last exception fails this)."""
+    tail = ["ERROR 05-01 10:00:00 [core.py:700] EngineCore failed to start.",
+            "ERROR 05-01 10:00:00 [core.py:700] Traceback (most recent call last):",
+            'ERROR 05-01 10:00:00 [core.py:700]   File "/v/lib/python3.11/site-packages/vllm/v1/engine/core.py", '
+            'line 691, in run_engine_core',
+            "ERROR 05-01 10:00:00 [core.py:700] ValueError: Head dimension 128 is not supported by MLA.",
+            "Traceback (most recent call last):",
+            '  File "/v/lib/python3.11/site-packages/vllm/v1/engine/async_llm.py", line 300, in generate',
+            "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) "
+            "for the root cause."]
+    start = max((ln["n"] for ln in answer["log"]["lines"]), default=0) + 1
+    answer["log"]["lines"] += [{"n": start + i, "text": t, "ids": []} for i, t in enumerate(tail)]
+    f = by_code(build_static_report("localhost", answer, kb), "LOG_FATAL")
+    assert "ValueError: Head dimension 128 is not supported by MLA." in f.summary, f.summary
+    assert "EngineDeadError" not in f.summary
+    assert "Head dimension 128" in f.evidence[0]
