@@ -53,6 +53,14 @@ def test_a_model_load_wait_says_its_seconds_and_the_newest_log_line(monkeypatch)
     assert "sk-secret" not in " ".join(notes), notes  # a log line is host text: redacted like every progress line
 
 
+def test_a_note_leaves_out_vllm_s_line_prefix_the_message_needs_the_width():
+    line = "(EngineCore pid=3031) INFO 12-03 18:59:57 [default_loader.py:501] Loading weights took 0.01 seconds"
+    assert steps.wait_note("wait", 20, [{"text": line}]) == \
+        "wait — 20s waited; server log: Loading weights took 0.01 seconds"
+    assert steps.wait_note("wait", 20, [{"text": "Traceback (most recent call last):"}]).endswith(
+        "server log: Traceback (most recent call last):")
+
+
 def test_on_a_terminal_a_note_is_the_status_line_not_a_printed_line(monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")  # a status line is one line, cut to the terminal's width
     stream, printed = io.StringIO(), []

@@ -132,9 +132,15 @@ WAIT_NOTE_S = 10.0
 WAIT_LABEL = "wait for the server (model load)"
 
 
+# vLLM's line prefix, `(EngineCore pid=42) INFO 12-03 18:59:57 [file.py:185] `: left out of a one-line note,
+# whose width the message needs
+_VLLM_PREFIX = re.compile(r"^(?:\(\w+ pid=\d+\)\s*)?(?:DEBUG|INFO|WARNING|ERROR)\s+\d\d-\d\d [\d:]+\s+\[[^\]]*\]\s*")
+
+
 def wait_note(label: str, waited: float, log_lines: list[dict[str, Any]]) -> Note:
     """`label — 20s waited; server log: <its newest line>`: a model load of a minute is seen to go on."""
     newest = next((ln["text"].strip() for ln in reversed(log_lines) if ln.get("text", "").strip()), "")
+    newest = _VLLM_PREFIX.sub("", newest) or newest
     return Note(f"{label} — {waited:.0f}s waited" + (f"; server log: {redact_text(newest)}" if newest else ""))
 
 
