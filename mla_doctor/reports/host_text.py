@@ -75,11 +75,13 @@ def _entry_lines(s: StaticSection) -> list[str]:
     if per:
         out = ["   entries:   depend on the platform (the host's is unknown), the served family's layer per "
                "platform:"]
+        generic = s.extra_.get("generic_split") if isinstance(s.extra_.get("generic_split"), dict) else {}
         for plat, e in per.items():
             out.append(f"     - [{platform_name(plat)}] {e.get('layer')}")
             for k, label in _ENTRIES:
                 v = e.get(k)
-                text = ("the shared split's" if v == "generic" else _sym(v) if isinstance(v, dict) else none)
+                text = (f"{_sym(generic.get(k))}  (the shared split's, called by the family's layer)"
+                        if v == "generic" else _sym(v) if isinstance(v, dict) else none)
                 out.append(f"         {label + ':':<10} {text}")
         return out
     out = [f"   {label + ':':<10} {_sym(getattr(s, k)) if getattr(s, k) else none}" for k, label in _ENTRIES]

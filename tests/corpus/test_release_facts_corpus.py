@@ -196,7 +196,8 @@ def test_034s_default_on_shard_q_sends_a_long_sparse_prefill_under_tp_through_fo
     # Mistral Large 4 runs the shared split (_MistralMLA(MLAAttention) overrides none of it): the generic entries
     ("mistral", dict(MISTRAL, num_attention_heads=128), "MLAAttention.forward_impl", "MLACommonBaseImpl.forward_mha",
      "MLACommonImpl.forward_mqa"),
-    # Kimi-Linear (no dsa_config): its own layer, nvidia branch (no GPU seen): mla.py:642 / :1003
+    # Kimi-Linear (no dsa_config): its own layer; no GPU seen: per platform, the nvidia+cpu branch's at the top
+    # level (named as that platform's): mla.py:642 / :1003
     ("kimi", dict(KIMI, num_attention_heads=32), "MultiHeadLatentAttention._attention",
      "MultiHeadLatentAttention._forward_prefill_fused", "MLACommonImpl.forward_mqa"),
 ])
@@ -224,6 +225,10 @@ def test_static_on_a_real_034_install_tells_one_story_in_text_and_json(tmp_path,
     text = static("-v").stdout
     for key, sym in (("dispatch", dispatch), ("prefill", prefill), ("decode", decode)):
         assert any(ln.strip().startswith(key + ":") and sym in ln for ln in text.splitlines()), (key, text[:3000])
+    if name == "kimi":  # the host's platform unknown: said per platform, never one platform's as the host's
+        assert st["entries_from"]["depends_on_platform"] and st["dispatch"]["platform"] == "nvidia+cpu", st["dispatch"]
+        assert "entries:   depend on the platform" in text and "[Intel XPU] KimiK3MultiHeadLatentAttentionWrapper" \
+            in text, text[:3000]
 
 
 def test_another_venvs_server_never_narrows_the_audited_installs_probes(tmp_path):
