@@ -32,6 +32,7 @@ def test_demo_diagnoses_the_sandbox_and_cleans_up(tmp_path):
     assert f" --pid {pid}" in p.stderr and h["server"]["pid"] == int(pid), p.stderr[-2000:]
     assert "sandbox removed" in p.stderr
     # nothing left behind: sandbox dir, sshd, vLLM processes
-    assert {p.name for p in Path("/tmp").glob("mla-doctor-demo-*")} == before
+    # nothing of this demo is left; another run's sandbox may come and go meanwhile
+    assert {p.name for p in Path("/tmp").glob("mla-doctor-demo-*")} <= before
     ps = subprocess.run(["ps", "-eo", "cmd"], capture_output=True, text=True).stdout
     assert "mla-doctor-demo-" not in ps

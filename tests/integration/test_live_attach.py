@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from mla_doctor.agent.attach import inject
 from tests.support import vllm_cpu
 from tests.support.vllm_cpu import start_times
 
@@ -166,9 +167,10 @@ def test_a_busy_server_is_refused_before_anything_changes(server, tmp_path):
 
 
 def test_no_gdb_is_refused_before_anything_changes_with_the_restart_command(server, tmp_path):
-    """gdb hidden in a private mount namespace (bind-mounted /dev/null): the machine's gdb is untouched."""
-    prefix = ("unshare", "-m", "--propagation", "private", "sh", "-c",
-              'mount --bind /dev/null /usr/bin/gdb && exec "$@"', "sh")
+    """Every gdb the agent would take hidden in a private mount namespace (bind-mounted /dev/null): the
+    machine's gdbs are untouched."""
+    hide = " && ".join('{ [ ! -e %s ] || mount --bind /dev/null %s; }' % (g, g) for g in inject.GDB_PATHS)
+    prefix = ("unshare", "-m", "--propagation", "private", "sh", "-c", hide + ' && exec "$@"', "sh")
     p, h = mla_doctor(run_root=tmp_path / "rr", prefix=prefix)
     assert h["status"] == "error" and h["error_kind"] == "AttachRefused"
     assert "no gdb" in h["error"] and "mla-doctor run --local --method patch --yes" in h["error"]

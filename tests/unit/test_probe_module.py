@@ -83,3 +83,21 @@ def test_expired_lease_makes_the_probe_inert(tmp_path):
     probe = import_probe(path)
     probe.record("p", "prefill", "X.forward_mha", {"q": Tensor(5)})
     assert read(records) == []
+
+
+def test_the_class_of_a_classmethod_entry_is_recorded(tmp_path):
+    """DeepSeek V4's ROCm sparse impl (vLLM 0.22) has `forward_mqa` as a classmethod: its locals hold `cls`, not
+    `self`; the record names that class, as it does an instance's."""
+    path, records, lease = load_probe(tmp_path)
+    lease.write_text(json.dumps({"expires": 0, "epoch": 1}))
+    probe = import_probe(path)
+
+    class DeepseekV4ROCMAiterMLASparseImpl:
+        pass
+
+    probe.record("m", "decode", "DeepseekV4ROCMAiterMLASparseImpl.forward_mqa",
+                 {"cls": DeepseekV4ROCMAiterMLASparseImpl, "q": Tensor(1), "layer": Attn()})
+    probe.record("p", "prefill", "MLACommonBaseImpl.forward_mha", {"self": Attn(), "q": Tensor(5)})
+    probe.record("x", "prefill", "f", {"cls": "not a class", "q": Tensor(5)})
+    calls = [r for r in read(records) if r["event"] == "call"]
+    assert [r["class"] for r in calls] == ["DeepseekV4ROCMAiterMLASparseImpl", "Attn", None]

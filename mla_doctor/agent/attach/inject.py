@@ -53,7 +53,9 @@ def choose_gdb():
         chosen = None
         for gdb in trusted_gdbs():
             ok, detail = self_test(gdb)
-            if ok:
+            # ptrace itself refused (seccomp, Yama, no CAP_SYS_PTRACE): gdb is not to blame, and attach's ptrace
+            # check (checks.ptrace_refusals) says why before anything changes
+            if ok or detail.startswith(PTRACE_REFUSED):
                 chosen = gdb
                 break
             why.append("%s: %s" % (gdb, detail))
@@ -67,6 +69,7 @@ def find_gdb():
 
 
 SLEEP_PATHS = ("/usr/bin/sleep", "/bin/sleep")
+PTRACE_REFUSED = "ptrace refused even on a throwaway process: "
 
 
 def _libc_of(pid):
@@ -101,6 +104,8 @@ def self_test(gdb, timeout=30.0):
         if libc is None:
             return False, "could not find the C library of a throwaway %s (pid %d)" % (sleep, child.pid)
         rc, out, err = run_gdb(gdb_argv(gdb, child.pid, ["call (int)getpid()"], libc), timeout)
+        if "ptrace: Operation not permitted" in out + err or "Could not attach" in out + err:
+            return False, PTRACE_REFUSED + _first(out + "\n" + err, ("ptrace:", "Could not attach"))
         answered = any(line.strip() == "$1 = %d" % child.pid for line in out.splitlines())
         alive = child.poll() is None
         if answered and alive:
