@@ -18,7 +18,8 @@ class Runtime:
     host_lease: bool  # after the debug restart the host holds the run's lease (the files are inside a container)
     in_container: bool  # the install is audited, patched and reverted inside the server's container
     commands: bool  # the user's own start/stop commands restart it
-    by_pid: bool  # restarts the process itself: refused where a supervisor would restart it behind our back
+    by_pid: bool  # restarts the process itself: refused where a supervisor would restart it behind our back;
+    # the pid its restart answers is the server's own, so a live run proves its port before every request
     attach: bool  # --method attach (a probe injected into the running server; issue 22): documented and allowed
     no_second_pass: str = ""  # why not, said when --second-pass is asked
     no_plugin: str = ""  # why not, said when --method plugin is asked

@@ -93,9 +93,10 @@ def test_after_the_debug_restart_the_lease_is_held_where_the_runtime_says(kind):
     run = _run(kind)
     run.conn = SimpleNamespace(command_timeout=5)
     run.call = lambda req, timeout, host: sent.append((req.op, host)) or SimpleNamespace(
-        is_refused=False, refused=[], log_offset=7)
+        is_refused=False, refused=[], log_offset=7, pid=5151)
     restart(run, "debug")
     assert sent == [(OP[kind].op, True)] and run.restarted and run.log_offset == 7
+    assert run.server_pid == 5151  # the restarted server's pid: the one whose port later requests are proven by
     assert run.host_lease is (kind == "docker")
 
 

@@ -123,9 +123,10 @@ def reach_server(run: LiveRun, container: dict[str, Any] | None) -> HostHTTP:
     http = HostHTTP(run.host_tr, server["port"], server.get("bind_host"), ropts.api_key_env)
     http.sudo = run.host_sudo
     run.server_pid = server.get("pid")
-    if container is None and (ropts.method == "attach" or ropts.runtime == "process"):
-        # the port proven again before every request (the pid a restart answers is the server's own here;
-        # a unit's or a start command's may be a parent, a container's another pid namespace)
+    if container is None and (ropts.method == "attach" or runtime(ropts.runtime).by_pid):
+        # the port proven again before every request (the pid a restart answers is the server's own where the
+        # runtime restarts the process itself; a unit's or a start command's may be a parent, a container's
+        # another pid namespace)
         http.guard = run.prove_port
     if container is not None and container.get("network_mode") != "host":
         # the container's own loopback is not the host's: ask from inside the container
