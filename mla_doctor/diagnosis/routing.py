@@ -448,9 +448,12 @@ def _dense_thresholds(f: ReleaseFacts) -> Tuple[int, ...]:
     return tuple(vals) or (1,)
 
 
-def _merge(cubes: List[Tuple[Dict[str, Any], Tuple[str, str, str]]]) -> List[Tuple[Dict[str, Any], Tuple]]:
+def _merge(cubes: List[Tuple[Dict[str, Any], Tuple[str, str, str]]],
+           domains: Optional[Dict[str, Tuple[Any, ...]]] = None) -> List[Tuple[Dict[str, Any], Tuple]]:
     """Fewer, shorter conditions: two cubes with the same path that differ in one fact only become one cube
-    with both values; a fact whose values then cover its whole domain is dropped (it does not matter)."""
+    with both values; a fact whose values then cover its whole domain is dropped (it does not matter). A fact's
+    domain is the one it was branched on (`domains`: the family's platform branches, the release's dense
+    thresholds), else DOMAINS: a platform condition that names every branch of the family is no condition."""
     def vals(x: Any) -> tuple:
         return x if isinstance(x, tuple) else (x,)
 
@@ -469,7 +472,7 @@ def _merge(cubes: List[Tuple[Dict[str, Any], Tuple[str, str, str]]]) -> List[Tup
                 var = diff[0]
                 both = tuple(dict.fromkeys(vals(ci[var]) + vals(cj[var])))
                 merged = dict(ci)
-                dom = DOMAINS.get(var) or ()
+                dom = (domains or {}).get(var) or DOMAINS.get(var) or ()
                 if dom and set(both) >= set(dom):
                     del merged[var]
                 else:
@@ -488,17 +491,19 @@ def route(facts: ReleaseFacts, known: Known, tokens: int, prompt: Optional[str] 
     cubes: List[Tuple[Dict[str, Any], Tuple[str, str, str]]] = []
     read: Dict[str, Any] = {}
     todo: List[Dict[str, Any]] = [{}]
+    domains: Dict[str, Tuple[Any, ...]] = {}  # each fact's values as branched on
     while todo:
         assumed = todo.pop(0)
         ctx = _Ctx(known, tokens, assumed, facts)
         try:
             res = _decide(ctx)
         except _Need as need:
+            domains.setdefault(need.var, tuple(need.domain))
             todo[0:0] = [dict(assumed, **{need.var: v}) for v in need.domain]
             continue
         read.update(ctx.read)
         cubes.append((assumed, res))
-    cubes = _merge(cubes)
+    cubes = _merge(cubes, domains)
     branches = [Branch(path=r[0], symbol=r[1], why=r[2],
                        conditions=tuple(Condition(k, v) for k, v in c.items()))
                 for c, r in cubes]
