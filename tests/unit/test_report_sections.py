@@ -92,7 +92,10 @@ def test_the_sections_keys_are_in_the_order_the_report_is_built_in(kb):
     assert list(d["server"]) == ["running", *ans["servers"][0], "others", "lookalikes", "server_error"]
     assert list(d["model"]) == [*ans["model"], "classification"]
     assert list(d["vllm"]) == [f.name for f in dataclasses.fields(VllmSection)][:-2]
-    assert list(d["log"])[:3] == ["source", "total_lines", "evidence"] and list(d["log"])[3:] == ["formats"]
+    # the recorded server's log is its stdout, read through /proc/PID/fd/1: read_via, between evidence and formats
+    assert ans["log"]["read_via"].startswith("/proc/")
+    assert list(d["log"])[:3] == ["source", "total_lines", "evidence"] and list(d["log"])[3:] == ["read_via",
+                                                                                                    "formats"]
     no_log = copy.deepcopy(ANSWERS["static_local[0] no log"])
     assert host_to_dict(build_static_report("gpu-1", no_log, kb))["log"] == {"source": None, "reason": "no log here"}
     other = host_to_dict(build_static_report("gpu-1", copy.deepcopy(ANSWERS["static_local[0] other install"]), kb))
