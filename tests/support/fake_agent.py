@@ -33,6 +33,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "agent"
 POLLS_HTTP = {"/health"}  # the readiness loop's poll: its failures are timing, not behaviour
 REPEATED_HTTP = POLLS_HTTP | {"/metrics"}  # asked again beyond the recording (the idle check's samples): as last time
 BACKGROUND_OPS = {"renew"}  # the lease keeper's, on its own thread and clock
+PROOF_OPS = {"port_held"}  # HostHTTP's guard, sent before each request (recorded just before it)
 
 
 class Mismatch(AssertionError):
@@ -50,6 +51,17 @@ def load(name: str) -> dict[str, Any]:
                 if isinstance(v, dict) and set(v) == {"$same_as"}:
                     ex["plan"][k] = copy.deepcopy(exchanges[v["$same_as"]]["plan"][k])
     return doc
+
+
+def without_caches(plan: dict[str, Any]) -> dict[str, Any]:
+    """A static plan less what it says of the controller machine's caches (remote/protocol.call adds them: the parse
+    cache's index.known, the formats cache's formats_known/formats_digests, the resolve cache's resolve.known):
+    the recording machine's cache state, not what the controller asks."""
+    out = {k: v for k, v in plan.items() if k not in ("formats_known", "formats_digests")}
+    for k in ("index", "resolve"):
+        if isinstance(out.get(k), dict):
+            out[k] = {kk: vv for kk, vv in out[k].items() if kk != "known"}
+    return out
 
 
 def _describe(ex: dict[str, Any] | None) -> str:
@@ -115,9 +127,13 @@ class FakeAgent:
 
     # ------------------------------------------------------------ replay
 
-    def _skippable(self, ex: dict[str, Any]) -> bool:
+    def _skippable(self, i: int) -> bool:
+        ex = self.script[i]
         if ex["kind"] == "agent":
-            return ex["op"] in BACKGROUND_OPS
+            # a port proof belongs to the request right after it: skipped with a skipped poll
+            return ex["op"] in BACKGROUND_OPS or (ex["op"] in PROOF_OPS and i + 1 < len(self.script)
+                                                  and self.script[i + 1]["kind"] == "http"
+                                                  and self._skippable(i + 1))
         return ex["path"] in POLLS_HTTP and ex.get("status") != 200
 
     def _next(self, key: tuple[str, ...]) -> dict[str, Any]:
@@ -126,7 +142,7 @@ class FakeAgent:
                 (ex["kind"], ex.get("method"), ex.get("path")) == key
 
         i = self.pos
-        while i < len(self.script) and not matches(self.script[i]) and self._skippable(self.script[i]):
+        while i < len(self.script) and not matches(self.script[i]) and self._skippable(i):
             i += 1
         if i < len(self.script) and matches(self.script[i]):
             self.pos = i + 1
@@ -135,6 +151,8 @@ class FakeAgent:
         last = self._last.get(key)
         if key[0] == "agent" and key[1] in BACKGROUND_OPS:
             return last or next(ex for ex in self.script if matches(ex))
+        if key[0] == "agent" and key[1] in PROOF_OPS and last is not None:
+            return last  # the proof before a poll asked again beyond the recording (see REPEATED_HTTP): as last time
         if key == ("agent", "tick") and last is not None:
             return dict(last, answer=dict(last["answer"], log_lines=[]))  # polled again: nothing new logged
         if key[0] == "http" and key[2] in REPEATED_HTTP and last is not None:
@@ -178,6 +196,13 @@ class FakeAgent:
         fake = self
 
         def request(self_http, method, path, body=None, timeout=None, auth=False):
+            if self_http.guard is not None:  # as the real request: the port proven first (agent op port_held)
+                try:
+                    self_http.guard()
+                except http_mod.PortNotHeld:
+                    # nothing sent; the recorder wraps the whole request, so its refusal is this exchange
+                    fake._next(("http", method, path))
+                    raise
             return fake.request(self_http, method, path, body, timeout, auth)
 
         monkeypatch.setattr(http_mod.HostHTTP, "request", request)

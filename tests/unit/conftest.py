@@ -46,7 +46,7 @@ LOCAL: dict[str, object] = {
     "cli_lazy": {"each_command_is_loaded_when_it_runs", "help_lists_every_command_as_when_all_are_loaded",
         "static_imports_only_its_own_modules", "static_local_leaves_the_ssh_side_unimported"},
     "controller_grammar": {"hostile_inventory_and_host_with_a_live_ssh_config_run_nothing",
-        "the_secret_never_leaves_the_cli_unless_the_operator_names_it",
+        "run_api_key_env_is_a_name_checked_up_front", "the_secret_never_leaves_the_cli_unless_the_operator_names_it",
         "the_transport_refuses_a_hostile_scope_id_before_match_exec_runs"},
     "controller_hostile": {"address_with_a_semicolon_runs_nothing_through_a_proxycommand",
         "changed_host_key_is_refused_when_ssh_config_says_strict_no", "cli_error_message_with_host_text_is_inert",

