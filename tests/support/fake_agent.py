@@ -10,6 +10,9 @@ answers the controller's requests from that script:
 * except the polling the controller does on its own clock: a failed ``/health`` poll or a background
   ``renew`` may be skipped, and a poll the recording has no more of is answered again (``/health`` as
   last time, ``tick`` with no new log lines: what the agent says when nothing was logged);
+* HostHTTP's guard runs as in the real request: its ``port_held`` op is replayed just before each request (as
+  the recorder logged it), skipped with a skipped poll and asked again as last time; a refusal (PortNotHeld)
+  takes the request's recorded exchange and sends nothing;
 * time is a fake clock in the host modules (``sleep`` advances it), so waiting loops run instantly.
 
 Tests edit the script before running (`answer`, `http`, `index`, `splice`) to play what the real run
