@@ -4,6 +4,7 @@ server line, runbook kinds by what their steps do, no "re-run the 0"), and the w
 breaks after a `/`, the fleet table's host column never split; piped: not wrapped)."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -220,3 +221,16 @@ def test_explain_prompt_lines_say_the_route_and_branches_in_words():
     assert "[on NVIDIA SM100 with an unquantized KV cache and" in long and "] 4096 token(s) > index_topk" in long
     for code in ("when (", "unquantized KV and", "prompt <= index_topk", "[SM100"):
         assert code not in long, (code, long)
+
+
+def test_vllm_not_found_names_what_was_tried_and_both_ways_to_point_at_it(tmp_path):
+    """The real agent on this machine, asked to use a python without vLLM: the error names that python, how it was
+    chosen, and both options an engineer can give next (issue 32: never a bare "vLLM not found")."""
+    py = next(p for p in ("/usr/bin/python3", sys.executable) if Path(p).exists())
+    got = subprocess.run([sys.executable, "-m", "mla_doctor", "static", "--local", "--python", py, "--format",
+                          "json"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    host = json.loads(got.stdout)["hosts"][0]
+    assert got.returncode == 4 and host["status"] == "error", got.stderr[-2000:]
+    err = " ".join(host["error"].split())
+    assert err.startswith("vLLM not found on ") and f"tried {py} (--python)" in err, err
+    assert "--python PATH" in err and "--pid PID" in err, err
