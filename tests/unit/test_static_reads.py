@@ -39,9 +39,12 @@ def test_a_huge_sparse_source_file_is_refused_without_reading_it(tmp_path):
         f.truncate(1536 << 20)  # 1.5 GB of nothing: a hole, no blocks
     with open(v / "holes.py", "wb") as f:
         f.truncate(8 << 20)  # under the size cap, but a hole all the same: sized against its blocks
-    code = ("import json, resource, sys; from mla_doctor.agent.facts import integrity; "
+    # the child's own peak (VmHWM: this process's memory only): ru_maxrss would carry the peak of the pytest
+    # process it was forked from (Linux keeps it across exec), which a long unit tier grows past the bound
+    code = ("import json, sys; from mla_doctor.agent.facts import integrity; "
             "out = integrity.scan_tree(sys.argv[1], None, ['forward_mha']); "
-            "print(json.dumps([out['unreadable'], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]))")
+            "hwm = [ln.split()[1] for ln in open('/proc/self/status') if ln.startswith('VmHWM:')][0]; "
+            "print(json.dumps([out['unreadable'], int(hwm)]))")
     p = subprocess.run([sys.executable, "-c", code, str(v)], capture_output=True, text=True, timeout=120)
     unreadable, maxrss_kb = json.loads(p.stdout)
     why = {u["path"]: u["error"] for u in unreadable}
