@@ -109,11 +109,16 @@ def test_controller_sigkilled_mid_run_the_probe_removes_itself_within_the_lease(
                 return f
         return None
 
+    # the controller is run in 50 ms slices and looked at while stopped (SIGSTOP to its group; gdb, in a session of
+    # its own, finishes its call): a whole attach run can take about a second, and a poll on a loaded machine
+    # could see the probe only after the run had already detached it
     deadline = time.monotonic() + 120
     rec = None
     while rec is None and time.monotonic() < deadline and ctl.poll() is None:
+        os.killpg(ctl.pid, signal.SIGCONT)
+        time.sleep(0.05)
+        os.killpg(ctl.pid, signal.SIGSTOP)
         rec = attached()
-        time.sleep(0.1)
     assert rec is not None, "the probe never attached"
     os.killpg(ctl.pid, signal.SIGKILL)  # the controller and its agent: the lease is no longer renewed
     ctl.wait()

@@ -92,8 +92,10 @@ def self_test(gdb, timeout=30.0):
     sleep = next((p for p in SLEEP_PATHS if os.path.isfile(p)), None)
     if sleep is None:
         return False, "no %s to try gdb on" % " or ".join(SLEEP_PATHS)
+    # in a session of its own, as gdb is: a signal to the agent's group must not stop it under gdb's call
     child = subprocess.Popen([sleep, "120"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, env=dict(CLEAN_ENV), cwd="/", close_fds=True)
+                             stderr=subprocess.DEVNULL, env=dict(CLEAN_ENV), cwd="/", close_fds=True,
+                             start_new_session=True)
     try:
         libc = None
         for _ in range(100):  # the dynamic loader maps libc within milliseconds of exec
