@@ -12,6 +12,7 @@ or "off".
 """
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
@@ -107,6 +108,20 @@ def read_bytes(path: Path, limit: int = MAX_ENTRY) -> bytes | None:
     finally:
         if fd >= 0:
             os.close(fd)
+
+
+def loads(data: bytes) -> Any:
+    """JSON from a cache entry, or None: a corrupt or hostile entry is a miss, never an error."""
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+
+
+def read_json(path: Path) -> Any:
+    """A cache entry read by read_bytes (this user's regular file in a private directory) and parsed, or None."""
+    data = read_bytes(path)
+    return None if data is None else loads(data)
 
 
 def directory(name: str, env: str) -> Path | None:

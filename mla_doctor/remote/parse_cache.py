@@ -58,13 +58,7 @@ def _manifest(root: Path, pyver: str, symbols: list[str]) -> Path:
 
 def _read_json(path: Path) -> Any:
     # by descriptor, from a private directory only, this user's regular file (user_cache.read_bytes)
-    data = user_cache.read_bytes(path)
-    if data is None:
-        return None
-    try:
-        return json.loads(data)
-    except (ValueError, RecursionError):
-        return None
+    return user_cache.read_json(path)
 
 
 _entries: dict[Path, dict] = {}

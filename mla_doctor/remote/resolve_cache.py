@@ -116,22 +116,11 @@ def _read(root: Path, key: str, host: str | None) -> Any:
     if len(key) != 64 or not all(c in "0123456789abcdef" for c in key):
         return None
     for i, d in enumerate(_dirs(root, host)):
-        got = _json(d / (key + ".json"))
+        got = user_cache.read_json(d / (key + ".json"))
         if i and isinstance(got, dict):  # a host's entry names its answer by sha256
             digest = str(got.get("answer"))
             data = user_cache.read_bytes(root / tag() / "answers" / (digest + ".json"))
-            got = _json(None, data) if data is not None and hashlib.sha256(data).hexdigest() == digest else None
+            got = user_cache.loads(data) if data is not None and hashlib.sha256(data).hexdigest() == digest else None
         if isinstance(got, dict):
             return got
     return None
-
-
-def _json(path: Path | None, data: bytes | None = None) -> Any:
-    if path is not None:
-        data = user_cache.read_bytes(path)
-    if data is None:
-        return None
-    try:
-        return json.loads(data)
-    except (ValueError, RecursionError):
-        return None
