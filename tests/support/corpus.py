@@ -5,10 +5,13 @@ Each release is extracted once into a cache outside the clone (``$MLA_DOCTOR_CAC
 wheel's ``*.dist-info`` — exactly what a site-packages has for those files — so a repeated run
 downloads nothing. The wheel itself is deleted after extraction (hundreds of MB each).
 
-Run as a script to pre-fetch: ``python tests/support/corpus.py [dist==version ...]``.
+Run as a script to pre-fetch: ``python tests/support/corpus.py [--jobs N] [dist==version ...]``; ``make test``
+runs it in the background while the tiers before the corpus run (the downloads are network-bound, the tiers
+CPU-bound). A per-release lock makes a test that needs a release wait for a fetch in flight instead of racing it.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -16,6 +19,7 @@ import sys
 import tempfile
 import time
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 # The releases the suite proves the audit against (issue 10): the newest patch release of every minor line
@@ -95,6 +99,14 @@ def ensure(dist: str, version: str) -> Path:
     if (dest / ".complete").exists():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest.parent / f".{dist}-{version}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process fetching it: wait, then find it complete
+        if (dest / ".complete").exists():
+            return dest
+        return _fetch(dist, version, dest)
+
+
+def _fetch(dist: str, version: str, dest: Path) -> Path:
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
         t0 = time.monotonic()
         subprocess.run(
@@ -197,11 +209,19 @@ def venv_with_tree(dest: Path, tree: Path) -> Path:
 
 
 def main(argv: list[str]) -> int:
+    jobs = 1
+    if argv[:1] == ["--jobs"]:
+        jobs, argv = int(argv[1]), argv[2:]
     wanted = [tuple(a.split("==", 1)) for a in argv] or ALL_RELEASES
-    for dist, version in wanted:
+
+    def one(release):
         t0 = time.monotonic()
-        path = ensure(dist, version)
-        print(f"{dist}=={version}: {path} ({time.monotonic() - t0:.1f}s)", flush=True)
+        path = ensure(*release)
+        print(f"{release[0]}=={release[1]}: {path} ({time.monotonic() - t0:.1f}s)", flush=True)
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for f in [pool.submit(one, r) for r in wanted]:
+            f.result()  # the first failure ends the run with its traceback
     return 0
 
 

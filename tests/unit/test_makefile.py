@@ -85,3 +85,16 @@ def test_make_demo_asks_only_for_its_own_system_packages():
     assert "openssh-server" in own and "gdb" in own
     assert not any(p in own for p in ("docker.io", "chromium", "nftables", "systemd"))
     assert "demo-packages" in _needs(rules, "system-packages")  # the tiers get the demo's too
+
+
+def test_make_test_fetches_the_corpus_behind_the_tiers_before_it():
+    """The release wheels download in the background from the start of `make test`, and the corpus tier waits for
+    that fetch (a cold machine spent ~15 min there, in series with everything else)."""
+    rules = _rules()
+    recipe = " ".join(rules["test"][1])
+    start = recipe.index("tests/support/corpus.py --jobs")
+    assert "& pre=$$!" in recipe[start:start + 120]
+    tiers = re.search(r"^TIERS \?= (.*)$", MAKEFILE.read_text(), re.M).group(1).split()
+    assert tiers.index("corpus") > tiers.index("unit") and tiers[-1] == "soak"
+    assert 'if [ $$t = corpus ]; then wait $$pre' in recipe
+    assert recipe.index("wait $$pre") < recipe.index("$(PYTEST) -q tests/$$t")
