@@ -1,5 +1,5 @@
-"""Every example `--help` shows, and every `mla-doctor …` line of the README's sh blocks, run as a person types
-it (issue 32): through bash, in a scratch directory, with a HOME whose
+"""Every example `--help` shows, and every `mla-doctor …` line of the README's and docs/'s sh blocks, run as a
+person types it (issue 32): through bash, in a scratch directory, with a HOME whose
 ~/.ssh/config points the examples' hosts (gpu-17, ops@10.1.230.174, the inventories' hosts) at a closed loopback
 port. An example that needs a remote host must get as far as connecting: exit 3 (unreachable), i.e. it parsed
 and passed every check made before a connection (a `--second-pass` without `--method patch`, a `--host` the
@@ -26,6 +26,8 @@ from mla_doctor.cli import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+# the README and the reference pages it links to: an example moved into docs/ is still run
+DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 UNREACHABLE = 3
 # examples that would change this machine (a running vLLM server here is found from /proc): parsed, not run
 NOT_RUN = {"mla-doctor patch --local --method plugin": "patches this machine's vLLM (a plugin, then a restart)",
@@ -46,9 +48,11 @@ def help_examples() -> list[str]:
 
 
 def readme_examples() -> list[str]:
-    """`mla-doctor …` lines of the README's sh blocks (two side by side: each); `[--run ID]` as both forms."""
+    """`mla-doctor …` lines of the README's and docs/'s sh blocks (two side by side: each); `[--run ID]` as both
+    forms."""
     out, lang, block = [], None, []
-    for ln in README.read_text().splitlines():  # the fences, line by line: a block's language on its opening
+    # the fences, line by line: a block's language on its opening
+    for ln in (ln for page in DOCS for ln in page.read_text().splitlines()):
         if ln.lstrip().startswith("```"):
             if lang is None:
                 lang, block = ln.strip()[3:], []
