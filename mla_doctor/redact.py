@@ -49,6 +49,11 @@ _SHAPES = re.compile(
     r"|(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Z]))")                       # an AWS access key id
 _AUTH_SCHEME = re.compile(r"(?i)(\bauthorization[\"']?\s*[:=]\s*[\"']?(?:(?:bearer|basic|token)\s+)?)[^\s\"',;]{6,}"
                           r"|(\bbearer\s+)[A-Za-z0-9._~+/=-]{16,}")
+# what every pattern above needs to match at least once, in the lower-cased text (a superset of each): a string
+# holding none of these cannot change under redaction, and most of a report's strings (paths, symbols, numbers)
+# are such. Searched in text.lower(): a case-insensitive alternation is ~10x slower than this
+_MAYBE_SECRET = re.compile(r"key|secret|pass|credential|token|auth|pwd|bearer|://|sk-|hf_|gh[pousr]_|github_pat_"
+                           r"|xox[abprs]-|eyj|akia|asia")
 # dict keys whose values are environment maps (any key inside is a variable name)
 ENV_MAPS = {"env", "environment", "settings", "settings_not_applied", "debug", "debug_env", "extra_env"}
 
@@ -102,6 +107,8 @@ def redact_text(text: str) -> str:
         return text
     if "\0" in text:  # an environment block (/proc/PID/environ): each entry NAME=value, any case of NAME
         return "\0".join(_environ_entry(e) for e in text.split("\0"))
+    if _MAYBE_SECRET.search(text.lower()) is None:  # one scan instead of five substitutions and a split
+        return text
     text = _SHAPES.sub(REDACTED, text)
     text = _AUTH_SCHEME.sub(lambda m: (m.group(1) or m.group(2)) + REDACTED, text)
     text = _URL_USERINFO.sub(lambda m: m.group(1) + REDACTED + "@", text)
