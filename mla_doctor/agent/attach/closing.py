@@ -11,11 +11,33 @@ def close_run(root, run_id, run_dir, reason):
     from ..change.lock import release_lock
     from ..change.revert import revert_run
 
+    out = {}
     try:
+        out["container"] = _unmount(run_dir)
         res = revert_run(run_dir, reason=reason)
     finally:
         release_lock(root, run_id)
-    return {"state": res.get("state")}
+    out["state"] = res.get("state")
+    return out
+
+
+def _unmount(run_dir):
+    """The run directory bound into a container (container.py) is taken out of it first: after the probes'
+    last records, before the run directory goes."""
+    from . import container
+    from ..fs import read_json
+    from ..protocol import Refusal
+
+    try:
+        info = read_json(fs.manifest_path(run_dir)).get("container")
+    except (OSError, ValueError, AttributeError, Refusal):
+        return None
+    if not info:
+        return None
+    try:
+        return container.unmount_run_dir(info)
+    except OSError as e:
+        return "NOT unmounted: %s" % (e.strerror or e)
 
 
 def detached_records(run_dir):

@@ -21,7 +21,7 @@ from ..common import ScanBudget, read_static, time_now, unread_why
 from ..privilege import NOBODY, Owner, call_as, ids_of_uid, path_owner
 from ..fs import lease_path, read_json, plan_run_dir, run_root, server_paths, write_json, atomic_write
 from ..protocol import AGENT_VERSION, Refusal
-from . import checks, inject, procs
+from . import checks, container, inject, procs
 from .closing import close_run, detached_records
 
 PROBE_NAME = "attach-probe.py"
@@ -54,6 +54,9 @@ def check(plan):
                                      "apt-get install gdb; RHEL: dnf install gdb), %s"
                                      % (" or ".join(inject.GDB_PATHS), checks.PATCH_FIX)]
     problems = []
+    if container.in_container(pid):  # the node attaches; the probe's directory is bound in (container.py)
+        server["container"] = ctr = container.inspect(pid)
+        problems += ["the server runs in a container: %s; %s" % (why, checks.PATCH_FIX) for why in ctr["refused"]]
     for p in found:
         if p["tracer_pid"]:
             problems.append("pid %d (%s) is already traced by pid %d (a debugger or profiler): detach it first, %s"
@@ -68,18 +71,27 @@ def op_attach_check(plan):
     out = {"agent_version": AGENT_VERSION, "op": "attach_check"}
     _server, found, gdb, problems = check(plan)
     out.update(processes=found, gdb=gdb)
+    if _server and _server.get("container"):
+        out["container"] = _server["container"]
     if problems:
         return _refused(out, problems)
     out["outcome"] = "ok"
     return out
 
 
-def install_digest(vdir):
-    """The install's *.py against the wheel's RECORD: (files hashed, modified, digest of all hashes). RECORD and
+def install_digest(vdir, pid=None):
+    """With `pid` in a container: the same, read inside its mount namespace (vdir is its path there).
+    The install's *.py against the wheel's RECORD: (files hashed, modified, digest of all hashes). RECORD and
     every file it lists are the install owner's: read as that owner when root does not control the whole path
     (the kernel then refuses what the owner could not read: a directory linked to a root-only one), and in any
     case only through the one door (common.read_static: no final symlink followed, regular files only, bounded,
     no FIFO, no device); a file it refuses counts as modified, with why."""
+    if pid is not None and container.in_container(pid):
+        try:
+            return container.in_ns(pid, install_digest, (vdir,), timeout=150.0)
+        except OSError as e:
+            return {"record": None, "error": "the install's RECORD was not read in the container: %s"
+                    % (e.strerror or e)}
     try:
         owner = path_owner(vdir)
         if owner.trusted:
@@ -170,7 +182,8 @@ def op_attach(plan):
     vdir = plan["vllm_dir"]
     owner = records_owner_for({"records_uid": server["uid"]}, vdir)
     fs.make_run_dirs(root, run_dir, owner)
-    out["install_before"] = install_digest(vdir)
+    out["install_before"] = install_digest(vdir, server["pid"])
+    ctr = server.get("container")
     manifest = {"run_id": run_id, "state": "attaching", "method": "attach", "created": time_now(), "vllm_dir": vdir,
                 "site": os.path.dirname(vdir), "files": [], "created_files": [], "controller": plan.get("controller"),
                 "ttl": plan.get("ttl", 0), "records_dir": out["records_dir"], "records_uid": owner[0],
@@ -184,10 +197,26 @@ def op_attach(plan):
         cur["log_fd"], cur["log_ident"], cur["log_name"] = link, ident[:2], log
         out["log"], out["log_offset"] = log, ident[2]
     write_json(server_paths(run_dir)[1], cur)  # tick: alive and the server's own log; no restore spec
+    seen_dir, owner_uid = run_dir, os.geteuid()
+    if ctr:  # the probe sees the run directory where it is bound in the container, and root as mapped there
+        try:
+            seen_dir = container.mount_run_dir(server["pid"], run_dir, ctr["place"], run_id)
+        except (OSError, ValueError) as e:
+            out["outcome"] = "failed"
+            out["error"] = "the run directory could not be made reachable in the container: %s" % (
+                getattr(e, "strerror", None) or e)
+            out["close"] = close_run(root, run_id, run_dir, "attach failed")
+            return out
+        manifest["container"] = {"pid": server["pid"], "mnt_ns": ctr["mnt_ns"], "dir": seen_dir}
+        write_json(fs.manifest_path(run_dir), manifest)
+        owner_uid = ctr["root_uid_inside"]
+        source = source.replace(run_dir, seen_dir)
+        out["container"] = manifest["container"]
     data = source.encode("utf-8")
     probe_path = os.path.join(run_dir, PROBE_NAME)
     atomic_write(probe_path, data, mode=0o644)  # the agent's (root's); the server's uid may only read it
-    code = inject.bootstrap(probe_path, hashlib.sha256(data).hexdigest(), len(data), os.geteuid())
+    code = inject.bootstrap(os.path.join(seen_dir, PROBE_NAME), hashlib.sha256(data).hexdigest(), len(data),
+                            owner_uid)
     manifest["state"] = "patched"  # the lease is renewed like a patch run's (`renew` op)
     write_json(fs.manifest_path(run_dir), manifest)
     if plan.get("ttl", 0) > 0:
@@ -261,8 +290,14 @@ def op_detach(plan):
                      "attached": p["pid"] in att, "detached": p["pid"] in det,
                      "detached_record": det.get(p["pid"]), "attached_record": att.get(p["pid"])})
     out["processes"] = rows
-    out["install_after"] = install_digest(manifest["vllm_dir"])
+    ctr = manifest.get("container") or {}
+    out["install_after"] = install_digest(manifest["vllm_dir"], ctr.get("pid"))
     if manifest.get("state") == "patched":
         out["close"] = close_run(root, plan["run_id"], run_dir, plan.get("reason") or "detach")
+    if ctr:  # the proof: nothing of the run is left in the container
+        try:
+            out["container_left"] = container.left_in(ctr)
+        except OSError as e:
+            out["container_left"] = "unknown: %s" % (e.strerror or e)
     out["outcome"] = "detached"
     return out

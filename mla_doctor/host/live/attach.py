@@ -50,10 +50,9 @@ def check_host(run: LiveRun) -> None:
     if not row.attach:  # the table says where attach is allowed; the reason by the runtime's capability
         if row.in_container:
             name = (run.server.get("supervisor") or {}).get("name") or run.ropts.container or "the container"
-            why = (f"the server runs in container {name}, and attaching from the host to a process in a container "
-                   "is not supported (the probe file, its records directory and the lease would have to be in the "
-                   "container's mount namespace and owned by its user, which the host's gdb cannot provide yet); "
-                   "inside the container, attach needs gdb and CAP_SYS_PTRACE (docker run --cap-add SYS_PTRACE)")
+            why = (f"the server runs in container {name}: attach works from the node, not inside the container; "
+                   "run without --runtime (attach finds the server in its container by its port, or name it "
+                   "with --pid)")
         elif row.commands:
             why = ("the server is started by your own commands; attach supports the process and systemd runtimes "
                    "(run without --runtime to attach to the process)")
@@ -107,6 +106,7 @@ def inject(run: LiveRun) -> None:
     ans = run.call(attach_request(run), timeout=run.conn.command_timeout + 120, host=True)
     att = run.live.setdefault("attach", {})
     att.update(run_dir=ans.get("run_dir"), records_dir=ans.get("records_dir"), injected=ans.processes,
+               container=ans.get("container"),
                install_before=ans.get("install_before"), bootstrap_bytes=ans.get("bootstrap_bytes"))
     if ans.is_refused:
         raise refusal(run, ans.refused)
@@ -190,6 +190,11 @@ def detach(run: LiveRun) -> None:
         if row["dynamo_changed"]:
             problems.append(f"{name}: torch.compile's counters changed during the window (a recompilation)")
     att["processes"] = rows
+    if att.get("container"):  # the run directory bound into the container: gone from it again
+        att["container_left"] = ans.get("container_left")
+        if ans.get("container_left") is not False:
+            problems.append(f"the run's directory {att['container'].get('dir')} in the container is not proven "
+                            f"removed ({ans.get('container_left')!r})")
     att["compile_log_lines"] = compile_lines(run.log_lines[att.get("window_log_from", 0):])
     if att["compile_log_lines"]:
         problems.append("the server compiled or captured during the window: "
