@@ -33,20 +33,76 @@ def _is_this_interpreter(python):
     return bool(path) and os.path.abspath(path) == sys.executable
 
 
+def _venv_of(executable):
+    """(prefix, sees the base site-packages too) of the venv `executable` runs in, read from pyvenv.cfg beside it
+    or one directory up as site.venv() reads it; (None, True) outside a venv; None when pyvenv.cfg is unreadable."""
+    exe_dir = os.path.dirname(os.path.abspath(executable))
+    prefix = os.path.dirname(exe_dir)
+    for conf in (os.path.join(exe_dir, "pyvenv.cfg"), os.path.join(prefix, "pyvenv.cfg")):
+        if not os.path.isfile(conf):
+            continue
+        system_site = "true"
+        try:
+            text = read_text(conf, max_size=1 << 20)
+        except OSError:
+            return None
+        for line in text.splitlines():
+            key, eq, value = line.partition("=")
+            if eq and key.strip().lower() == "include-system-site-packages":
+                system_site = value.strip().lower()
+        return prefix, system_site == "true"
+    return None, True
+
+
+def _startup_may_move(path, sites):
+    """What `python -s` runs at start could change where vllm is found: a .pth file with an import line in a
+    site directory (it may put a path first or add a finder), or a sitecustomize on the path."""
+    for d in path:
+        if any(os.path.exists(os.path.join(d, n)) for n in ("sitecustomize.py", "sitecustomize")):
+            return True
+    for d in sites:
+        try:
+            names = [n for n in os.listdir(d) if n.endswith(".pth")]
+        except OSError:
+            continue
+        for n in names:
+            try:
+                text = read_text(os.path.join(d, n), nofollow=True, max_size=1 << 20)
+            except OSError:
+                return True
+            if any(line.startswith(("import ", "import\t")) for line in text.splitlines()):
+                return True
+    return False
+
+
 def _probe_here():
     """PY_PROBE's answer from this very interpreter, in-process. The agent runs -S (remote/runner.py): its
-    site-packages are searched as site would list them, but no .pth file is read, let alone run."""
+    site-packages are searched as site would list them, but no .pth file is read, let alone run. In a venv (the
+    usual --python), its own site-packages as site.venv() sets them up; None where only running the probe can
+    tell (pyvenv.cfg unreadable, or a venv's start-up code that may move vllm)."""
     import importlib.machinery
     import sysconfig
 
     path = [p for p in sys.path if p]
+    prefix, purelib = sys.prefix, sysconfig.get_paths().get("purelib")
     if sys.flags.no_site:
         import site  # under -S importing it runs nothing: getsitepackages() only lists
 
-        path += [d for d in site.getsitepackages() if d not in path]
+        venv = _venv_of(sys.executable)
+        if venv is None:
+            return None
+        if venv[0] is None:
+            sites = site.getsitepackages()
+        else:
+            prefix = venv[0]
+            purelib = sysconfig.get_paths(vars={"base": prefix, "platbase": prefix}).get("purelib")
+            sites = site.getsitepackages([prefix]) + (site.getsitepackages() if venv[1] else [])
+            if _startup_may_move(path + sites, sites):
+                return None
+        path += [d for d in sites if d not in path]
     spec = importlib.machinery.PathFinder.find_spec("vllm", path)
-    return {"executable": sys.executable, "version": list(sys.version_info[:3]), "prefix": sys.prefix,
-            "path": path, "purelib": sysconfig.get_paths().get("purelib"),
+    return {"executable": sys.executable, "version": list(sys.version_info[:3]), "prefix": prefix,
+            "path": path, "purelib": purelib,
             "vllm_origin": spec.origin if spec else None,
             "vllm_locations": list(spec.submodule_search_locations or []) if spec else []}
 
@@ -84,7 +140,7 @@ def probe_interpreter(python, env=None, cwd=None, server_pid=None):
     only when it runs as the server's user."""
     if env is None and cwd is None and _is_this_interpreter(python):
         out = _probe_here()
-        if out["vllm_origin"] or not sys.flags.no_site:
+        if out is not None and (out["vllm_origin"] or not sys.flags.no_site):
             return out, None
     if not (os.path.isabs(python) or find_executable(python)):
         return None, "no such interpreter: %s" % python
