@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from mla_doctor.diagnosis.knowledge import load_data
-from mla_doctor.diagnosis.log_life import ABORT_START, ABORT_WHAT, SIGNAL_DEATH, Death, announced, read_life
+from mla_doctor.diagnosis.log_life import (ABORT_START, ABORT_WHAT, KERNEL_OOM_KILL, KERNEL_OOM_REPORT, SIGNAL_DEATH,
+                                           Death, announced, read_life)
 from mla_doctor.diagnosis.log_names import Fact, backend_code_names, backend_name, display_names
 
 __all__ = ["Decision", "Record", "load_markers", "decide", "LOOKED_FOR", "combine_captures"]
@@ -581,16 +582,22 @@ def _cudagraph(out: Any, recs: List[Record], prompts: List[Tuple[int, str]]) -> 
         out.eager = False
 
 
-def _sparse_by_model(recs: List[Record], prompts: List[Tuple[int, str]], markers: dict) -> Optional[Decision]:
-    """Not sparse from the model the paste shows: a traceback frame in a model module of a family without DSA
-    (model_executor/models/llama.py), else the model's name where a line states it (model='Qwen/Qwen2.5-3B') in
-    a family without DSA. A DSA-capable family (DeepSeek-V3.2/V4, GLM-5) decides nothing: whether the sparse path
-    runs is for a line to say."""
+def _sparse_by_module(recs: List[Record], markers: dict) -> Optional[Decision]:
+    """Not sparse from the model's code the paste shows: a traceback frame in a model module of a family without
+    DSA (model_executor/models/llama.py). Modules of DSA-capable families decide nothing."""
     for r in recs:
         mm = markers["_model_module"].match(r.msg)
         if mm and not markers["_model_module_undecided"].match(mm.group(1)):
             return Decision(False, "a frame in the model's module (%s.py): a family without sparse attention"
                             % mm.group(1), [r.n], r.text)
+    return None
+
+
+def _sparse_by_name(recs: List[Record], prompts: List[Tuple[int, str]], markers: dict) -> Optional[Decision]:
+    """Not sparse from the model's NAME where a line states it (model='Qwen/Qwen2.5-3B', a shell prompt's
+    ``vllm serve X``) in a family without DSA: the weakest evidence, read only where no line states the backend,
+    the architecture, the release or the engine. A DSA-capable family (DeepSeek-V3.2/V4, GLM-5) decides nothing:
+    whether the sparse path runs is for a line to say."""
     named = [(n, cmd) for n, cmd in prompts] + [(r.n, r.msg) for r in recs]
     for n, text in sorted(named, key=lambda x: x[0]):
         nm = markers["_model_named"].search(text)
@@ -598,7 +605,8 @@ def _sparse_by_model(recs: List[Record], prompts: List[Tuple[int, str]], markers
             continue
         name = nm.group(1).rstrip(".").rstrip("/").rsplit("/", 1)[-1]
         if markers["_dense_model_names"].match(name):
-            return Decision(False, "the model the paste names (%s): a family without sparse attention" % name, [n],
+            return Decision(False, "from the model's name: %s, a family without sparse attention (the name only: "
+                            "no line states the backend or the architecture)" % name, [n],
                             next((r.text for r in recs if r.n == n), text))
     return None
 
@@ -635,10 +643,16 @@ def _sparse(out: Any, recs: List[Record], markers: dict, prompts: Optional[List[
                               r.text)
                 break
     if yes is None and no is None:
-        no = _sparse_by_model(recs, prompts or [], markers)
+        no = _sparse_by_module(recs, markers)
     if yes is None and no is None:
-        if ab is not None and ab.value and ab.format and ab.role in (None, "model"):
+        cb = out.crashed_backend
+        if ab is not None and ab.value and ab.role in (None, "model") \
+                and (ab.format or (ab.rule or "").startswith("the backend a CUDA-graph")):
+            # a selection line, or a CUDA-graph check of the backend in use (it names the backend that runs)
             no = Decision(False, "the model's attention backend is dense (%s)" % ab.value, [ab.n], ab.text)
+        elif ab is None and cb is not None and cb.value and "MLA" in cb.value and "SPARSE" not in cb.value.upper():
+            # no selection line: the MLA layers were being built on the dense MLA backend whose own code raised
+            no = Decision(False, "the MLA backend whose own code raised is dense (%s)" % cb.value, [cb.n], cb.text)
         elif out.version and _release_without_sparse(out.version):
             no = Decision(False, "the stated release (%s) has no sparse (DSA) attention path" % out.version,
                           [out.version_line] if out.version_line else [],
@@ -647,6 +661,8 @@ def _sparse(out: Any, recs: List[Record], markers: dict, prompts: Optional[List[
             d = out.decided.get("engine")
             no = Decision(False, "V0 engine: no sparse (DSA) attention path exists in V0",
                           list(d.lines) if d else [], d.text if d else "")
+        else:
+            no = _sparse_by_name(recs, prompts or [], markers)
     got = yes or no
     if got is not None:
         out.sparse = got.value
@@ -793,7 +809,20 @@ def _fatal(out: Any, recs: List[Record], markers: dict) -> set:
                        else "uncaught exception printed on stderr")
                 exceptions.append(add(r, exc[0], why, r.n, f if fatal_fmt else None))
                 continue
+        km = KERNEL_OOM_KILL.match(r.msg) if not quiet else None
+        if km:   # the kernel's OOM killer (dmesg pasted with the log): one kill, however many lines report it
+            placed.add(r.n)
+            victim = int(km.group("pid") or km.group("pid2"))
+            if not any(d.victim == victim for d in found):
+                add(r, "oom_kill", "the kernel's OOM killer killed pid %d (%s)" % (
+                    victim, km.group("name") or km.group("task")), r.n, kind="oom")
+                found[-1].victim = victim
+            continue
+        if KERNEL_OOM_REPORT.match(r.msg):
+            placed.add(r.n)
+            continue
         if not quiet and SIGNAL_DEATH.match(r.msg):
+            placed.add(r.n)
             add(r, "signal", "death by signal", r.n, f, kind="signal")
             continue
         if fatal_fmt or r.level == "CRITICAL":   # vLLM logs CRITICAL only as a process gives up

@@ -15,6 +15,10 @@ Engine core initialization failed. See root cause above``). So:
   hit an exception.``, ``Exception in worker … while processing method``), the outermost vLLM frame of its
   traceback (``v1/engine/core.py`` -> engine core, ``executor/multiproc_executor.py`` -> worker, ``entrypoints/``
   -> API server), and, for a death message or wrapper, the process it names.
+- the kernel's OOM KILLER (its dmesg / journalctl -k lines pasted with the log: ``Out of memory: Killed process N
+  (python3)``, ``oom-kill:…,task=python3,pid=N``) is an OOM death of the process whose tag carries pid N (else
+  ``unknown``); it explains a process that vanished (the shell's ``Killed``, ``died unexpectedly``). A bare
+  ``Killed`` with no kernel report is a death by signal (SIGKILL: an OOM kill is likely, not proven).
 - a REQUESTED SHUTDOWN is a signal the server was sent (``[shutdown] EngineCore: trigger received
   signal=SIGTERM``, ``Received SIGTERM``, Ctrl-C: ``KeyboardInterrupt``, ``^C``, ``Interrupted by user``), or a
   stop announced (``Shutting down``, ``Engine is gracefully shutting down``, systemd's ``Stopping …``) before
@@ -29,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["Life", "Death", "read_life", "announced", "process_of_tag", "process_of_frame", "frame_site",
-           "shutdown_request", "ABORT_START", "ABORT_WHAT", "SIGNAL_DEATH"]
+           "shutdown_request", "ABORT_START", "ABORT_WHAT", "SIGNAL_DEATH", "KERNEL_OOM_KILL", "KERNEL_OOM_REPORT"]
 
 # ---- process kinds: tags, frames, wording
 _TAG_ENGINE = re.compile(r"^(?:EngineCore|MQLLMEngine|DPCoordinator|LLMEngine)", re.I)
@@ -79,6 +83,13 @@ _WHERE = {"core.py": "engine_core", "engine.py": "engine_core", "api_server.py":
 _VANISHED = re.compile(r"\b(?:died|exited) unexpectedly\b")
 _INTERRUPT = re.compile(r"KeyboardInterrupt|CancelledError|^SystemExit")
 _OOM = re.compile(r"(?i)OutOfMemoryError|out of memory|\bOOM\b|oom[-_ ]kill|Killed process \d+")
+# the kernel's OOM killer, pasted with the log (dmesg, journalctl -k): the kill names the victim's pid, which the
+# process tags of the log name ("(EngineCore_DP0 pid=N)"); "X invoked oom-killer:" only starts the kernel's report
+KERNEL_OOM_KILL = re.compile(
+    r"^(?:(?:Memory cgroup out of memory|Out of memory(?: \(oom_kill_allocating_task\))?): Killed process "
+    r"(?P<pid>\d{1,10}) \((?P<name>[^)]{1,64})\)"
+    r"|oom-kill:.{0,600}?,task=(?P<task>[^,]{1,64}),pid=(?P<pid2>\d{1,10}))")
+KERNEL_OOM_REPORT = re.compile(r"^\S{1,64} invoked oom-killer: ")
 
 # ---- a requested shutdown: a signal sent, Ctrl-C, a stop announced
 _REQUEST_SIGNAL = re.compile(
@@ -115,6 +126,7 @@ class Death:
     key: Tuple[Any, ...]                        # (tags, pid) of its records
     wrapper: bool = False                       # only reports that another process died
     kind: str = "exception"   # exception | oom | abort | signal | announce | message | cut (no exception line)
+    victim: Optional[int] = None   # the pid the kernel's OOM killer names
 
 
 @dataclass
@@ -195,6 +207,13 @@ def _subject(text: str) -> Optional[str]:
 def _process(death: Death, recs: Sequence[Any], index: Dict[int, int]) -> Tuple[str, str]:
     """(process kind, rule) of a death: its tags, its announcing line, its outermost vLLM frame, its wording."""
     f = death.fact
+    if death.victim is not None:   # the kernel killed a pid: the process whose tag carries that pid
+        tags = next((r.tags for r in recs if r.pid == death.victim and r.tags), None)
+        kind = process_of_tag(tags or ())
+        if kind:
+            return kind, "the pid the kernel's OOM killer names (%d) is %s's" % (death.victim, tags[-1])
+        return "unknown", "the kernel's OOM killer names pid %d, which no process tag of the log carries" % \
+            death.victim
     i_end = index.get(f.n)
     i_start = index.get(death.start, i_end)
     own = [recs[i] for i in range(i_start, i_end + 1)] if i_start is not None and i_end is not None else []
@@ -315,6 +334,11 @@ def read_life(recs: Sequence[Any], deaths: List[Death]) -> Life:
     # the line that says why: the same order among the failures whose line is in the paste
     lined = [d for d in deaths if d.kind != "cut"]
     cause = min(lined, key=rank) if lined else None
+    killed = next((d for d in deaths if d.victim is not None), None)
+    if killed is not None and (dead.kind in ("signal", "message") or cause is None or cause.kind == "signal"):
+        # a process that vanished (the shell's "Killed", "died unexpectedly") where the kernel's report of an OOM
+        # kill is pasted too, before or after it: the kill says why
+        dead = cause = killed
     wrappers = [d for d in deaths if d.wrapper]
     life.cause = cause.fact if cause is not None else None
     life.wrapper = wrappers[-1].fact if wrappers and wrappers[-1] is not cause else None

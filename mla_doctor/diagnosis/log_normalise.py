@@ -32,14 +32,18 @@ _GLOG = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
 _CR = re.compile(r"(?:\^M|\r)+$")
 # the launcher's rank: "[0] ", "[rank0]: ", "[default3]:", "[1,0]<stdout>:"
 _LAUNCHER = re.compile(r"^\[(?:rank|default)?\d{1,5}(?:,\d{1,5})?\](?:<std(?:out|err)>)?:? ?")
-# docker compose / kubectl --prefix: "vllm-1  | ", "[pod/vllm-0/vllm] "
-_SERVICE = re.compile(r"^(?:[\w.-]{1,64} {1,8}\|(?: |$)|\[pod/[\w./-]{1,200}\] )")
+# docker compose / kubectl --prefix: "vllm-1  | ", "[pod/vllm-0/vllm] " (alone when a glued split cut it off)
+_SERVICE = re.compile(r"^(?:[\w.-]{1,64} {1,8}\|(?: |$)|\[pod/[\w./-]{1,200}\](?: |$))")
 # a time in front of the record: ISO 8601 / RFC 3339 (T or space, fraction, Z or offset), bracketed or not,
 # journald/syslog short ("Dec 01 01:16:19 host python[61]: "), a bare clock ("10:00:01.123 ")
 _TS = re.compile(
     r"^\[?(?:\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d{1,9})?(?: ?(?:Z|UTC|[+-]\d{2}:?\d{2}))?"
     r"|[A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2}(?:\.\d{1,9})?)\]?"
     r"(?: [\w.-]{1,64} [\w./-]{1,64}(?:\[\d{1,10}\])?:)?(?: |$)")
+# the kernel's clock on a dmesg line pasted with the log: seconds since boot ("[ 8123.456789] "), or dmesg -T's
+# wall clock ("[Sun Mar 24 23:54:53 2024] "); journalctl -k's "Mar 24 23:54:53 host kernel: " is _TS's
+_KERNEL_TS = re.compile(r"^\[(?: {0,12}\d{1,10}\.\d{3,9}"
+                        r"|[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2} \d{4})\](?: |$)")
 # one process tag: "(EngineCore_DP0 pid=42)", "(pid=591)", "(pid=244, ip=10.0.0.1)", "(VllmWorker TP0 pid=3)";
 # the opening "(" may have been cut off by the paste ("EngineCore_0 pid=1248800) ValueError: ...")
 _TAG = re.compile(r"^\(?(?P<proc>[A-Za-z][\w.:=-]{0,63}(?: [\w.:=-]{1,32}){0,3})? ?pid=(?P<pid>\d{1,10})"
@@ -115,7 +119,7 @@ class NormLine:
 class Normalised:
     lines: List[NormLine] = field(default_factory=list)
     # kind -> {"count", "first_line", "example"}: what was stripped (launcher, timestamp, process_tag,
-    # several_tags, escape, carriage_return, ray_repeat, mojibake, shell_prompt, wrapped, glued, cut)
+    # several_tags, escape, carriage_return, ray_repeat, mojibake, shell_prompt, wrapped, glued, cut, kernel_time)
     stripped: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     prompts: List[Tuple[int, str]] = field(default_factory=list)   # (line, command) of shell prompt lines
 
@@ -188,7 +192,7 @@ def clean_line(raw: str, out: Optional[Normalised] = None, n: int = 0) -> Tuple[
     for _ in range(12):
         s = s.lstrip()
         for kind, rx in (("quote", _QUOTE), ("launcher", _LAUNCHER), ("service", _SERVICE), ("timestamp", _TS),
-                         ("host_log", _HOST_LOG), ("markdown", _MD_OPEN)):
+                         ("kernel_time", _KERNEL_TS), ("host_log", _HOST_LOG), ("markdown", _MD_OPEN)):
             m = rx.match(s)
             if m and m.end():
                 if out is not None:

@@ -27,13 +27,11 @@ LIFE_FIELDS = ("died", "death_kind", "shutdown")
 
 
 def _by_name(model: str) -> str:
-    return ("the model is known only by its name (%s): the reader does not classify a model by its name, it "
-            "needs a line (an architecture, a backend, the release); `explain --model config.json` classifies it"
+    return ("the model is named only outside the paste (%s): no line of the paste names the model, its architecture "
+            "or a backend, so a reader of the paste alone cannot tell its family (the label states what ran)"
             % model)
 
 
-_V0_SPARSE = ("the reader says False from the V0 engine (no sparse/DSA path exists in V0: the model cannot run "
-              "sparse there); the label leaves sparse null with no deciding line")
 _V0_EAGER = ("enforce_eager=True read as NONE (no CUDA graphs ran) on a V0 engine line; the label keeps V0 logs' "
              "CUDA-graph mode null because V0 has no V1 mode names (a policy difference: both say no graphs ran)")
 _DRAFTER_AFTER = ("the drafter's phase is known only from a line that starts it (loading the draft / EAGLE model) "
@@ -46,7 +44,7 @@ KNOWN_LIMITS: Dict[Tuple[str, str], str] = {
         "V0 only by era: the un-bracketed 'worker_base.py:145]' prefix and a RayWorkerWrapper tag are printed"
         ' by both engines of 0.4-0.7; the label reads the release default, which the reader never passes off '
         'as read',
-    ('002-', 'sparse'): _by_name('DeepSeek-V2'),
+    ('002-', 'sparse'): _by_name("DeepSeek-V2; 'deepseek' is only a conda environment's directory in a path"),
     ('003-', 'engine'):
         "V1 inferred from compilation_config level 3 + splitting_ops being 0.8's V1 defaults: a default, not "
         'a line that only V1 prints',
@@ -58,18 +56,11 @@ KNOWN_LIMITS: Dict[Tuple[str, str], str] = {
         'the reader reads a dense model backend selection (TRITON_MLA) as not sparse; the label leaves it '
         "null because this PR build may run GLM-5.1's DSA layers on TRITON_MLA (a fork-specific doubt the log"
         ' does not state)',
-    ('013-', 'sparse'):
-        "the reader says False from 'V0 engine: no sparse path exists' (vLLM added DSA in 0.11, V1 only); the"
-        ' label leaves sparse null with no deciding line',
-    ('016-', 'sparse'): _by_name('DeepSeek-R1-Distill-Llama (a Llama)'),
-    ('017-', 'sparse'):
-        'the reader says False from the V0 engine (no DSA in V0); the label leaves sparse null',
+    ('016-', 'sparse'):
+        "the model is named only by the container's name in a 'docker logs' prompt (a name the user chose, not a "
+        "line vLLM logged: DeepSeek-R1-Distill-Llama, a Llama): the reader takes a model's name only from vLLM's "
+        "own lines or the command that ran it",
     ('020-', 'sparse'): _by_name('Kimi-VL'),
-    ('031-', 'sparse'):
-        'the decode backend (FlashInferBackend) is named only in the CUDA-graph check, not a selection line: '
-        'the dense-backend rule needs a selection line; the label reads the model family',
-    ('039-', 'sparse'): _by_name('DeepSeek-R1 (from the issue)'),
-    ('040-', 'sparse'): _by_name('DeepSeek-R1 (from the issue)'),
     ('047-', 'sparse'): _by_name('DeepSeek-R1 (from the title)'),
     ('052-', 'sparse'): _by_name('DeepSeek-R1-0528 (the version only in the title)'),
     ('053-', 'decode_backend'):
@@ -101,9 +92,6 @@ KNOWN_LIMITS: Dict[Tuple[str, str], str] = {
     ('086-', 'sparse'): _by_name('DeepSeek (from the title); 0.7.1 is only a directory name in a frame\'s path'),
     ('099-', 'sparse'): _by_name('gpt-oss (from the title)'),
     ('103-', 'sparse'): _by_name('Llama 4 (from the title)'),
-    ('071-', 'sparse'): _V0_SPARSE,
-    ('088-', 'sparse'): _V0_SPARSE,
-    ('102-', 'sparse'): _V0_SPARSE,
     ('083-', 'died'):
         "the engine core's failure shows only as the tail of its error message (tagged lines without a level, "
         "no traceback, no exception line); the only traceback is the API server's own (cut), so the reader "
@@ -259,6 +247,11 @@ def test_per_field_accuracy_on_the_real_logs(capsys):
                                                                  "" if why else "   <-- NOT EXPLAINED"))
     with capsys.disabled():
         print("\n".join(lines))
+    # the done-when's bounds, asserted where reached (a regression fails here too, not only in the list below):
+    # labelled fields >= 95 % is reached; logs fully right is not (90 % wanted): its floor is the measured 113/142,
+    # the misses left are the models named only outside the paste (KNOWN_LIMITS says which, and why)
+    assert all_ok >= 0.95 * all_n, "labelled fields right fell below 95%%: %d / %d" % (all_ok, all_n)
+    assert logs - len(wrong) >= 0.79 * logs, "logs fully right fell below 79%%: %d / %d" % (logs - len(wrong), logs)
     unexplained = [(f, fld, want, got) for f, fld, want, got, why in explained if not why]
     assert not unexplained, "misses that are not a known limit: %s" % unexplained
     missed = {(f, fld) for f, fld, _w, _g in misses}

@@ -193,3 +193,59 @@ def test_explain_on_the_real_servers_stops_and_kills(stem, code, died):
         assert doc["death_kind"] == "signal" and "unexpectedly" in doc["fatal_cause"]["text"]
     else:
         assert doc["fatal"] == [] and doc["fatal_cause"] is None and doc["life"]["shutdown_line"]
+
+
+# the kernel's OOM killer as pasted with a log: real dmesg -T lines (github.com/oobabooga/textgen/issues/440, a
+# comment of 2024-03-25; the process there is "python", pid 6154); here the pid is the engine core's tag's
+KERNEL_KILL = ["[Sun Mar 24 23:54:53 2024] oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,mems_allowed=0,"
+               "global_oom,task_memcg=/user.slice/user-1000.slice/session-3.scope,task=python,pid=6154,uid=1000",
+               "[Sun Mar 24 23:54:53 2024] Out of memory: Killed process 6154 (python) total-vm:18109076kB, "
+               "anon-rss:14095848kB, file-rss:0kB, shmem-rss:0kB, UID:1000 pgtables:29036kB oom_score_adj:0"]
+
+
+def test_a_kernel_oom_kill_is_an_oom_death_of_the_process_its_pid_names():
+    lines = ["(EngineCore_DP0 pid=6154) INFO 11-07 17:17:41 [gpu_model_runner.py:2602] Starting to load model m...",
+             "(APIServer pid=1) ERROR 11-07 17:18:00 [core_client.py:564] Engine core proc EngineCore_DP0 died "
+             "unexpectedly, shutting down client."] + KERNEL_KILL
+    r = read_log(lines)
+    assert r.died == "engine_core" and r.death_kind == "oom" and "EngineCore_DP0" in r.life.died_rule
+    assert r.fatal_cause.n == 3 and "oom-kill:" in r.fatal_cause.text   # the kill says why, not the vanished message
+    assert len([f for f in r.fatal if "6154" in f.text]) == 1   # one kill, however many kernel lines report it
+    assert "unplaced" not in r.normalised and r.normalised["stripped"]["kernel_time"]["count"] == 2
+    # the shell's bare "Killed", the kernel's report pasted after it: the kill explains it; no tag has the pid
+    r = read_log(["INFO 11-07 17:17:41 [loader.py:458] Loading weights took 6.71 seconds", "Killed"] + KERNEL_KILL)
+    assert r.death_kind == "oom" and r.died == "unknown" and "6154" in r.life.died_rule
+    # dmesg's seconds-since-boot clock, journalctl -k's host and ident: the same kill
+    r = read_log(["(Worker_TP1 pid=77) INFO 11-07 17:17:41 [gpu_worker.py:1] x",
+                  "[ 8123.456789] Out of memory: Killed process 77 (python3) total-vm:1kB, anon-rss:1kB",
+                  "Mar 24 23:54:53 gpu-host kernel: oom-kill:constraint=CONSTRAINT_NONE,task=python3,pid=77,uid=0"])
+    assert r.died == "worker" and r.death_kind == "oom" and r.fatal_cause.n == 2
+    # a bare "Killed" alone: a death by signal (SIGKILL), an OOM kill likely but not proven
+    r = read_log(["INFO 11-07 17:17:41 [loader.py:458] Loading weights took 6.71 seconds", "Killed"])
+    assert r.death_kind == "signal" and r.fatal_cause.n == 2 and "unplaced" not in r.normalised
+
+
+def test_kubectl_prefixes_and_a_full_date_header_are_read_by_the_one_grammar():
+    # kubectl logs --prefix ("[pod/NAME/CONTAINER] "), --timestamps (RFC 3339, nanoseconds, Z), both, and vLLM's
+    # header with a full date and milliseconds (a custom logging format), each before a real selection line
+    sel = "Using TRITON_MLA attention backend out of potential backends: ['TRITON_MLA']"
+    for line in ("[pod/vllm-r1-0/vllm] (EngineCore_DP0 pid=42) INFO 11-07 17:17:41 [cuda.py:366] " + sel,
+                 "2025-11-07T17:17:41.814123456Z (EngineCore_DP0 pid=42) INFO 11-07 17:17:41 [cuda.py:366] " + sel,
+                 "[pod/vllm-r1-0/vllm] 2025-11-07T17:17:41.814123456Z INFO 11-07 17:17:41 [cuda.py:366] " + sel,
+                 "INFO 2025-11-07 17:17:41.814 cuda.py:366] " + sel):
+        r = read_log([line, "Hello from a print()"])   # (lowercase, it would read as this long line's wrapped tail)
+        assert r.attention_backend is not None and r.attention_backend.value == "TRITON_MLA", line
+        assert r.normalised["unplaced"]["lines"] == [2], line   # only the print() is unplaced
+
+
+def test_a_models_name_is_the_weakest_sparse_evidence_never_over_a_backend_line():
+    sel = ("(EngineCore_DP0 pid=1) INFO 11-07 17:17:41 [cuda.py:366] Using TRITON_MLA attention backend out of "
+           "potential backends: ['TRITON_MLA']")
+    named = "(APIServer pid=2) INFO 11-07 17:17:40 [utils.py:233] non-default args: {'model': 'Qwen/Qwen2.5-3B'}"
+    r = read_log([named, sel])
+    assert r.sparse is False and r.decided["sparse"].lines == [2]   # the selection line decides, not the name
+    r = read_log([named])
+    assert r.sparse is False and r.decided["sparse"].rule.startswith("from the model's name: Qwen2.5-3B")
+    r = read_log(["(APIServer pid=2) INFO 11-07 17:17:40 [utils.py:233] non-default args: {'model': "
+                  "'deepseek-ai/DeepSeek-V3.2'}"])
+    assert r.sparse is None   # a DSA-capable family's name decides nothing
