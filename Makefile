@@ -10,7 +10,7 @@ DIST       ?= build/dist
 WHEEL_VENV ?= build/venv-wheel
 
 .PHONY: test setup system-packages demo-packages demo-wheel-venv unit unit-local unit-data faults soak corpus integration install-tier lint clean demo \
-	wheel wheel-venv guard
+	wheel wheel-venv guard docs
 
 setup: $(VENV)/.installed
 
@@ -70,6 +70,12 @@ lint: $(VENV)/.installed
 guard: setup unit-data
 	$(PYTEST) -q tests/guard
 
+# the reference site (docs/, mkdocs.yml) into build/site, about a second: --strict, so a warning fails it, and
+# mkdocs.yml makes a link to a page or an anchor that does not exist a warning. Not --quiet: it hides the
+# warnings from the strict count as well (the build would pass).
+docs: setup
+	$(VENV)/bin/mkdocs build --strict
+
 # What the unit tier reads besides the tree: vLLM 0.33.0's real sources (a few of its tests fail, never skip,
 # without them). Cached outside the clone; a second run downloads nothing.
 unit-data: setup
@@ -101,7 +107,7 @@ install-tier: setup
 # downloads are done by then (a release still in flight is waited for through its lock, never raced).
 TIERS ?= unit real_logs install attack corpus integration faults soak
 
-test: setup system-packages lint guard unit-data
+test: setup system-packages lint guard docs unit-data
 	@mkdir -p build; $(PY) tests/support/corpus.py --jobs 3 >build/corpus-prefetch.log 2>&1 & pre=$$!; \
 	failed=""; for t in $(TIERS); do \
 	  [ -d tests/$$t ] || { echo "tier tests/$$t: missing" >&2; failed="$$failed $$t"; continue; }; \

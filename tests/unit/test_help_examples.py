@@ -35,14 +35,27 @@ NOT_RUN = {"mla-doctor patch --local --method plugin": "patches this machine's v
                "names /models/glm5, a model directory no test machine has"}
 
 
-def help_examples() -> list[str]:
-    """`mla-doctor …` lines of each command's --help (the group's commands and `report`'s), comments dropped."""
-    runner = CliRunner()
-    names = [n for n in cli.list_commands(None)]
-    names += ["report merge", "report render"]
+def command_names(group: click.Group = cli, ctx: click.Context | None = None) -> list[str]:
+    """Every command of the tree, a sub-group's own commands included ("report merge"): none is left out."""
+    ctx = ctx or click.Context(cli, info_name="mla-doctor")
     out = []
-    for name in names:
-        text = runner.invoke(cli, [*name.split(), "--help"]).output
+    for name in group.list_commands(ctx):
+        cmd = group.get_command(ctx, name)
+        out.append(name)
+        if isinstance(cmd, click.Group):
+            sub = click.Context(cmd, parent=ctx, info_name=name)
+            out += [f"{name} {n}" for n in command_names(cmd, sub)]
+    return out
+
+
+def help_examples() -> list[str]:
+    """`mla-doctor …` lines of every --help (the top level's and every command's), comments dropped."""
+    runner = CliRunner()
+    out = []
+    for name in ["", *command_names()]:
+        res = runner.invoke(cli, [*name.split(), "--help"])
+        assert res.exit_code == 0, f"mla-doctor {name} --help: exit {res.exit_code}\n{res.output}"
+        text = res.output
         out += [ln.strip() for ln in text.splitlines() if ln.strip().startswith("mla-doctor ")]
     return [re.split(r"\s{2,}#", ex)[0].strip() for ex in out]
 
@@ -134,6 +147,7 @@ def _order(examples: list[str]) -> list[str]:
 def test_the_examples_are_found():
     helps, readme = help_examples(), readme_examples()
     assert len(helps) >= 25 and "mla-doctor static --local -v" in helps
+    assert {"report merge", "report render", "run", "static", "explain", "audit"} <= set(command_names())
     assert "mla-doctor static --host gpu-17" in readme and "mla-doctor --help" in readme
 
 
