@@ -1,4 +1,4 @@
-"""Process exit status: one enum, documented in the README, decided by the worst host."""
+"""Process exit status: one enum, documented in docs/usage.md (Exit status), decided by the worst host."""
 from __future__ import annotations
 
 import enum

@@ -1,4 +1,4 @@
-"""The command line: a thin click front end over the library (see README, Layout).
+"""The command line: a thin click front end over the library (see docs/layout.md).
 
 `common` holds the group and what every command shares; `host` the one-host commands; `fleet` the fleet
 commands. The group is lazy (common.LazyGroup): a command's module is imported only when that command runs, so

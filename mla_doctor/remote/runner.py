@@ -19,7 +19,7 @@ NO_PYTHON_RC = 127
 FALLBACK_PYTHONS = ("python3", "python", "/usr/bin/python3", "/usr/local/bin/python3")
 
 
-# The root agent runs only on an interpreter root controls (README "Security", agent/privilege.py): as root
+# The root agent runs only on an interpreter root controls (docs/security.md, agent/privilege.py): as root
 # (uid 0, or sudo), a candidate is skipped unless it and every directory above it -- as named and as resolved
 # -- belong to root and are not writable by group or others (a sticky directory excepted). POSIX sh + stat(1);
 # fail closed: no `id` means root, no `stat`/`readlink`/`dirname` means not trusted.

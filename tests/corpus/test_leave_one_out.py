@@ -6,7 +6,7 @@ the model classification (each family's config is MLA). The answer with the froz
 the full one: whatever the code says is read from R's own files, whatever the table adds is history and advice.
 
 Cheap: one resolution per hand-read row, cached like every corpus agent answer. `python -m
-tests.corpus.test_leave_one_out` prints the per-release table the README's release section quotes.
+tests.corpus.test_leave_one_out` prints the per-release table docs/releases.md quotes.
 """
 from __future__ import annotations
 

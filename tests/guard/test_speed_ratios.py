@@ -52,7 +52,7 @@ def test_audit_stays_near_its_floor(audit_ratios, name):
 
 
 @pytest.mark.xfail(strict=True, reason="issue 30's goal, not met: ~4.3-5x without and with a model, ~12x for "
-                                       "patch --dry-run (README Speed: what is left)")
+                                       "patch --dry-run (docs/speed.md: what is left)")
 def test_audit_goal_two_times_the_floor(audit_ratios):
     over = {n: round(audit_ratios[n]["ratio"], 2) for n in GOAL if audit_ratios[n]["ratio"] > GOAL[n]}
     assert not over, over

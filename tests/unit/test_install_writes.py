@@ -1,6 +1,6 @@
 """Patch and revert touch vLLM's files through descriptors and as whoever controls them (agent/install_fs.py);
 the checks that keep revert and the collector inside a run. Each test here was written against a bug planted
-in the code it guards (README "Tests": tests that bite): an atomic write without fchown, revert leaving the
+in the code it guards (docs/tests.md: tests that bite): an atomic write without fchown, revert leaving the
 patched file's stale .pyc, the records reader's owner check dropped, revert's backup-in-backup/ check dropped,
 a package directory swapped for a symlink followed by root. Real files, real users (root, as CI runs)."""
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The package layout is an architecture: which layer may import which, no cycles, small modules.
 
-Layers, top to bottom (README, Layout): cli -> fleet -> host -> diagnosis / remote / ssh, and reports (which
+Layers, top to bottom (docs/layout.md): cli -> fleet -> host -> diagnosis / remote / ssh, and reports (which
 render the report's stored answer and import the base only), over the base (errors, exit codes, results,
 yamlfile, paths, cancel). cli reaches diagnosis only in
 `explain` (offline); a fleet reaches a host only through `host.execute`. The host agent (`agent/`) is stdlib-only and
