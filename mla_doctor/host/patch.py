@@ -55,8 +55,12 @@ def patch_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Aud
     if prepared.missing:
         report.patch["outcome"] = "refused"
         return _fail(report, "refusing to patch: symbols not found in this install: " + "; ".join(prepared.missing))
+    # a dry run only reads, as the audit did: on the audit's interpreter (an agent just ran there; a PATH
+    # python3 may be a shim of shell scripts costing more than the audit). A real patch keeps PATH's python3:
+    # its watchdog outlives the run, on the system's interpreter rather than a venv's.
+    python = aopts.python if popts.dry_run else None
     try:
-        res = call(transport, prepared.request, sudo=conn.sudo, timeout=conn.command_timeout)
+        res = call(transport, prepared.request, python=python, sudo=conn.sudo, timeout=conn.command_timeout)
     except MlaDoctorError as e:
         report.patch["outcome"] = "unknown"
         undo = revert_command(None if conn.local else name, conn, aopts.python, prepared.run_id, popts.run_root)

@@ -101,3 +101,33 @@ def test_a_server_on_this_machine_does_not_change_the_release_audit():
     assert normalized(json.loads(FIXTURE.read_text()), Path("/nonexistent")) == want  # nothing of the host: all kept
     h["findings"][0]["summary"] += " (changed)"
     assert normalized(doc, Path("/nonexistent")) != without_verdict(want)
+
+
+def test_patch_dry_run_reads_on_the_audits_interpreter(release_venv, tmp_path, monkeypatch):
+    """`patch --dry-run` only reads, as the audit does: its second agent runs on --python too (PATH's python3 may
+    be a pyenv shim of shell scripts costing more than the audit), and still answers the diffs."""
+    from mla_doctor.host.audit import AuditOptions
+    from mla_doctor.host.instrument import PatchOptions
+    from mla_doctor.host.patch import patch_host
+    from mla_doctor.remote import runner
+    from mla_doctor.ssh.transport import ConnectOptions, LocalTransport
+
+    ran = []
+    real = runner.run_once
+
+    def recording(transport, plan, **kw):
+        ran.append((plan.get("op"), kw.get("python")))
+        return real(transport, plan, **kw)
+
+    monkeypatch.setattr(runner, "run_once", recording)
+    python = str(release_venv / "bin" / "python")
+    model = tmp_path / "config.json"  # the served family only: no resolve of every family on a cold cache
+    model.write_text(json.dumps({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+                                 "kv_lora_rank": 512, "qk_rope_head_dim": 64, "num_attention_heads": 128}))
+    report = patch_host(LocalTransport(), "localhost", ConnectOptions(local=True),
+                        AuditOptions(python=python, model=str(model)),
+                        PatchOptions(dry_run=True, run_root=str(tmp_path / "runs")))
+    assert ran == [("static", python), ("patch", python)]
+    assert report.patch["outcome"] == "dry-run" and report.patch["files"], report.error
+    assert all(f["outcome"] == "would-patch" and f["diff"].startswith("--- a/vllm/") for f in report.patch["files"])
+    assert not (tmp_path / "runs").exists()  # nothing written
