@@ -32,6 +32,7 @@ class AuditOptions:
     model: str | None = None  # a model directory / config.json, overriding the server's
     log: str | None = None  # the server log, overriding journal / container / stdout discovery
     pid: int | None = None  # --pid: the server process, when the port does not single it out
+    container: str | None = None  # the server is the one in this container (attach; agent/runtimes/containers.py)
 
 
 def index_pairs(data: Any) -> dict[str, list[str]]:
@@ -73,7 +74,7 @@ def static_request(kb: Knowledge, opts: AuditOptions, targets: Any = None) -> St
     patterns = {**req["log_patterns"], **run_start_patterns()}
     return StaticRequest(python=opts.python, model=opts.model, log=opts.log, symbols=req["symbols"],
                          index=_agent_index(kb), log_patterns=patterns, targets=targets,
-                         symbol_needs=_symbol_needs(kb), resolve={}, pid=opts.pid)
+                         symbol_needs=_symbol_needs(kb), resolve={}, pid=opts.pid, container=opts.container)
 
 
 def static_plan(kb: Knowledge, opts: AuditOptions) -> dict[str, Any]:

@@ -121,7 +121,10 @@ class RunOptions:
     unit: str | None = option(None, cli={
         "metavar": "UNIT", "help": "runtime systemd: the unit (default: the unit the server runs in)."})
     container: str | None = option(None, cli={
-        "metavar": "NAME", "help": "runtime docker: the container (default: the one running vLLM)."})
+        "metavar": "NAME|ID", "help": "The container the server runs in: a docker or podman name or id, a containerd "
+        "id, or a Kubernetes pod's container as CONTAINER, POD/CONTAINER or NAMESPACE/POD/CONTAINER (read from the "
+        "runtime's labels on the node). Attach: the server in it; runtime docker: the container restarted "
+        "(default: the one running vLLM)."})
 
     @classmethod
     def build(cls, *, runtime: str = "process", method: str | None = None, force: Any = False,

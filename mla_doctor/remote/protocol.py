@@ -194,6 +194,7 @@ class StaticRequest(Request[StaticAnswer]):
     symbol_needs: Any = None  # diagnosis/symbol_needs.py: which symbols the release's knowledge may search
     resolve: Any = None  # {} or {"architectures": [...]}: the attention code that runs, read by AST (resolve.py)
     pid: int | None = None  # --pid: the server (agent/facts/processes.py identify)
+    container: str | None = None  # --container: the server is the one running in it (identify, by the runtime)
 
     def to_plan(self) -> dict[str, Any]:
         plan = {"op": self.op, "python": self.python, "model": self.model, "log": self.log,
@@ -206,6 +207,8 @@ class StaticRequest(Request[StaticAnswer]):
             plan["resolve"] = self.resolve
         if self.pid is not None:
             plan["pid"] = self.pid
+        if self.container is not None:
+            plan["container"] = self.container
         return plan
 
 

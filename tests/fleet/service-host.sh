@@ -2,10 +2,13 @@
 # service-host.sh: one more fleet host whose PID 1 is a real systemd, for the `systemd` and `docker`
 # runtimes. sshd runs as a unit of that systemd (so a login session sees the same systemctl and
 # journal a production host's would); with --docker, dockerd (vfs storage, no iptables, no bridge)
-# runs as another unit and `docker` works in that host's own namespaces.
+# runs as another unit and `docker` works in that host's own namespaces; with --containerd, containerd
+# (native snapshotter, its CRI plugin off: `ctr` only, as a Kubernetes node's runtime under the k8s.io
+# namespace) runs as a unit on its default socket /run/containerd/containerd.sock; with --podman, podman's
+# storage (/var/lib/containers) is the host's own directory (podman needs no daemon).
 #
 # Usage (as root, a netns fleet from up.sh must be up: its bridge, client key, known_hosts):
-#   FLEET_DIR=... service-host.sh up NAME I [--docker]     address 198.18.0.(10+I), port 22
+#   FLEET_DIR=... service-host.sh up NAME I [--docker] [--containerd] [--podman]   address 198.18.0.(10+I), port 22
 #   FLEET_DIR=... service-host.sh down NAME
 # down.sh also stops it (its host.env is like any host's).
 #
@@ -23,7 +26,7 @@ FLEET_DIR=${FLEET_DIR:-/tmp/mla-fleet}
 . "$FLEET_DIR/fleet.env"
 SYSTEMD=${SYSTEMD:-/lib/systemd/systemd}
 cmd=${1:-}; name=${2:-}
-case "$name" in [a-z]*) ;; *) echo "usage: service-host.sh up NAME I [--docker] | down NAME" >&2; exit 2 ;; esac
+case "$name" in [a-z]*) ;; *) echo "usage: service-host.sh up NAME I [--docker] [--containerd] [--podman] | down NAME" >&2; exit 2 ;; esac
 hd="$FLEET_DIR/hosts/$name"
 
 cgroup_dirs() { for h in /sys/fs/cgroup/*/; do [ -d "$h/mla-$name" ] && echo "$h/mla-$name"; done; true; }
@@ -54,13 +57,26 @@ if [ "$cmd" = down ]; then
   exit 0
 fi
 
-[ "$cmd" = up ] || { echo "usage: service-host.sh up NAME I [--docker] | down NAME" >&2; exit 2; }
-i=${3:?index}; docker=${4:-}
+[ "$cmd" = up ] || { echo "usage: service-host.sh up NAME I [--docker] [--containerd] [--podman] | down NAME" >&2; exit 2; }
+i=${3:?index}; docker=; containerd=; podman=
+for opt in "${@:4}"; do
+  case "$opt" in
+    --docker) docker=--docker ;; --containerd) containerd=--containerd ;; --podman) podman=--podman ;;
+    *) echo "service-host.sh: unknown option $opt" >&2; exit 2 ;;
+  esac
+done
 [ "$FLEET_MODE" = netns ] || { echo "a service host needs FLEET_MODE=netns" >&2; exit 2; }
 [ -x "$SYSTEMD" ] || { echo "no systemd at $SYSTEMD: apt-get install -y systemd" >&2; exit 2; }
 if [ "$docker" = --docker ]; then
   command -v dockerd >/dev/null && command -v docker >/dev/null \
     || { echo "--docker needs dockerd and docker: apt-get install -y docker.io" >&2; exit 2; }
+fi
+if [ -n "$containerd" ]; then
+  command -v containerd >/dev/null && command -v ctr >/dev/null \
+    || { echo "--containerd needs containerd and ctr: apt-get install -y containerd" >&2; exit 2; }
+fi
+if [ -n "$podman" ]; then
+  command -v podman >/dev/null || { echo "--podman needs podman: apt-get install -y podman" >&2; exit 2; }
 fi
 [ ! -e "$hd" ] || { echo "$hd exists (service-host.sh down $name first)" >&2; exit 1; }
 addr=198.18.0.$((10 + i)); netns=mla-$name; veth=mla-v$i
@@ -110,6 +126,23 @@ Delegate=yes
 KillMode=process
 EOF
 fi
+if [ -n "$containerd" ]; then
+  want="$want mla-containerd.service"
+  mkdir -p "$hd/containerd-data"
+  printf 'version = 2\nroot = "%s"\nstate = "/run/containerd"\ndisabled_plugins = ["io.containerd.grpc.v1.cri"]\n[grpc]\n  address = "/run/containerd/containerd.sock"\n' \
+    "$hd/containerd-data" > "$hd/containerd.toml"
+  cat > "$hd/units/mla-containerd.service" <<EOF
+[Unit]
+Description=fleet host containerd
+DefaultDependencies=no
+[Service]
+ExecStart=$(command -v containerd) --config $hd/containerd.toml
+StandardOutput=append:$hd/containerd.log
+StandardError=append:$hd/containerd.log
+Delegate=yes
+KillMode=process
+EOF
+fi
 cat > "$hd/units/mla-fleet.target" <<EOF
 [Unit]
 Description=fleet service host
@@ -122,6 +155,10 @@ EOF
   echo 'ip link set lo up'
   for d in $FLEET_BIND_DIRS; do echo "mount --bind '$hd/fs$d' '$d'"; done
   echo "mount --bind '$hd/etc_hosts' /etc/hosts"
+  if [ -n "$podman" ]; then
+    mkdir -p "$hd/containers-storage"
+    echo "mkdir -p /var/lib/containers && mount --bind '$hd/containers-storage' /var/lib/containers"
+  fi
   echo "hostname '$name'"
   echo 'mount -t tmpfs -o mode=755 mla-run /run'
   echo 'mkdir -p /run/sshd /run/systemd/system /run/systemd/journald.conf.d'
@@ -168,4 +205,12 @@ if [ "$docker" = --docker ]; then
   ip netns exec "$netns" nsenter -t "$(cat "$hd/sshd.pid")" -m docker -H unix:///run/docker.sock info >/dev/null \
     || { echo "dockerd did not come up:" >&2; tail -20 "$hd/dockerd.log" >&2; exit 1; }
 fi
-echo "service host $name up at $addr (systemd pid $(cat "$hd/sshd.pid")${docker:+, docker})"
+if [ -n "$containerd" ]; then
+  for _ in $(seq 300); do
+    ip netns exec "$netns" nsenter -t "$(cat "$hd/sshd.pid")" -m ctr version >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  ip netns exec "$netns" nsenter -t "$(cat "$hd/sshd.pid")" -m ctr version >/dev/null \
+    || { echo "containerd did not come up:" >&2; tail -20 "$hd/containerd.log" >&2; exit 1; }
+fi
+echo "service host $name up at $addr (systemd pid $(cat "$hd/sshd.pid")${docker:+, docker}${containerd:+, containerd}${podman:+, podman})"

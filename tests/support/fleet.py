@@ -120,10 +120,13 @@ class Fleet:
             raise FleetError(f"ssh {name} {command!r}: exit {r.returncode}\n{r.stdout}{r.stderr}")
         return r
 
-    def start_service_host(self, name: str, index: int, docker: bool = False) -> None:
-        """One more host whose PID 1 is systemd (sshd, and dockerd with ``docker``, are its units):
-        tests/fleet/service-host.sh. It is in ssh_config and known_hosts, not in ``hosts``."""
-        _run_script("service-host.sh", self.dir, ["up", name, str(index)] + (["--docker"] if docker else []))
+    def start_service_host(self, name: str, index: int, docker: bool = False, containerd: bool = False,
+                           podman: bool = False) -> None:
+        """One more host whose PID 1 is systemd (sshd, and dockerd with ``docker``, containerd with
+        ``containerd``, are its units; ``podman``: its own podman storage): tests/fleet/service-host.sh. It is
+        in ssh_config and known_hosts, not in ``hosts``."""
+        opts = [flag for on, flag in ((docker, "--docker"), (containerd, "--containerd"), (podman, "--podman")) if on]
+        _run_script("service-host.sh", self.dir, ["up", name, str(index)] + opts)
 
     def stop_service_host(self, name: str) -> None:
         _run_script("service-host.sh", self.dir, ["down", name])

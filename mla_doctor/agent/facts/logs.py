@@ -165,7 +165,8 @@ def _log_lines(plan, server):
             sources.append(("stdout", server["stdout_fd"]))
         if sup.get("kind") == "systemd" and sup.get("unit"):
             sources.append(("journal", sup["unit"]))
-        if sup.get("kind") in ("docker", "kubernetes") and sup.get("container"):
+        if sup.get("kind") in ("docker", "kubernetes") and sup.get("container") and \
+                sup.get("runtime", "docker") == "docker":  # docker's log; another runtime's is the stdout file
             sources.append(("docker", sup["container"]))
     if not sources:
         return {"found": False, "reason": "no --log given and no log source found for the server"}

@@ -14,6 +14,8 @@ import re
 
 from ..common import int_or_none, read_regular, read_text, run_argv, user_name, find_executable
 from ..privilege import call_as, proc_ids
+from ..protocol import Refusal
+from ..runtimes import containers
 
 
 # Server processes we recognise in /proc/<pid>/cmdline.
@@ -139,6 +141,12 @@ def supervisor(pid, argv):
     except OSError:
         cg = ""
     sup["cgroup"] = cg.strip().splitlines()[-1] if cg.strip() else None
+    ref = containers.locate(pid) if str(pid).isdigit() else None
+    if ref is not None:  # a container a runtime on this node runs, checked against the runtime's own record
+        sup["kind"] = "kubernetes" if ref.kubernetes else ref.runtime
+        sup.update(runtime=ref.runtime, container=ref.id, name=ref.name, pod=ref.pod, namespace=ref.namespace,
+                   container_name=ref.container, pod_uid=ref.pod_uid, label=ref.label(), container_ref=ref.to_json())
+        return sup
     m = re.search(r"docker[-/]([0-9a-f]{12,64})", cg) or re.search(r"/containerd[-/]?([0-9a-f]{12,64})", cg)
     if "kubepods" in cg:
         sup["kind"] = "kubernetes"
@@ -182,11 +190,17 @@ def supervised_refusal(sup):
     if kind == "systemd" and (sup.get("restart") or "no") != "no":
         return ("the server is systemd unit %s with Restart=%s: it would be restarted behind our back; "
                 "use --runtime systemd" % (sup.get("unit"), sup.get("restart")))
-    if kind == "docker":
-        return "the server runs in a docker container; use --runtime docker (or command)"
     if kind == "kubernetes":
-        return ("the server runs in a Kubernetes pod: the kubelet would restart it; use --runtime command with "
-                "your own stop/start commands (kubectl)")
+        ref = sup.get("container_ref")
+        if ref:  # recognised: pod and container named from the runtime's labels
+            return containers.kubernetes_restart_refusal(containers.ContainerRef.from_json(ref))
+        return ("the server runs in a Kubernetes pod: a restart would be undone by the pod's controller, which "
+                "replaces a container that stops; use --method attach (no restart)")
+    if kind == "docker":
+        return "the server runs in a docker container; use --runtime docker (or command), or --method attach"
+    if kind in (containers.PODMAN, containers.CONTAINERD, containers.CRIO):
+        return ("the server runs in %s; restarting it is not supported for this runtime: use --method attach "
+                "(no restart), or --runtime command with your own stop/start commands" % sup.get("label", kind))
     if kind == "supervisord":
         return "the server is managed by supervisord; use --runtime command with supervisorctl"
     return None
@@ -507,9 +521,17 @@ def identify(plan, candidates):
     want_pid = int_or_none(plan.get("pid"))
     want_port = int_or_none(plan.get("port"))
     servers, lookalikes = [], []
+    ref, ref_error = None, None
+    if plan.get("container"):  # --container: the server is the one that runs in it (the runtime names it)
+        try:
+            ref = containers.resolve(str(plan["container"]))
+        except Refusal as e:
+            ref_error = "--container %s: %s" % (plan["container"], e)
     for s in candidates:
         if want_pid is not None and s["pid"] != want_pid:
             why = "not the --pid %d named" % want_pid
+        elif ref_error or (ref is not None and not containers.owns(ref.root_pid, s["pid"])):
+            why = "not in the --container %s named" % plan["container"]
         else:
             why = _why_not(s, None if want_pid is not None and want_port is None and
                            s["pid"] == want_pid else want_port)
@@ -523,7 +545,12 @@ def identify(plan, candidates):
         else:
             servers.append(s)
     error = None
-    if want_pid is not None and not servers:
+    if ref_error:
+        error = ref_error
+    elif ref is not None and not servers:
+        error = "no vLLM server proven in %s (--container %s)%s" % (ref.label(), plan["container"], "".join(
+            "; pid %d: %s" % (x["pid"], x["why"]) for x in lookalikes if containers.owns(ref.root_pid, x["pid"])))
+    elif want_pid is not None and not servers:
         error = "--pid %d is not a vLLM server this host runs%s" % (want_pid, "".join(
             ": " + x["why"] for x in lookalikes if x["pid"] == want_pid))
     elif len(servers) > 1:

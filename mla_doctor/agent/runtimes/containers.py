@@ -7,12 +7,15 @@ runtime's state on the node decides.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from ..common import read_text
+from ..common import read_text, run_argv
+from ..protocol import Refusal
 
 DOCKER = "docker"
 PODMAN = "podman"
@@ -96,6 +99,11 @@ class ContainerRef:
         if self.rootless_uid is not None:
             who += " (rootless, uid %d)" % self.rootless_uid
         return who
+
+    @classmethod
+    def from_json(cls, d):
+        """The ContainerRef to_json wrote (its 'label' is derived, not a field)."""
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
     def to_json(self):
         return {"runtime": self.runtime, "id": self.id, "root_pid": self.root_pid, "uid": self.uid, "gid": self.gid,
@@ -244,3 +252,311 @@ def pick(matches: List[CgroupMatch], verify):
         if got:
             return m, got
     return None, None
+
+
+# --- the runtimes' own records on the node (root's, except a rootless podman user's run directory) ---------------
+
+CONTAINERD_TASKS = ("/run/containerd/io.containerd.runtime.v2.task",)
+CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
+STORAGE_RUNROOTS = ("/run/containers/storage",)  # podman rootful and CRI-O (containers/storage's runroot)
+USER_RUNTIME_DIRS = "/run/user"  # a rootless podman's runroot: /run/user/UID/containers
+STATE_LIMIT = 1 << 20  # a config.json (an OCI spec) is a few KB; a larger one is not read
+
+
+@dataclass(frozen=True)
+class Record:
+    """A runtime's record of one running container: its first process's host pid and where that was read."""
+
+    runtime: str
+    id: str
+    root_pid: int
+    ns: Optional[str] = None  # containerd namespace
+    rootless_uid: Optional[int] = None
+    annotations: Optional[Dict[str, str]] = None  # the OCI spec's, where the record has one
+    where: str = ""
+
+
+def _read_small(path, nofollow=True):
+    return read_text(path, 4096, nofollow=nofollow, max_size=4096)
+
+
+def _pid_file(path):
+    try:
+        pid = int(_read_small(path).strip() or "0")
+    except (OSError, ValueError):
+        return None
+    return pid if pid > 0 else None
+
+
+def _spec_annotations(path):
+    try:
+        spec = json.loads(read_text(path, STATE_LIMIT, nofollow=True, max_size=STATE_LIMIT))
+    except (OSError, ValueError):
+        return {}
+    ann = spec.get("annotations") if isinstance(spec, dict) else None
+    return {k: v for k, v in ann.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(ann, dict) \
+        else {}
+
+
+def _real_dir(path, owner=None):
+    """A directory, not a link to one (and owned by `owner` where given)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and (owner is None or st.st_uid == owner)
+
+
+def _listdir(path):
+    try:
+        return sorted(x for x in os.listdir(path) if _NAME.match(x))
+    except OSError:
+        return []
+
+
+def containerd_records(want_id=None, tasks=CONTAINERD_TASKS):
+    """containerd's running tasks (every namespace: k8s.io for a kubelet, moby for docker, default for ctr)."""
+    for top in tasks:
+        if not _real_dir(top, 0):
+            continue
+        for ns in _listdir(top):
+            for cid in ([want_id] if want_id else _listdir(os.path.join(top, ns))):
+                d = os.path.join(top, ns, cid)
+                if not _NAME.match(cid) or not _real_dir(d, 0):
+                    continue
+                pid = _pid_file(os.path.join(d, "init.pid"))
+                if pid:
+                    yield Record(CONTAINERD, cid, pid, ns=ns, where=d)
+
+
+def _storage_records(runroot, rootless_uid, want_id=None):
+    """containers/storage's per-container run data: <runroot>/<driver>-containers/<id>/userdata/pidfile (podman's;
+    CRI-O's carries its OCI spec with io.kubernetes.cri-o.* annotations)."""
+    for kind in _listdir(runroot):
+        if not kind.endswith("-containers") or not _real_dir(os.path.join(runroot, kind), rootless_uid or 0):
+            continue
+        for cid in ([want_id] if want_id else _listdir(os.path.join(runroot, kind))):
+            d = os.path.join(runroot, kind, cid, "userdata")
+            if not re.match(r"^%s$" % _HEX64, cid) or not _real_dir(os.path.join(runroot, kind, cid)) \
+                    or not _real_dir(d):
+                continue
+            pid = _pid_file(os.path.join(d, "pidfile"))
+            if pid:  # podman's or CRI-O's: its spec's annotations tell (read only for the one kept: annotated())
+                yield Record(PODMAN, cid, pid, rootless_uid=rootless_uid, where=d)
+
+
+def storage_records(want_id=None, runroots=STORAGE_RUNROOTS, users=USER_RUNTIME_DIRS):
+    """podman's (rootful, then each user's rootless) and CRI-O's running containers."""
+    for rr in runroots:
+        if _real_dir(rr, 0):
+            for r in _storage_records(rr, None, want_id):
+                yield r
+    for u in _listdir(users):
+        if not u.isdigit():
+            continue
+        uid = int(u)
+        rr = os.path.join(users, u, "containers")
+        if uid and _real_dir(os.path.join(users, u), uid) and _real_dir(rr, uid):
+            for r in _storage_records(rr, uid, want_id):
+                yield r
+
+
+def annotated(rec):
+    """The record with its OCI spec's annotations (config.json beside its pid file), and CRI-O told from podman
+    by them (CRI-O writes io.kubernetes.cri-o.*)."""
+    if rec.annotations is not None or rec.where.startswith(("docker ", "podman ")) or not rec.where:
+        return rec
+    ann = _spec_annotations(os.path.join(rec.where, "config.json"))
+    runtime = CRIO if rec.runtime == PODMAN and any(k.startswith("io.kubernetes.cri-o.") for k in ann) \
+        else rec.runtime
+    return Record(runtime, rec.id, rec.root_pid, ns=rec.ns, rootless_uid=rec.rootless_uid, annotations=ann,
+                  where=rec.where)
+
+
+def _maps_user(pid, uid):
+    """The process runs in a user namespace that uid's podman made: its uid_map maps to uid (or its subuids'
+    start), so a rootless user's pidfile can only name processes of that user's own containers."""
+    try:
+        lines = _read_small("/proc/%d/uid_map" % int(pid), nofollow=False).splitlines()
+        st = os.stat("/proc/%d" % int(pid))
+    except (OSError, ValueError):
+        return False
+    outer = [int(x.split()[1]) for x in lines if len(x.split()) == 3]
+    return uid in outer and st.st_uid != 0  # the node's root is never a rootless user's container process
+
+
+def docker_record(cid):
+    """docker's own answer (its CLI): the container's State.Pid, name, labels and image."""
+    rc, out, _err = run_argv(["docker", "inspect", "--type", "container", cid], timeout=20)
+    if rc != 0:
+        return None
+    try:
+        d = json.loads(out)[0]
+    except (ValueError, IndexError, TypeError):
+        return None
+    st = d.get("State") or {}
+    if not st.get("Running") or not st.get("Pid"):
+        return None
+    cfg = d.get("Config") or {}
+    labels = cfg.get("Labels") or {}
+    return Record(DOCKER, d.get("Id") or cid, int(st["Pid"]), annotations=dict(labels), where="docker inspect"), {
+        "name": (d.get("Name") or "").lstrip("/"), "image": cfg.get("Image")}
+
+
+def _podman_inspect(cid, rootless_uid=None):
+    argv = ["podman", "inspect", "--type", "container", cid]
+    env = None
+    if rootless_uid is not None:  # that user's podman, in that user's runtime directory
+        from ..common import user_name
+
+        argv = ["runuser", "-u", user_name(rootless_uid), "--"] + argv
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "XDG_RUNTIME_DIR": "%s/%d" % (USER_RUNTIME_DIRS,
+                                                                                      rootless_uid)}
+    rc, out, _err = run_argv(argv, timeout=20, env=env)
+    if rc != 0:
+        return None
+    try:
+        d = json.loads(out)[0]
+    except (ValueError, IndexError, TypeError):
+        return None
+    return d
+
+
+def _ctr_info(ns, cid):
+    rc, out, _err = run_argv(["ctr", "--address", CONTAINERD_SOCKET, "-n", ns, "containers", "info", cid], timeout=20)
+    if rc != 0:
+        return {}
+    try:
+        d = json.loads(out)
+    except ValueError:
+        return {}
+    return d if isinstance(d, dict) else {}
+
+
+def _process_ids(pid):
+    try:
+        st = read_text("/proc/%d/status" % int(pid), 1 << 16)
+    except (OSError, ValueError):
+        return 0, 0
+    ids = {}
+    for line in st.splitlines():
+        k, _sep, v = line.partition(":")
+        if k in ("Uid", "Gid"):
+            ids[k] = int(v.split()[0])
+    return ids.get("Uid", 0), ids.get("Gid", 0)
+
+
+def _ref(rec, pid, match=None, extra=None):
+    """A ContainerRef from a runtime's record (names from the runtime, then its labels/annotations)."""
+    rec = annotated(rec)
+    extra = dict(extra or {})
+    labels = dict(rec.annotations or {})
+    name = extra.get("name")
+    image = extra.get("image")
+    if rec.runtime == CONTAINERD:
+        info = _ctr_info(rec.ns, rec.id)
+        labels.update({k: v for k, v in (info.get("Labels") or {}).items() if isinstance(v, str)})
+        image = info.get("Image") or image
+        name = rec.id
+    elif rec.runtime == PODMAN and not name:
+        d = _podman_inspect(rec.id, rec.rootless_uid) or {}
+        name = d.get("Name")
+        image = d.get("ImageName") or image
+        labels.update({k: v for k, v in ((d.get("Config") or {}).get("Labels") or {}).items() if isinstance(v, str)})
+    pod, namespace, container, pod_uid = kubernetes_names(labels)
+    uid, gid = _process_ids(pid)
+    kube = bool(pod or (match is not None and match.kubernetes) or rec.ns == "k8s.io"
+                or any(k.startswith("io.kubernetes.") for k in labels))
+    return ContainerRef(runtime=rec.runtime, id=rec.id, root_pid=rec.root_pid, uid=uid, gid=gid,
+                        name=name or (container if rec.runtime == CRIO else None), pod=pod, namespace=namespace,
+                        container=container, pod_uid=pod_uid or (match.pod_uid if match is not None else None),
+                        kubernetes=kube, runtime_namespace=rec.ns, rootless_uid=rec.rootless_uid, image=image,
+                        cgroup=match.path if match is not None else None,
+                        labels={k: v for k, v in sorted(labels.items())[:64]})
+
+
+def _verified(rec, pid):
+    if rec is None or not owns(rec.root_pid, pid):
+        return False
+    return rec.rootless_uid is None or _maps_user(rec.root_pid, rec.rootless_uid)
+
+
+def _records_for(m):
+    """The runtime records a cgroup proposal can be checked against."""
+    if m.runtime == DOCKER:
+        got = docker_record(m.id)
+        return [got] if got else []
+    out = []
+    if m.runtime in (None, CONTAINERD):
+        out += [(r, None) for r in containerd_records(m.id) if m.ns is None or r.ns == m.ns]
+    if m.runtime in (None, PODMAN, CRIO):
+        out += [(r, None) for r in storage_records(m.id)]
+    if m.runtime is None:
+        got = docker_record(m.id)  # a kubelet with cri-dockerd
+        out += [got] if got else []
+    return out
+
+
+def locate(pid):
+    """The container a node's process runs in, or None (a plain process). The cgroup path proposes; a runtime's
+    record whose first process is the pid or its parent, in the pid's mount namespace, decides. Where no cgroup
+    names one (a rootless podman on cgroup v1 has no cgroup of its own), every runtime record is asked."""
+    pid = int(pid)
+    for m in cgroup_candidates(pid):
+        for rec, extra in _records_for(m):
+            if _verified(rec, pid):
+                return _ref(rec, pid, m, extra)
+    for rec in list(containerd_records()) + list(storage_records()):
+        if _verified(rec, pid):
+            return _ref(rec, pid)
+    return None
+
+
+def _kube_name_matches(ref_labels, name):
+    pod, ns, container, _uid = kubernetes_names(ref_labels)
+    if not container:
+        return False
+    return name in (container, "%s/%s" % (pod, container), "%s/%s/%s" % (ns, pod, container))
+
+
+def resolve(name):
+    """`--container NAME|ID` through each runtime on the node: docker's and podman's names and ids (their CLIs),
+    containerd's ids in every namespace, a Kubernetes container as CONTAINER, POD/CONTAINER or NAMESPACE/POD/
+    CONTAINER (from its labels or annotations; no Kubernetes API). One ContainerRef, or Refusal saying what
+    was found."""
+    if not name or len(name) > 253 or not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.+/-]*$", name) or ".." in name:
+        raise Refusal("--container %r: not a container name or id" % (name,))
+    found = []
+    if "/" not in name:
+        got = docker_record(name)
+        if got:
+            rec, extra = got
+            found.append(_ref(rec, rec.root_pid, None, extra))
+        d = _podman_inspect(name)
+        if d and (d.get("State") or {}).get("Pid"):
+            rec = Record(PODMAN, d.get("Id") or name, int(d["State"]["Pid"]), where="podman inspect")
+            found.append(_ref(rec, rec.root_pid, None, {"name": d.get("Name"), "image": d.get("ImageName")}))
+    short = re.match(r"^[0-9a-f]{4,64}$", name) is not None
+    for rec in list(containerd_records()) + list(storage_records()):
+        if any(f.id == rec.id for f in found):
+            continue
+        by_id = rec.id == name or (short and rec.id.startswith(name))
+        if by_id or ("/" in name or not short) and _kube_name_matches(annotated(rec).annotations, name):
+            found.append(_ref(rec, rec.root_pid))
+        elif rec.runtime == CONTAINERD and _kube_name_matches(_ctr_info(rec.ns, rec.id).get("Labels") or {}, name):
+            found.append(_ref(rec, rec.root_pid))
+    if "/" not in name and not found:  # a rootless podman's: that user's podman knows its names
+        for u in _listdir(USER_RUNTIME_DIRS):
+            if u.isdigit() and int(u) and _real_dir(os.path.join(USER_RUNTIME_DIRS, u, "containers"), int(u)):
+                d = _podman_inspect(name, int(u))
+                pid = int((d or {}).get("State", {}).get("Pid") or 0)
+                if pid and _maps_user(pid, int(u)):
+                    rec = Record(PODMAN, d.get("Id") or name, pid, rootless_uid=int(u), where="podman inspect")
+                    found.append(_ref(rec, pid, None, {"name": d.get("Name"), "image": d.get("ImageName")}))
+    if not found:
+        raise Refusal("no running container %s on this node (asked docker, podman, containerd and CRI-O's records)"
+                      % name)
+    if len(found) > 1:
+        raise Refusal("--container %s names several containers: %s; give a full id" % (
+            name, "; ".join("%s %s" % (f.label(), f.id) for f in found)))
+    return found[0]

@@ -57,7 +57,8 @@ def op_docker_find(plan):
     seen = {}
     for srv in find_servers():
         sup = srv.get("supervisor") or {}
-        if sup.get("kind") in ("docker", "kubernetes") and sup.get("container"):
+        if sup.get("kind") in ("docker", "kubernetes") and sup.get("container") and \
+                sup.get("runtime", "docker") == "docker":
             seen.setdefault(sup["container"], []).append(srv["pid"])
     for cid, pids in sorted(seen.items()):
         try:

@@ -64,6 +64,8 @@ def prepare(transport: Transport, name: str, conn: ConnectOptions, aopts: AuditO
             return HostReport.failed(name, e)
         # files are audited, patched and reverted inside the container, as root there
         transport, conn = inside(host_tr, conn, container["id"])
+    elif ropts.container:  # seen from the node: the server is the one in the container the runtime names
+        aopts = dataclasses.replace(aopts, container=ropts.container)
     run = LiveRun(transport, name, conn, aopts, ropts, kb, progress)
     run.host_tr, run.host_sudo = host_tr, host_sudo
     popts = PatchOptions(ttl=ropts.ttl, method=ropts.method, run_root=ropts.run_root)
