@@ -129,3 +129,76 @@ def test_owns_this_process_itself():
     me = os.getpid()
     assert C.owns(me, me) and C.owns(1, me) is C.same_mount_ns(1, me)
     assert not C.owns(me, 1)
+
+
+# --- the runtimes' records, on real files laid out as the runtimes lay them out (a tmp tree, root's) -------------
+
+def _write(path, text, owner_below=None, uid=None):
+    """Write path; with owner_below, every component under that directory (never it or above) owned by uid."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    if owner_below is not None:
+        rel = path.relative_to(owner_below)
+        for i in range(1, len(rel.parts) + 1):
+            os.chown(owner_below.joinpath(*rel.parts[:i]), uid, uid)
+
+
+def test_containerd_task_records_every_namespace(tmp_path):
+    tasks = tmp_path / "tasks"
+    _write(tasks / "k8s.io" / ID / "init.pid", str(os.getpid()))
+    _write(tasks / "k8s.io" / ID / "config.json", '{"annotations": {"io.kubernetes.cri.sandbox-name": "vllm-0", '
+           '"io.kubernetes.cri.sandbox-namespace": "ml", "io.kubernetes.cri.container-name": "server"}}')
+    _write(tasks / "default" / "my-ctr" / "init.pid", "1")
+    got = sorted(C.containerd_records(tasks=(str(tasks),)), key=lambda r: r.ns)
+    assert [(r.ns, r.id, r.root_pid) for r in got] == [("default", "my-ctr", 1), ("k8s.io", ID, os.getpid())]
+    rec = C.annotated(got[1])
+    assert C.kubernetes_names(rec.annotations)[:3] == ("vllm-0", "ml", "server")
+    assert C._verified(rec, os.getpid())
+    assert [r.id for r in C.containerd_records(ID, tasks=(str(tasks),))] == [ID]
+
+
+def test_containerd_records_never_through_a_link_or_a_tree_root_does_not_own(tmp_path):
+    tasks = tmp_path / "tasks"
+    _write(tmp_path / "elsewhere" / ID / "init.pid", str(os.getpid()))
+    tasks.mkdir()
+    (tasks / "k8s.io").symlink_to(tmp_path / "elsewhere")
+    assert list(C.containerd_records(tasks=(str(tasks),))) == []
+    other = tmp_path / "other"
+    _write(other / "k8s.io" / ID / "init.pid", str(os.getpid()))
+    os.chown(other, 65534, 65534)
+    assert list(C.containerd_records(tasks=(str(other),))) == []
+
+
+def test_storage_records_podman_and_crio_told_apart_by_annotations(tmp_path):
+    rr = tmp_path / "storage"
+    _write(rr / "overlay-containers" / ID / "userdata" / "pidfile", str(os.getpid()))
+    _write(rr / "overlay-containers" / ID2 / "userdata" / "pidfile", str(os.getpid()))
+    _write(rr / "overlay-containers" / ID2 / "userdata" / "config.json",
+           '{"annotations": {"io.kubernetes.cri-o.ContainerID": "%s", "io.kubernetes.pod.name": "p", '
+           '"io.kubernetes.pod.namespace": "n", "io.kubernetes.container.name": "c"}}' % ID2)
+    got = {r.id: C.annotated(r) for r in C.storage_records(runroots=(str(rr),), users=str(tmp_path / "none"))}
+    assert got[ID].runtime == "podman" and got[ID2].runtime == "cri-o"
+    assert C.kubernetes_names(got[ID2].annotations)[:3] == ("p", "n", "c")
+
+
+def test_a_rootless_users_pidfile_cannot_claim_a_process_outside_its_user_namespace(tmp_path):
+    users = tmp_path / "user"
+    _write(users / "1000" / "containers" / "overlay-containers" / ID / "userdata" / "pidfile", str(os.getpid()),
+           owner_below=users, uid=1000)
+    recs = list(C.storage_records(runroots=(), users=str(users)))
+    assert [(r.id, r.rootless_uid) for r in recs] == [(ID, 1000)]
+    # this test's own process runs as root in the node's user namespace: not that user's container
+    assert C.owns(recs[0].root_pid, os.getpid()) and not C._verified(recs[0], os.getpid())
+    # a run directory another user owns is not that uid's: not read at all
+    os.chown(users / "1000", 1001, 1001)
+    assert list(C.storage_records(runroots=(), users=str(users))) == []
+
+
+def test_resolve_refuses_names_no_runtime_takes_before_asking_any():
+    for bad in ("", "../etc", "a b", "x;reboot", "-rf", "/abs"):
+        try:
+            C.resolve(bad)
+        except C.Refusal as e:
+            assert "not a container name" in str(e)
+        else:
+            raise AssertionError(bad)

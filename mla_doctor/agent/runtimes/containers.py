@@ -320,6 +320,8 @@ def containerd_records(want_id=None, tasks=CONTAINERD_TASKS):
         if not _real_dir(top, 0):
             continue
         for ns in _listdir(top):
+            if not _real_dir(os.path.join(top, ns), 0):  # every component root's own directory, no link
+                continue
             for cid in ([want_id] if want_id else _listdir(os.path.join(top, ns))):
                 d = os.path.join(top, ns, cid)
                 if not _NAME.match(cid) or not _real_dir(d, 0):
