@@ -235,7 +235,8 @@ def server_rules(server: dict | None, facts) -> list[Finding]:
     out.append(Finding("SERVER_FOUND", INFO,
                        f"vLLM server pid {server['pid']} as {server.get('user')} under {sup.get('kind', 'process')}",
                        [argv[:600]] + ([f"systemd unit {sup.get('unit')} Restart={sup.get('restart')}"]
-                                       if sup.get("kind") == "systemd" else [])))
+                                       if sup.get("kind") == "systemd" else [])
+                       + ([f"in {sup['label']}"] if sup.get("label") else [])))  # as the runtime names it
     env = server.get("env") or {}
     if env.get("VLLM_MLA_DISABLE") not in (None, "", "0"):
         out.append(Finding("MLA_DISABLED_BY_ENV", WARN,

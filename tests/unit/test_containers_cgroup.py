@@ -202,3 +202,20 @@ def test_resolve_refuses_names_no_runtime_takes_before_asking_any():
             assert "not a container name" in str(e)
         else:
             raise AssertionError(bad)
+
+
+def test_docker_runtime_refuses_a_kubelets_container_before_anything_changes():
+    from mla_doctor.host.live import refusals
+
+    pod = {"name": "k8s_vllm_vllm-0_ml_uid_0", "kubernetes": {"io.kubernetes.pod.name": "vllm-0",
+                                                              "io.kubernetes.pod.namespace": "ml",
+                                                              "io.kubernetes.container.name": "vllm"}}
+    try:
+        refusals.check_not_kubernetes(pod)
+    except refusals.HostRefusal as r:
+        assert r.kind == "WrongRuntime" and "pod ml/vllm-0 (container vllm)" in r.message
+        assert "controller" in r.message and "--method attach" in r.message
+    else:
+        raise AssertionError("not refused")
+    refusals.check_not_kubernetes({"name": "vllm", "kubernetes": {}})
+    refusals.check_not_kubernetes({"name": "vllm"})  # an older agent's answer: no labels read

@@ -44,7 +44,11 @@ def docker_inspect(container):
             "running": bool(st.get("Running")), "restarting": bool(st.get("Restarting")), "pid": st.get("Pid"),
             "started_at": st.get("StartedAt"), "restart_count": d.get("RestartCount", 0),
             "restart_policy": ((d.get("HostConfig") or {}).get("RestartPolicy") or {}).get("Name") or "no",
-            "network_mode": (d.get("HostConfig") or {}).get("NetworkMode")}
+            "network_mode": (d.get("HostConfig") or {}).get("NetworkMode"),
+            # a kubelet's container (cri-dockerd): the pod's names, and only those, from its labels
+            "kubernetes": {k: v for k, v in ((d.get("Config") or {}).get("Labels") or {}).items()
+                           if k in ("io.kubernetes.pod.name", "io.kubernetes.pod.namespace",
+                                    "io.kubernetes.container.name") and isinstance(v, str)}}
 
 
 def op_docker_find(plan):

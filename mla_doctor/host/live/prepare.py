@@ -97,6 +97,7 @@ def find_server(run: LiveRun, container: dict[str, Any] | None) -> None:
     report, ropts = run.report, run.ropts
     server = run.server = refusals.the_server(run.raw.get("servers") or [], run.raw.get("server_error"))
     if container is not None:  # seen from inside, a container's server looks like a plain process
+        refusals.check_not_kubernetes(container)
         server["supervisor"] = {
             "kind": "docker", "container": container["id"], "name": container.get("name"),
             "image": container.get("image"), "restart_policy": container.get("restart_policy"),

@@ -63,6 +63,19 @@ def check_runtime(runtime: str, unit: str | None, server: dict[str, Any]) -> Non
         raise HostRefusal("WrongRuntime", server["process_runtime_refusal"])
 
 
+def check_not_kubernetes(container: dict[str, Any]) -> None:
+    """A restart of a Kubernetes pod's container is undone by the pod's controller (it replaces a container that
+    stops, as the pod spec says): refused before anything changes, pointing to attach."""
+    k8s = container.get("kubernetes") or {}
+    pod = k8s.get("io.kubernetes.pod.name")
+    if pod:
+        ns = k8s.get("io.kubernetes.pod.namespace")
+        raise HostRefusal("WrongRuntime", f"the server runs in pod {ns + '/' if ns else ''}{pod} (container "
+                                          f"{k8s.get('io.kubernetes.container.name') or container.get('name')}): a "
+                                          "restart would be undone by the pod's controller, which replaces a "
+                                          "container that stops; use --method attach (no restart)")
+
+
 def check_install(server_report: dict[str, Any]) -> None:
     """The audited install must be the one the server runs: patching another (`--python A` while B serves)
     would instrument nothing the server loads (issue 10: one install, one story)."""
