@@ -68,12 +68,13 @@ _RAY_REPEAT = re.compile(r" ?\[repeated \d+x across cluster\]")
 # The header grammar, one for every release: LEVEL, a date (MM-DD, or an ISO YYYY-MM-DD some builds and forks
 # log), a time with or without a fraction, the call site with or without brackets, path-qualified or not:
 #   "INFO 11-29 10:00:00 [core.py:110] ", "INFO 11-29 10:00:00 core.py:110] " (<= 0.7),
-#   "INFO 2025-11-07 17:17:41.814 cuda.py:216] ", "[v1/engine/core.py:966]"; Ray's ("INFO worker.py:1749 -- ");
+#   "INFO 2025-11-07 17:17:41.814 cuda.py:216] ", a logging config's minutes-only date format ("ERROR 02-13 18:05
+#   [multiproc_executor.py:852] "), "[v1/engine/core.py:966]"; Ray's ("INFO worker.py:1749 -- ");
 #   uvicorn's own ("INFO:     Shutting down"); Python's warnings ("/x/api_server.py:24: DeprecationWarning: ").
 #   PyTorch's glog ("W1203 18:07:28.239000 10447 torch/_library/triton.py:53] "). Bounded classes only: linear.
 _RECORD = re.compile(
     r"^(?:\[?(?:(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL) {1,4})?(?:\d{4}-)?\d{2}-\d{2}(?: {1,4}|T)"
-    r"\d{1,2}:\d{1,2}:\d{1,2}(?:[.,]\d{1,9})?"
+    r"\d{1,2}:\d{1,2}(?::\d{1,2}(?:[.,]\d{1,9})?)?"
     r" {1,4}\[?(?P<where>[^\]\s]{0,256})\] {0,8}"
     r"|(?P<rlevel>DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<rwhere>[\w.]{1,64}\.py:\d{1,7}) -- "
     r"|(?P<ulevel>DEBUG|INFO|WARNING|ERROR|CRITICAL):(?: {1,8}|$)"
@@ -233,15 +234,16 @@ def _items(lines: Iterable[Any]) -> List[Tuple[int, str]]:
     return items
 
 
-def normalise(lines: Sequence[Any], max_line: int = MAX_LINE) -> Normalised:
+def normalise(lines: Sequence[Any], max_line: int = MAX_LINE, widths: Optional[Dict[int, int]] = None) -> Normalised:
     """The pasted lines (strings or the agent's ``{"n", "text"}``) as vLLM's records with their original
-    line numbers: glued records split, wrapped ones joined, shell prompts set apart."""
+    line numbers: glued records split, wrapped ones joined, shell prompts set apart. ``widths``: the widths
+    (>= 60) of lines of the same log left out of ``lines`` (log_prefilter), counted for the wrap width."""
     out = Normalised()
     prev: Optional[NormLine] = None
     prev_len = 0
     items = _items(lines)
     # a terminal or an issue that hard-wraps wraps every long line at one width: a width shared by 2+ lines
-    widths: Dict[int, int] = {}
+    widths = dict(widths or {})
     for _n, raw in items:
         if len(raw) >= 60:
             widths[len(raw)] = widths.get(len(raw), 0) + 1

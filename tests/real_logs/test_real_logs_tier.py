@@ -103,6 +103,7 @@ KNOWN_LIMITS: Dict[Tuple[str, str], str] = {
     ('115-', 'sparse'): _by_name('GLM-4.5V (from the title)'),
     ('116-', 'sparse'): _by_name('DeepSeek-R1 (from the title)'),
     ('121-', 'sparse'): _by_name('Gemma 3n (from the PR)'),
+    ('144-', 'sparse'): _by_name("Qwen 3 30B Coder, in the issue's details summary"),
     ('120-', 'cudagraph_mode'): _V0_EAGER,
     ('097-', 'cudagraph_mode'): _V0_EAGER,
     ('064-', 'decode_backend'):
@@ -248,7 +249,7 @@ def test_per_field_accuracy_on_the_real_logs(capsys):
     with capsys.disabled():
         print("\n".join(lines))
     # the done-when's bounds, asserted where reached (a regression fails here too, not only in the list below):
-    # labelled fields >= 95 % is reached; logs fully right is not (90 % wanted): its floor is the measured 113/142,
+    # labelled fields >= 95 % is reached; logs fully right is not (90 % wanted): its floor is the measured 114/144,
     # the misses left are the models named only outside the paste (KNOWN_LIMITS says which, and why)
     assert all_ok >= 0.95 * all_n, "labelled fields right fell below 95%%: %d / %d" % (all_ok, all_n)
     assert logs - len(wrong) >= 0.79 * logs, "logs fully right fell below 79%%: %d / %d" % (logs - len(wrong), logs)
