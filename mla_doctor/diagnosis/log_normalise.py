@@ -35,10 +35,11 @@ _LAUNCHER = re.compile(r"^\[(?:rank|default)?\d{1,5}(?:,\d{1,5})?\](?:<std(?:out
 # docker compose / kubectl --prefix: "vllm-1  | ", "[pod/vllm-0/vllm] " (alone when a glued split cut it off)
 _SERVICE = re.compile(r"^(?:[\w.-]{1,64} {1,8}\|(?: |$)|\[pod/[\w./-]{1,200}\](?: |$))")
 # a time in front of the record: ISO 8601 / RFC 3339 (T or space, fraction, Z or offset), bracketed or not,
-# journald/syslog short ("Dec 01 01:16:19 host python[61]: "), a bare clock ("10:00:01.123 ")
+# journald/syslog short ("Dec 01 01:16:19 host python[61]: ", the month in the host's locale: "авг 18 14:15:04 …",
+# "déc. 01 …", "12月 01 …"), a bare clock ("10:00:01.123 ")
 _TS = re.compile(
     r"^\[?(?:\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d{1,9})?(?: ?(?:Z|UTC|[+-]\d{2}:?\d{2}))?"
-    r"|[A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2}(?:\.\d{1,9})?)\]?"
+    r"|(?:[^\W\d_]{3,5}\.?|\d{1,2}\u6708) [ \d]\d \d{2}:\d{2}:\d{2}(?:\.\d{1,9})?)\]?"
     r"(?: [\w.-]{1,64} [\w./-]{1,64}(?:\[\d{1,10}\])?:)?(?: |$)")
 # the kernel's clock on a dmesg line pasted with the log: seconds since boot ("[ 8123.456789] "), or dmesg -T's
 # wall clock ("[Sun Mar 24 23:54:53 2024] "); journalctl -k's "Mar 24 23:54:53 host kernel: " is _TS's

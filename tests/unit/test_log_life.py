@@ -234,7 +234,11 @@ def test_kubectl_prefixes_and_a_full_date_header_are_read_by_the_one_grammar():
                  "[pod/vllm-r1-0/vllm] 2025-11-07T17:17:41.814123456Z INFO 11-07 17:17:41 [cuda.py:366] " + sel,
                  "INFO 2025-11-07 17:17:41.814 cuda.py:366] " + sel,
                  # a logging config's date format with minutes only (real_logs/144: "ERROR 02-13 18:05 [...]")
-                 "INFO 02-13 18:05 [cuda.py:366] " + sel):
+                 "INFO 02-13 18:05 [cuda.py:366] " + sel,
+                 # journalctl in the host's locale (real_logs/145: Russian "авг"), and a French one
+                 "\u0430\u0432\u0433 18 14:15:04 llm python3[42]: (EngineCore pid=42) INFO 08-18 14:15:04 "
+                 "[cuda.py:366] " + sel,
+                 "d\u00e9c. 01 01:16:19 host python3[42]: INFO 12-01 01:16:19 [cuda.py:366] " + sel):
         r = read_log([line, "Hello from a print()"])   # (lowercase, it would read as this long line's wrapped tail)
         assert r.attention_backend is not None and r.attention_backend.value == "TRITON_MLA", line
         assert r.normalised["unplaced"]["lines"] == [2], line   # only the print() is unplaced
