@@ -18,7 +18,6 @@ from pathlib import Path
 
 import click
 
-from mla_doctor import yamlfile
 from mla_doctor.errors import ConfigFileError
 from mla_doctor.safety import host_problem, user_problem
 
@@ -54,7 +53,9 @@ def default_map(group: click.Group, path: str | None, explicit: bool) -> dict:
             raise ConfigFileError(path, None, "cannot read config file: No such file or directory")
         return {}
     # yamlfile: capped in size and nesting (a deep file is a usage error, never a RecursionError), anchors refused,
-    # errors name the file and line
+    # errors name the file and line. Imported here: most runs have no config file, and YAML is ~10 ms to import
+    from mla_doctor import yamlfile
+
     text = yamlfile.read_text(path)
     try:
         doc = yamlfile.strip_lines(yamlfile.load(path, text)) or {}

@@ -13,7 +13,7 @@ from typing import Any
 from mla_doctor.diagnosis import static_rules as rules
 from mla_doctor.diagnosis.code_paths import apply_served_entries, code_paths_section, family_routing_text
 from mla_doctor.diagnosis.knowledge import Knowledge
-from mla_doctor.diagnosis.log_reading import records_of, remember_installed, run_start_patterns
+from mla_doctor.diagnosis.log_runs import run_start_patterns
 from mla_doctor.diagnosis.static_facts import (OtherInstall, classify_model, describe_install, other_install,
                                                parse_log, verify_static)
 from mla_doctor.diagnosis.symbol_needs import symbol_needs
@@ -177,6 +177,9 @@ def build_static_report(name: str, raw: dict[str, Any], kb: Knowledge) -> HostRe
     report.static = StaticSection.from_dict(static)
     log_ev = None
     if log_raw.get("found"):
+        # deferred: reading a log compiles its patterns at import, and most audits find no log (a leaf: no cycle)
+        from mla_doctor.diagnosis.log_reading import records_of, remember_installed
+
         harvested = records_of(log_raw.get("formats"))  # the installed vllm/'s own formats
         log_ev = parse_log(facts, log_raw.get("lines", []), harvested=harvested, version=version,
                            distribution=ident.get("distribution"))
