@@ -8,7 +8,11 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from .conftest import ROOT, SOURCES
+
+pytestmark = pytest.mark.install
 
 
 def readme_install() -> list[str]:
