@@ -82,19 +82,20 @@ def static_plan(kb: Knowledge, opts: AuditOptions) -> dict[str, Any]:
 
 
 def static_on(transport: Transport, name: str, conn: ConnectOptions, opts: AuditOptions,
-              kb: Knowledge) -> HostReport:
-    """The static audit over an open connection: one remote execution."""
+              kb: Knowledge, answer: bool = True) -> HostReport:
+    """The static audit over an open connection: one remote execution. `answer=False`: the caller attaches the
+    first screen's answer itself once its work is done (host.executor), so it is not computed twice."""
     try:
-        answer = call(transport, static_request(kb, opts), python=opts.python, sudo=conn.sudo,
-                      timeout=conn.command_timeout)
+        got = call(transport, static_request(kb, opts), python=opts.python, sudo=conn.sudo,
+                   timeout=conn.command_timeout)
     except MlaDoctorError as e:
         return HostReport.failed(name, e)
-    report = build_static_report(name, answer.raw, kb)
-    report.timings["agent_s"] = answer.elapsed_s
+    report = build_static_report(name, got.raw, kb, answer=answer)
+    report.timings["agent_s"] = got.elapsed_s
     return report
 
 
-def build_static_report(name: str, raw: dict[str, Any], kb: Knowledge) -> HostReport:
+def build_static_report(name: str, raw: dict[str, Any], kb: Knowledge, answer: bool = True) -> HostReport:
     report = HostReport(host=name)
     servers = raw.get("servers") or []
     server = servers[0] if servers else None
@@ -200,7 +201,7 @@ def build_static_report(name: str, raw: dict[str, Any], kb: Knowledge) -> HostRe
         facts=facts, audit=audit, ident=ident, scan=scan, side=raw.get("side_code") or {}, server=server,
         model=model_raw, model_class=model_class, log=log_ev, log_raw=log_raw, agent_errors=agent_errors,
         other_install=other, code_paths=code_paths))
-    return attach(report, kb)
+    return attach(report, kb) if answer else report
 
 
 def _apart(other: OtherInstall, facts: Any, kb: Knowledge, model_raw: dict | None,

@@ -127,7 +127,9 @@ def _audit(step: Audit, c: Connection, report: HostReport, kb: Any, progress: Pr
     from mla_doctor.host.audit import static_on
 
     tr, conn = c.inside(step.container or c.target.container)
-    _adopt(report, static_on(tr, c.target.name, conn, _aopts(c, step.python, step.model, step.log), kb))
+    # answer=False: execute() attaches the answer once every step is done
+    _adopt(report, static_on(tr, c.target.name, conn, _aopts(c, step.python, step.model, step.log), kb,
+                             answer=False))
 
 
 def _expect(step: Expect, c: Connection, report: HostReport, kb: Any, progress: Progress) -> None:
@@ -163,7 +165,7 @@ def _patch(step: Patch, c: Connection, report: HostReport, kb: Any, progress: Pr
     from mla_doctor.host.undo import revert_command
 
     popts = step.options
-    _adopt(report, patch_host(c.transport, c.target.name, c.conn, _aopts(c), popts, kb))
+    _adopt(report, patch_host(c.transport, c.target.name, c.conn, _aopts(c), popts, kb, answer=False))
     c.explain_python(report)
     patch = report.patch or {}
     if patch.get("outcome") != "patched":

@@ -28,22 +28,23 @@ def _fail(report: HostReport, message: str, kind: str = "PatchRefused") -> HostR
 
 
 def audit_for_patch(transport: Transport, name: str, conn: ConnectOptions, aopts: AuditOptions,
-                    popts: PatchOptions, kb: Knowledge, tset: TargetSet | None = None
+                    popts: PatchOptions, kb: Knowledge, tset: TargetSet | None = None, answer: bool = True
                     ) -> tuple[HostReport, dict[str, Any]]:
-    """The static audit, with the patch targets resolved on the host in the same execution."""
+    """The static audit, with the patch targets resolved on the host in the same execution (`answer`: as
+    build_static_report's)."""
     request = static_request(kb, aopts, targets=(tset or load_targets(popts.targets)).agent_request())
     raw = call(transport, request, python=aopts.python, sudo=conn.sudo, timeout=conn.command_timeout).raw
-    return build_static_report(name, raw, kb), raw
+    return build_static_report(name, raw, kb, answer=answer), raw
 
 
 def patch_host(transport: Transport, name: str, conn: ConnectOptions, aopts: AuditOptions, popts: PatchOptions,
-               kb: Knowledge | None = None) -> HostReport:
+               kb: Knowledge | None = None, answer: bool = True) -> HostReport:
     kb = kb or load_knowledge()
     tset = load_targets(popts.targets)
     templates = Templates(popts.templates)
     t0 = time.monotonic()
     try:
-        report, raw = audit_for_patch(transport, name, conn, aopts, popts, kb, tset)
+        report, raw = audit_for_patch(transport, name, conn, aopts, popts, kb, tset, answer)
     except MlaDoctorError as e:
         return HostReport.failed(name, e)
     if report.status != HostStatus.OK:

@@ -240,7 +240,9 @@ def test_verbose_is_threaded_from_the_group(monkeypatch, answer, kb):
     from mla_doctor.cli import cli
     from mla_doctor.host import audit as host_cmd
 
-    monkeypatch.setattr(host_cmd, "static_on", lambda tr, name, c, opts, k: build_static_report(name, answer, kb))
+    recorded = answer
+    monkeypatch.setattr(host_cmd, "static_on", lambda tr, name, c, opts, k, answer=True:
+                        build_static_report(name, recorded, kb, answer=answer))
     quiet = CliRunner().invoke(cli, ["static", "--local"])
     loud = CliRunner().invoke(cli, ["-v", "static", "--local"])
     assert "TRITON_MLA" not in quiet.output and "TRITON_MLA" in loud.output

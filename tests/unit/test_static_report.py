@@ -189,3 +189,26 @@ def test_the_fatal_finding_names_the_cause_not_the_wrapper(answer, kb):
     assert "ValueError: Head dimension 128 is not supported by MLA." in f.summary, f.summary
     assert "EngineDeadError" not in f.summary
     assert "Head dimension 128" in f.evidence[0]
+
+
+def test_a_static_step_computes_the_answer_once(monkeypatch, kb):
+    """The executor attaches the first screen's answer when its steps are done: the audit step does not compute
+    it too (each computation redacts a copy of the whole report). The answer is the one the report gives."""
+    from mla_doctor.diagnosis import answer as answer_mod
+    from mla_doctor.host.answer import attach
+    from mla_doctor.host.executor import execute
+    from mla_doctor.host.steps import Audit
+    from mla_doctor.host.target import HostTarget
+
+    monkeypatch.setenv("MLA_DOCTOR_PARSE_CACHE", "off")
+    FakeAgent("static_local").install(monkeypatch)
+    calls = []
+    real = answer_mod.host_answer
+    monkeypatch.setattr(answer_mod, "host_answer", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    cmd = RECORDED["command"]
+    report = execute(HostTarget(name="localhost", conn=ConnectOptions(local=True),
+                                python=cmd[cmd.index("--python") + 1]), [Audit.make({})], lambda _m: None)
+    assert len(calls) == 1
+    assert report.answer is not None
+    assert report.answer == attach(build_static_report("localhost", RECORDED["exchanges"][0]["answer"], kb),
+                                   kb).answer
