@@ -158,8 +158,10 @@ def start_containerd_server(node: Node) -> Served:
     shm = "--mount type=tmpfs,src=shm,dst=/dev/shm,options=nosuid:nodev:size=1073741824"
     labels = " ".join(f"--label {k}={v}" for k, v in POD_LABELS.items())
     envs = " ".join("--env " + shlex.quote(f"{k}={v}") for k, v in sorted(server_env().items()))
-    cmd = (ctr("run -d --snapshotter native ") + f"--with-ns network:/run/netns/{POD_NETNS} {mounts} {shm} {labels} "
-           f"{envs} --cwd /tmp --log-uri file://{CTR_LOG} {CTR_IMAGE} {CTR_ID} "
+    # --cpu-shares 0: ctr sets 1024 by default, and this machine's service hosts mount no cpu hierarchy (runc then
+    # fails: "cannot set cpu limit"); a kubelet sets the pod's own
+    cmd = (ctr("run -d --snapshotter native --cpu-shares 0 ") + f"--with-ns network:/run/netns/{POD_NETNS} {mounts} "
+           f"{shm} {labels} {envs} --cwd /tmp --log-uri file://{CTR_LOG} {CTR_IMAGE} {CTR_ID} "
            + " ".join(shlex.quote(a) for a in server_argv()))
     node.ok(cmd + " > /dev/null", timeout=120)
     pid = int(node.ok(ctr("tasks ls")).split(CTR_ID, 1)[1].split()[0])

@@ -207,10 +207,9 @@ def kubernetes_restart_refusal(ref):
     """Why a restart method must not touch this container, or None: a kubelet manages it."""
     if ref is None or not (ref.kubernetes or ref.pod):
         return None
-    where = "pod %s%s" % (ref.namespace + "/" if ref.namespace else "", ref.pod) if ref.pod else \
-        "a Kubernetes pod%s" % (" (uid %s)" % ref.pod_uid if ref.pod_uid else "")
-    return ("the server runs in %s (%s): a restart would be undone by the pod's controller, which replaces a "
-            "container that stops; use --method attach (no restart)" % (where, ref.label()))
+    pod = "" if ref.pod else " of a Kubernetes pod%s" % (" (uid %s)" % ref.pod_uid if ref.pod_uid else "")
+    return ("the server runs in %s%s: a restart would be undone by the pod's controller, which replaces a "
+            "container that stops; use --method attach (no restart)" % (ref.label(), pod))
 
 
 def same_mount_ns(a, b):
