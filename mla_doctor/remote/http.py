@@ -58,6 +58,8 @@ class HostHTTP:
         self.timeout = timeout
         self._key = None
         self.via_agent = False  # set when the host's sshd refuses TCP forwarding
+        # the server listens in its own network namespace (a pod's): the agent makes each request inside it
+        self.netns_pid: int | None = None
         self.sudo = False
         # called before every request: raises PortNotHeld when the port's listening socket is no longer the
         # proven server's (it died and another process took the port): no byte, and no API key, goes there
@@ -119,7 +121,8 @@ class HostHTTP:
 
     def _via_agent(self, method: str, path: str, data: bytes | None, headers: dict, timeout: float):
         res = call(self.transport, HttpRequest(method=method, host=self.host, port=self.port, path=path,
-                                               headers=headers, timeout=timeout, body=data),
+                                               headers=headers, timeout=timeout, body=data,
+                                               netns_pid=self.netns_pid),
                    sudo=self.sudo, timeout=timeout + 30)
         if res.status is None:
             raise ConnectionError(f"{self.host}:{self.port} (via the agent): {res.error}")

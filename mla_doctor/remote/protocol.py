@@ -341,11 +341,15 @@ class HttpRequest(Request[HttpAnswer]):
     headers: dict[str, str]
     timeout: float
     body: bytes | None = None
+    netns_pid: int | None = None  # made inside this process's network namespace (a pod's, a container's own)
 
     def to_plan(self) -> dict[str, Any]:
-        return {"op": self.op, "method": self.method, "host": self.host, "port": self.port, "path": self.path,
+        plan = {"op": self.op, "method": self.method, "host": self.host, "port": self.port, "path": self.path,
                 "headers": self.headers, "timeout": self.timeout,
                 "body_b64": base64.b64encode(self.body).decode() if self.body else None}
+        if self.netns_pid is not None:
+            plan["netns_pid"] = self.netns_pid
+        return plan
 
 
 @dataclass

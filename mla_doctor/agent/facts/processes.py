@@ -468,6 +468,14 @@ def _listening(pid):
     return sorted(ports)
 
 
+def _own_netns(pid):
+    """Whether the process runs in another network namespace than this agent's (a pod's, a container's)."""
+    try:
+        return os.readlink("/proc/%s/ns/net" % pid) != os.readlink("/proc/self/ns/net")
+    except OSError:
+        return False
+
+
 def op_port_held(plan):
     """Before each request of a run: does the proven server (pid) still hold the listening socket of its port?
     A server that died and a port another process took since get no request, and no API key (the controller
@@ -627,6 +635,7 @@ def find_servers():
             "port": port,  # as vLLM reads it; identify() proves the process holds its listening socket
             "port_from": port_from,
             "listening_ports": _listening(pid),
+            "own_netns": _own_netns(pid),  # its loopback is not the node's: requests are made inside it
             "bind_host": arg_value(argv, "--host"),
             "model_arg": server_model_arg(argv),
             "served_model_name": arg_value(argv, "--served-model-name"),

@@ -131,6 +131,8 @@ def reach_server(run: LiveRun, container: dict[str, Any] | None) -> HostHTTP:
         # runtime restarts the process itself; a unit's or a start command's may be a parent, a container's
         # another pid namespace)
         http.guard = run.prove_port
+        if server.get("own_netns"):  # a pod's or a container's own network: its loopback is not the node's
+            http.netns_pid, http.via_agent = int(server["pid"]), True
     if container is not None and container.get("network_mode") != "host":
         # the container's own loopback is not the host's: ask from inside the container
         http = HostHTTP(run.tr, server["port"], server.get("bind_host"), ropts.api_key_env)
