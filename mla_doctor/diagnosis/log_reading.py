@@ -27,6 +27,7 @@ from typing import Any, Dict, Iterable, List, Optional, Pattern, Sequence, Tuple
 
 from mla_doctor.diagnosis.log_facts import cg_mode
 from mla_doctor.diagnosis.knowledge import parse_version
+from mla_doctor.diagnosis import log_prefilter
 from mla_doctor.diagnosis.log_normalise import clean_line, normalise, split_record
 from mla_doctor.diagnosis.log_names import (MEANINGS_FILE, Fact, backend_code_names,  # noqa: F401
                                            backend_name, display_names, load_meanings)
@@ -620,29 +621,72 @@ def read_log(lines: Sequence[Any], version: Optional[str] = None, distribution: 
     ``harvested``: formats from the installed ``vllm/`` (they are the truth for that install); otherwise
     the shipped release of ``version`` when there is one, else every shipped release. With ``scope``, a log
     of several server processes (``split_runs``) gives the facts of the newest only; the fatal lines of the
-    earlier ones are ``earlier_fatal``, never ``fatal``."""
+    earlier ones are ``earlier_fatal``, never ``fatal``.
+
+    A long log's quiet lines (``log_prefilter``: plain records no format or rule can read a fact from, far from
+    any that can) are counted, not read: the reading is the same."""
     if scope:
-        runs = split_runs(numbered(lines))
-        if len(runs) > 1:
-            out = read_log(runs[-1][1], version, distribution, harvested, aliases, False, max_steps)
-            earlier = read_log([it for _run, its in runs[:-1] for it in its], version, distribution, harvested,
-                               aliases, False, max_steps)
-            out.earlier_fatal = earlier.fatal
-            out.runs = [run for run, _its in runs]
-            return out
-        out = read_log(lines, version, distribution, harvested, aliases, False, max_steps)
-        out.runs = [run for run, _its in runs]
-        return out
+        fast = None
+        if len(lines) >= log_prefilter.MIN_LINES:
+            fast = log_prefilter.plan(lines, _prefilter_heads(harvested), (_VERSION_LINE, _EXC))
+        if fast is not None:
+            try:
+                return _scoped(fast.kept, version, distribution, harvested, aliases, max_steps, fast.skipped)
+            except _BudgetNear:
+                pass   # the step budget would stop the read among the lines left out: read them all
+        return _scoped(lines, version, distribution, harvested, aliases, max_steps, None)
     return _read(lines, version, distribution, harvested, aliases, max_steps)
 
 
+class _BudgetNear(Exception):
+    """The matcher's step budget is spent at or past the lines left out: the read is redone with them."""
+
+
+_HEADS: Dict[int, Tuple[Matcher, log_prefilter.Heads]] = {}
+
+
+def _prefilter_heads(harvested: Optional[List[dict]]) -> List[log_prefilter.Heads]:
+    """The heads of every format a read consults (every shipped release's, and the install's)."""
+    out = []
+    for m in [matcher()] + ([matcher(harvested=harvested)] if harvested is not None else []):
+        got = _HEADS.get(id(m))
+        if got is None or got[0] is not m:
+            got = _HEADS[id(m)] = (m, log_prefilter.heads_index(f.head for f in m.formats))
+        out.append(got[1])
+    return out
+
+
+def _scoped(lines: Sequence[Any], version: Optional[str], distribution: Optional[str],
+            harvested: Optional[List[dict]], aliases: Optional[Dict[str, str]], max_steps: int,
+            skipped: Optional[log_prefilter.Skipped]) -> LogReading:
+    runs = split_runs(numbered(lines))
+    if skipped is not None:
+        for run, _its in runs:
+            run.lines += skipped.count(run.first_line, run.last_line)
+    if len(runs) > 1:
+        out = _read(runs[-1][1], version, distribution, harvested, aliases, max_steps, skipped)
+        earlier = _read([it for _run, its in runs[:-1] for it in its], version, distribution, harvested,
+                        aliases, max_steps, skipped)
+        out.earlier_fatal = earlier.fatal
+        out.runs = [run for run, _its in runs]
+        return out
+    out = _read(lines, version, distribution, harvested, aliases, max_steps, skipped)
+    out.runs = [run for run, _its in runs]
+    return out
+
+
 def _read(lines: Sequence[Any], version: Optional[str], distribution: Optional[str],
-          harvested: Optional[List[dict]], aliases: Optional[Dict[str, str]], max_steps: int) -> LogReading:
+          harvested: Optional[List[dict]], aliases: Optional[Dict[str, str]], max_steps: int,
+          skipped: Optional[log_prefilter.Skipped] = None) -> LogReading:
     from mla_doctor.diagnosis.log_facts import Record, decide
 
     out = LogReading(version=version)
-    norm = normalise(lines)
+    sk_a = sk_b = 0
+    if skipped is not None and lines:
+        sk_a, sk_b = skipped.between(lines[0]["n"], lines[-1]["n"])
+    norm = normalise(lines, widths=skipped.width_counts(sk_a, sk_b) if skipped is not None else None)
     out.normalised = norm.to_dict()
+    out.normalised["records"] += sk_b - sk_a   # each line left out is one record
     recs = []
     for nl in norm.lines:
         msg, level, where = split_record(nl.text)
@@ -697,6 +741,14 @@ def _read(lines: Sequence[Any], version: Optional[str], distribution: Optional[s
             out.unmatched += 1
             continue
         matched.append((r, m))
+    if skipped is not None:
+        # a line left out costs each matcher its message's length (no format's head is in it); with it the
+        # budget is not spent by the last line (the whole read's steps only grow), so no line stopped the read
+        calls = 2 if m_any is not None and m_any is not m_all else 1
+        spent = m_all.steps + (m_any.steps if m_any is not None and m_any is not m_all else 0) - start
+        if spent + calls * skipped.chars(sk_a, sk_b) > max_steps:
+            raise _BudgetNear()
+        out.unmatched += sk_b - sk_a
     out.releases = _fit([(r.n, m) for r, m in matched], keys) if harvested is None else ["installed"]
     pick = [k for k in keys if k in out.releases] or list(keys)
     reject = load_meanings()["_reject"]
