@@ -9,10 +9,13 @@ its sha256 is the one in the bootstrap itself: nobody else can change what runs.
 """
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import signal
 import stat
 import subprocess
+import tempfile
 import time
 
 GDB_PATHS = ("/usr/bin/gdb", "/usr/local/bin/gdb", "/bin/gdb")
@@ -121,10 +124,12 @@ def self_test(gdb, timeout=30.0):
         child.wait()
 
 
-def gdb_argv(gdb, pid, commands, libpython=None):
+def gdb_argv(gdb, pid, commands, libpython=None, exe=None):
     argv = [gdb, "-nx", "-nh", "-batch", "-q"]
     for s in SAFE_SETTINGS:
         argv += ["-iex", s]
+    if exe:  # gdb loads our copy and never opens the name /proc/PID/exe reads (see exe_copy)
+        argv += ["-iex", "set exec-file-mismatch off", exe]
     argv += ["-p", str(int(pid))]
     if libpython:  # a shared-libpython interpreter: only that library's symbols
         argv += ["-ex", "sharedlibrary ^%s$" % _regex_escape(libpython)]
@@ -193,9 +198,52 @@ def pending_call_command(code):
     return "call (int)Py_AddPendingCall((int(*)(void*))PyRun_SimpleString, (void*)%s)" % c_string(code)
 
 
+EXE_LIMIT = 512 << 20
+
+
+def exe_copy(pid, into):
+    """A copy, in our own directory `into`, of the executable the process runs, read through /proc/PID/exe (the
+    mapped file itself, opened without blocking, a regular file, bounded). Left alone, gdb opens the executable
+    by the name that link reads, which the server's user controls: once the file is replaced or deleted
+    ('…/python3 (deleted)'), a FIFO planted at that name blocks gdb until its timeout, and given /proc/PID/exe
+    instead, gdb's file cache reopens it by its resolved name, the same one. Raises OSError."""
+    fd = os.open("/proc/%d/exe" % int(pid), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        if st.st_size > EXE_LIMIT:
+            raise OSError(errno.EFBIG, "larger than %d MiB" % (EXE_LIMIT >> 20))
+        dest = os.path.join(into, "exe")
+        out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            left = EXE_LIMIT
+            while left > 0:
+                chunk = os.read(fd, min(left, 1 << 20))
+                if not chunk:
+                    break
+                left -= len(chunk)
+                while chunk:
+                    chunk = chunk[os.write(out, chunk):]
+        finally:
+            os.close(out)
+        return dest
+    finally:
+        os.close(fd)
+
+
 def inject(gdb, pid, code, libpython=None, timeout=GDB_TIMEOUT):
     """Queue `code` to run in the process's main thread at its next eval-loop check. (ok, detail)."""
-    rc, out, err = run_gdb(gdb_argv(gdb, pid, [pending_call_command(code)], libpython), timeout)
+    scratch = tempfile.mkdtemp(prefix="mla-doctor-gdb-")  # root's, 0700: nobody else renames or swaps in it
+    try:
+        try:
+            exe = exe_copy(pid, scratch)
+        except OSError as e:
+            return False, "the process's executable could not be read through /proc/%d/exe: %s" % (
+                int(pid), e.strerror or e)
+        rc, out, err = run_gdb(gdb_argv(gdb, pid, [pending_call_command(code)], libpython, exe), timeout)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return interpret(rc, out, err)
 
 
