@@ -37,18 +37,23 @@ def has_cap(status, cap):
         return False
 
 
-def yama_scope():
-    v = _read("/proc/sys/kernel/yama/ptrace_scope")
+YAMA_PATH = "/proc/sys/kernel/yama/ptrace_scope"  # absent where the kernel has no Yama
+
+
+def yama_scope(path=None):
+    v = _read(path or YAMA_PATH)
     return int(v) if v and v.strip().isdigit() else None
 
 
-def ptrace_refusals(target_uids, gdb):
-    """Yama, the capability, then a real attach by gdb to a child of ours (seccomp, LSMs, a container)."""
-    scope = yama_scope()
+def ptrace_refusals(target_uids, gdb, scope=None, status=None):
+    """Yama, the capability, then a real attach by gdb to a child of ours (seccomp, LSMs, a container).
+    `scope`/`status`: Yama's setting and our /proc/self/status as read here unless given (a host without Yama
+    checks the rule all the same)."""
+    scope = yama_scope() if scope is None else scope
     if scope == 3:
         return ["ptrace is disabled on this host (kernel.yama.ptrace_scope = 3: no process may be traced, and "
                 "only a reboot lowers it): attach is impossible here; " + PATCH_FIX]
-    st = own_status()
+    st = own_status() if status is None else status
     cap = has_cap(st, CAP_SYS_PTRACE)
     if not cap and (scope in (1, 2) or any(u != os.geteuid() for u in target_uids)):
         why = {2: "kernel.yama.ptrace_scope = 2 needs it",

@@ -85,12 +85,13 @@ def inside_uid(pid, node_uid):
     return overflow_uid()
 
 
-def in_ns(pid, fn, args=(), timeout=CHILD_TIMEOUT, before=None):
+def in_ns(pid, fn, args=(), timeout=CHILD_TIMEOUT, before=None, ids=None, cap=4 << 20):
     """fn(*args) in a forked child that entered the mount namespace of `pid` (its root and cwd are the
     container's root then: every absolute path and link resolves inside the container). `before()` runs in the
     child first, still on the node (open_tree of a node path); its result is then fn's first argument. The
-    answer as privilege.call_as gives it: JSON-able; an exception comes back as OSError."""
-    from ..privilege import call_as
+    answer as privilege.call_as gives it: JSON-able, at most `cap` bytes; an exception comes back as OSError.
+    With `ids` (uid, gid, groups) the child drops to them once inside: it reads what that user may read there."""
+    from ..privilege import call_as, drop_to
 
     def child():
         pre = before() if before is not None else None
@@ -100,9 +101,11 @@ def in_ns(pid, fn, args=(), timeout=CHILD_TIMEOUT, before=None):
             raise OSError(e, "setns into the container's mount namespace: " + os.strerror(e))
         os.close(nsfd)
         os.chdir("/")
+        if ids is not None:
+            drop_to(*ids)
         return fn(pre, *args) if before is not None else fn(*args)
 
-    return call_as((0, 0, []), child, (), timeout=timeout)
+    return call_as((0, 0, []), child, (), timeout=timeout, cap=cap)
 
 
 def _place_facts(places):
