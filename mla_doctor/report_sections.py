@@ -205,3 +205,85 @@ class LogSection(Section):
 
 SECTIONS: dict[str, type[Section]] = {"vllm": VllmSection, "static": StaticSection, "model": ModelSection,
                                       "server": ServerSection, "log": LogSection}
+
+
+# --------------------------------------------------------------------------- the answer (`hosts[].answer`)
+
+@dataclass
+class Problem:
+    """A fail or warn finding as the answer says it: what is wrong and what to do."""
+    severity: str
+    code: str
+    summary: str
+    action: str = ""
+
+    @classmethod
+    def from_dict(cls, p: Mapping[str, Any]) -> Problem:
+        return cls(p.get("severity", "?"), p.get("code", "?"), p.get("summary", ""), p.get("action") or "")
+
+
+@dataclass
+class RouteLine:
+    """One routing answer for `-v`: the route in words, the conditions it read (with their source) and those it
+    could not resolve (in words)."""
+    label: str
+    text: str
+    resolved: dict[str, str] = field(default_factory=dict)
+    unresolved: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, r: Mapping[str, Any]) -> RouteLine:
+        return cls(r.get("label"), r.get("text"), dict(r.get("resolved") or {}), list(r.get("unresolved") or []))
+
+
+@dataclass(eq=False)
+class HostAnswer(Mapping):
+    """The answer to the on-call question for one host, computed once where the report is built
+    (diagnosis/answer.py) and stored typed in it; the writers render it. Like a section it reads as the JSON it
+    serialises to (`a["problems"]` is a list of dicts); `from_dict` reads a saved report's, any key missing."""
+    backend: str = ""
+    backend_name: str | None = None
+    backend_source: str = ""  # log | run | argv | platform
+    dispatch: str | None = None
+    family_layer: str | None = None  # a model-private family's layer (code_paths), shown instead of the dispatch
+    family_backend: str | None = None  # the backend that layer names itself (backend_cls): wins over the platform's
+    threshold: str | None = None
+    one_token: str = ""
+    long_prompt: str = ""
+    # the same two answers as sentences for the first screen: which entry runs, why, and whether that is expected
+    one_token_words: str = ""
+    long_prompt_words: str = ""
+    entry_short: str | None = None  # the 1-token prompt's entry symbol (None: not MLA)
+    entry_long: str | None = None  # the long prompt's entry symbol
+    model_sparse: bool | None = None
+    problems: list[Problem] = field(default_factory=list)
+    info_count: int = 0
+    routes: list[RouteLine] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> HostAnswer | None:
+        """A saved report's answer (None stays None); a key it lacks (a report saved before it was) reads as the
+        default."""
+        if d is None or isinstance(d, cls):
+            return d
+        names = cls.__dataclass_fields__
+        kw = {k: v for k, v in d.items() if k in names and k not in ("problems", "routes")}
+        kw["problems"] = [Problem.from_dict(p) for p in d.get("problems") or [] if isinstance(p, Mapping)]
+        kw["routes"] = [RouteLine.from_dict(r) for r in d.get("routes") or [] if isinstance(r, Mapping)]
+        return cls(**kw)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: self[k] for k in self}
+
+    # ---- a read-only Mapping: the JSON this answer serialises to
+    def __getitem__(self, key: str) -> Any:
+        if key not in self.__dataclass_fields__:
+            raise KeyError(key)
+        v = getattr(self, key)
+        return [dataclasses.asdict(x) for x in v] if key in ("problems", "routes") else v
+
+    def __iter__(self):
+        return iter(self.__dataclass_fields__)
+
+    def __len__(self) -> int:
+        return len(self.__dataclass_fields__)

@@ -15,7 +15,8 @@ from mla_doctor import __version__
 from mla_doctor.errors import UnreachableError
 from mla_doctor.exit_codes import ExitStatus, worst
 from mla_doctor.redact import redact_text, redact_tree
-from mla_doctor.report_sections import LogSection, ModelSection, Section, ServerSection, StaticSection, VllmSection
+from mla_doctor.report_sections import (HostAnswer, LogSection, ModelSection, Section, ServerSection, StaticSection,
+                                        VllmSection)
 
 
 class Severity(str, enum.Enum):
@@ -61,8 +62,8 @@ class HostReport:
     restored: bool | None = None  # None: nothing needed restoring
     transport: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
-    # the answer the first screen shows (diagnosis/answer.py's HostAnswer as data), set where the report is built
-    answer: dict[str, Any] | None = None
+    # the answer the first screen shows, computed once where the report is built (diagnosis/answer.py)
+    answer: HostAnswer | None = None
     exit_override: ExitStatus | None = None
 
     @classmethod
@@ -85,7 +86,7 @@ class HostReport:
             if f.name == "findings":
                 v = [dataclasses.replace(x, summary=redact_text(x.summary), evidence=redact_tree(list(x.evidence)),
                                          action=redact_text(x.action)) for x in v]
-            elif isinstance(v, Section):
+            elif isinstance(v, (Section, HostAnswer)):
                 v = type(v).from_dict(redact_tree(v.to_dict(), f.name))
             elif isinstance(v, (dict, list, tuple, str)):
                 v = redact_tree(v, f.name)

@@ -5,68 +5,40 @@ range; the routing conditions resolved and not), whether the *served model* is s
 warn) with their action. The writers (reports/) render it and never re-derive it: they read no knowledge."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 from mla_doctor import words
 from mla_doctor.threshold_text import fmt_threshold, table_values
 from mla_doctor.diagnosis.knowledge import Knowledge, load_knowledge
 from mla_doctor.diagnosis.routing import CONDITION_NAMES, backend_from_argv, known_from_host, route, routes
-from mla_doctor.report_sections import LogSection, ModelSection, ServerSection, StaticSection, VllmSection
-from mla_doctor.results import HostReport, host_to_dict
+from mla_doctor.report_sections import (HostAnswer, LogSection, ModelSection, Problem, RouteLine, ServerSection,
+                                        StaticSection, VllmSection)
+from mla_doctor.results import Finding, HostReport
 
 LONG_TOKENS = 4096  # the long prompt the static answer speaks of
 
 
-@dataclass
-class Problem:
-    severity: str
-    code: str
-    summary: str
-    action: str = ""
-
-
-@dataclass
-class RouteLine:
-    """One routing answer for `-v`: the route in words, the conditions it read (with their source) and those it
-    could not resolve (in words)."""
-    label: str
-    text: str
-    resolved: dict[str, str] = field(default_factory=dict)
-    unresolved: list[str] = field(default_factory=list)
-
-
-@dataclass
-class HostAnswer:
-    backend: str = ""
-    backend_name: str | None = None
-    backend_source: str = ""  # log | run | argv | platform
-    dispatch: str | None = None
-    family_layer: str | None = None  # a model-private family's layer (code_paths), shown instead of the dispatch
-    family_backend: str | None = None  # the backend that layer names itself (backend_cls): wins over the platform's
-    threshold: str | None = None
-    one_token: str = ""
-    long_prompt: str = ""
-    # the same two answers as sentences for the first screen: which entry runs, why, and whether that is expected
-    one_token_words: str = ""
-    long_prompt_words: str = ""
-    entry_short: str | None = None  # the 1-token prompt's entry symbol (None: not MLA)
-    entry_long: str | None = None  # the long prompt's entry symbol
-    model_sparse: bool | None = None
-    problems: list[Problem] = field(default_factory=list)
-    info_count: int = 0
-    routes: list[RouteLine] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+__all__ = ["HostAnswer", "Problem", "RouteLine", "answer_of", "fill_answers", "host_answer", "resolve_threshold"]
 
 
 def _short(symbol: str | None) -> str:
     return (symbol or "?").rsplit(".", 1)[-1]
 
 
+def _parts(h: HostReport | Mapping[str, Any]) -> Mapping[str, Any]:
+    """The host's parts the answer reads: a HostReport's typed sections as they are (a section reads as its JSON),
+    or a saved report's host dict."""
+    if not isinstance(h, HostReport):
+        return h
+    return {"status": h.status.value, "vllm": h.vllm, "static": h.static, "model": h.model, "server": h.server,
+            "log": h.log, "gpu": h.gpu, "evidence": h.evidence, "prompts": h.prompts, "findings": h.findings}
 
 
+def _finding(f: Finding | Mapping[str, Any]) -> Problem:
+    if isinstance(f, Finding):
+        return Problem(f.severity.value, f.code, f.summary, f.action or "")
+    return Problem(f.get("severity"), f.get("code", "?"), f.get("summary", ""), f.get("action") or "")
 
 
 def resolve_threshold(value: Any, h: dict) -> Any:
@@ -150,15 +122,17 @@ def _route_line(label: str, r: dict) -> RouteLine:
                      [CONDITION_NAMES.get(u, u) for u in r.get("unresolved") or []])
 
 
-def host_answer(h: dict, kb: Knowledge | None = None) -> HostAnswer | None:
-    """The answer for one host (the JSON contract's host dict); None for a host that was not audited."""
+def host_answer(report: HostReport | Mapping[str, Any], kb: Knowledge | None = None) -> HostAnswer | None:
+    """The answer for one host (its typed report, or a saved report's host dict); None for a host that was not
+    audited."""
+    h = _parts(report)
     if h.get("status") not in (None, "ok"):
         return None
     a = HostAnswer()
     st = StaticSection.of(h.get("static"))
     version = VllmSection.of(h.get("vllm")).version
     facts = (kb or load_knowledge()).for_version(version) if version else None
-    findings = h.get("findings") or []
+    findings = [_finding(f) for f in h.get("findings") or []]
     # ---- backend: the log (static) or the run's evidence, else the platform's choice for this release
     live_ev = h.get("evidence") if isinstance(h.get("evidence"), dict) else {}
     log_ev = LogSection.of(h.get("log")).evidence
@@ -307,10 +281,8 @@ def host_answer(h: dict, kb: Knowledge | None = None) -> HostAnswer | None:
                                f"{_short(dec)} for each output token")
     # ---- problems, fail first then warn (the findings' own order within each), each with its action
     order = {"fail": 0, "warn": 1}
-    probs = sorted((f for f in findings if f.get("severity") in order), key=lambda f: order[f["severity"]])
-    a.problems = [Problem(f["severity"], f.get("code", "?"), f.get("summary", ""), f.get("action") or "")
-                  for f in probs]
-    a.info_count = sum(1 for f in findings if f.get("severity") == "info")
+    a.problems = sorted((f for f in findings if f.severity in order), key=lambda f: order[f.severity])
+    a.info_count = sum(1 for f in findings if f.severity == "info")
     # ---- the routing conditions, resolved (with their source) and not: per prompt sent in a live run, else for a
     # 1-token and a long prompt from what the static audit knows
     routed = [p for p in h.get("prompts") or [] if p.get("routing")]
@@ -325,10 +297,10 @@ def host_answer(h: dict, kb: Knowledge | None = None) -> HostAnswer | None:
     return a
 
 
-def answer_of(report: HostReport, kb: Knowledge | None = None) -> dict[str, Any] | None:
-    """The answer of a HostReport as the report stores it (`hosts[].answer`), from the report as it is now."""
-    got = host_answer(host_to_dict(report), kb)
-    return got.to_dict() if got is not None else None
+def answer_of(report: HostReport, kb: Knowledge | None = None) -> HostAnswer | None:
+    """The answer of a HostReport as the report stores it (`hosts[].answer`), from the report as it is now (its
+    redacted copy: no secret reaches the answer's words)."""
+    return host_answer(report.redacted(), kb)
 
 
 def fill_answers(doc: dict[str, Any], kb: Knowledge | None = None) -> dict[str, Any]:

@@ -11,11 +11,12 @@ word (piped: not wrapped); `verdict_cell(host)` is the one-cell summary the flee
 from __future__ import annotations
 
 import io
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from mla_doctor import terminal
-from mla_doctor.report_sections import ModelSection, ServerSection, VllmSection
+from mla_doctor.report_sections import HostAnswer, ModelSection, ServerSection, VllmSection
 from mla_doctor.results import HostReport, host_to_dict
 
 LABEL = 11  # the left column: "  " + label padded + " "
@@ -31,18 +32,6 @@ def _short(symbol: str | None) -> str:
     return (symbol or "?").rsplit(".", 1)[-1]
 
 
-
-
-
-
-@dataclass
-class Problem:
-    severity: str
-    code: str
-    summary: str
-    action: str = ""
-
-
 @dataclass
 class PromptVerdict:
     name: str
@@ -55,39 +44,21 @@ class PromptVerdict:
 
 
 @dataclass
-class Answer:
-    """What the first screen shows: the report's stored answer (`hosts[].answer`, diagnosis/answer.py's
-    HostAnswer) with the install, model, server and a live run's verdicts said from the report's own fields."""
+class Screen:
+    """What the first screen shows: the report's stored answer (`hosts[].answer`, diagnosis/answer.py's, as it is)
+    with the install, model, server and a live run's verdicts said from the report's own fields."""
     host: str
     verdict: str
+    answer: HostAnswer = field(default_factory=HostAnswer)
     error: str | None = None
     install: str = ""
-    backend: str = ""
-    backend_name: str | None = None
-    backend_source: str = ""  # log | run | argv | platform | unknown
-    dispatch: str | None = None
-    family_layer: str | None = None  # a model-private family's layer (code_paths), shown instead of the dispatch
-    one_token: str = ""
-    long_prompt: str = ""
-    one_token_words: str = ""  # the same answers as sentences (absent from a report saved before they were)
-    long_prompt_words: str = ""
-    threshold: str | None = None
-    entry_short: str | None = None  # the 1-token prompt's entry symbol
-    entry_long: str | None = None  # the long prompt's entry symbol
+    backend_source: str = ""  # the answer's, or "unknown" for a report that holds none
     model: str = ""
-    model_sparse: bool | None = None
     server: str = ""
-    problems: list[Problem] = field(default_factory=list)
-    info_count: int = 0
     prompts: list[PromptVerdict] = field(default_factory=list)
     restored: str | None = None
     restored_ok: bool | None = None
     run: str | None = None
-
-
-_STORED = ("backend", "backend_name", "backend_source", "dispatch", "family_layer", "one_token", "long_prompt",
-           "one_token_words", "long_prompt_words", "threshold", "entry_short", "entry_long", "model_sparse",
-           "info_count")
 
 
 def _as_dict(h: HostReport | dict) -> dict:
@@ -105,10 +76,12 @@ def _reason_for(findings: list[dict], p: dict) -> tuple[str | None, str]:
     return None, "info"
 
 
-def answer(host: HostReport | dict) -> Answer:
+def answer(host: HostReport | dict) -> Screen:
     """The first screen's content: the stored answer, rendered; nothing here is diagnosed."""
+    if isinstance(host, HostReport):
+        host = host.redacted()  # its answer is read typed, as it was built; the rest as its JSON
     h = _as_dict(host)
-    a = Answer(host=h.get("host", "?"), verdict=h.get("verdict") or "?")
+    a = Screen(host=h.get("host", "?"), verdict=h.get("verdict") or "?")
     if h.get("status") not in (None, "ok"):
         a.error = h.get("error")
         return a
@@ -118,14 +91,10 @@ def answer(host: HostReport | dict) -> Answer:
                  + ("" if v.get("known_version", True) else f" — unknown release, read as {v.knowledge_nearest}")
                  + f" at {v.path}; python {v.python_version or '?'} ({v.located_by})")
     findings = h.get("findings") or []
-    stored = h.get("answer") if isinstance(h.get("answer"), dict) else {}
-    for name in _STORED:
-        if name in stored:
-            setattr(a, name, stored[name])
-    if not stored:
-        a.backend_source = "unknown"
-    a.problems = [Problem(p.get("severity", "?"), p.get("code", "?"), p.get("summary", ""), p.get("action") or "")
-                  for p in stored.get("problems") or []]
+    stored = host.answer if isinstance(host, HostReport) else h.get("answer")
+    stored = stored if isinstance(stored, Mapping) else {}
+    a.answer = HostAnswer.from_dict(stored)
+    a.backend_source = a.answer.backend_source if stored else "unknown"
     # ---- the served model
     model = ModelSection.of(h.get("model"))
     cls = model.classification
@@ -229,12 +198,13 @@ def verdict_cell(host: dict) -> str:
     if a.prompts:
         return "live: " + "; ".join(f"{p.name} {p.observed}" + (f" {p.code}" if p.code else "") for p in a.prompts) \
             + (f"; restored {a.restored.split(' ')[0]}" if a.restored else "")
-    be = a.backend_name or ("backend ?" if a.backend_source != "platform" else "backend not logged")
-    if a.entry_short is None:
+    ans = a.answer
+    be = ans.backend_name or ("backend ?" if a.backend_source != "platform" else "backend not logged")
+    if ans.entry_short is None:
         return f"{be}: not MLA"
-    if a.model_sparse:
-        return f"{be}: sparse model, 1 token → {_short(a.entry_short)}, long → {_short(a.entry_long)}"
-    return f"{be}: 1 token → {_short(a.entry_short)}, over {a.threshold or '?'} → {_short(a.entry_long)}"
+    if ans.model_sparse:
+        return f"{be}: sparse model, 1 token → {_short(ans.entry_short)}, long → {_short(ans.entry_long)}"
+    return f"{be}: 1 token → {_short(ans.entry_short)}, over {ans.threshold or '?'} → {_short(ans.entry_long)}"
 
 
 # --------------------------------------------------------------------------- layout
@@ -270,32 +240,32 @@ def screen(host: HostReport | dict, width: int, verbose: int = 0) -> list[list[S
         lines += _row("restored", a.restored, width,
                       STYLE["ok"] if a.restored_ok else STYLE["fail"] if a.restored_ok is False else None)
     if not a.prompts:
-        lines += _row("1 token", a.one_token_words or a.one_token, width)
-        lines += _row("long", a.long_prompt_words or a.long_prompt, width)
-    lines += _row("backend", a.backend, width)
+        lines += _row("1 token", a.answer.one_token_words or a.answer.one_token, width)
+        lines += _row("long", a.answer.long_prompt_words or a.answer.long_prompt, width)
+    lines += _row("backend", a.answer.backend, width)
     if not a.prompts:
-        if a.dispatch:
-            dispatch = _row("dispatch", f"{a.dispatch} splits each step at the decode threshold", width)
+        if a.answer.dispatch:
+            dispatch = _row("dispatch", f"{a.answer.dispatch} splits each step at the decode threshold", width)
             optional.append(dispatch)
             lines += dispatch
-        elif a.family_layer:
-            layer = _row("layer", a.family_layer, width)
+        elif a.answer.family_layer:
+            layer = _row("layer", a.answer.family_layer, width)
             optional.append(layer)
             lines += layer
     install = _row("install", a.install, width)
     lines += install
-    lines += _row("model", a.model, width, STYLE["fail"] if a.model_sparse else None)
+    lines += _row("model", a.model, width, STYLE["fail"] if a.answer.model_sparse else None)
     server = _row("run", a.run, width) if a.run else _row("server", a.server, width)
     optional.append(server)
     lines += server
-    if not a.problems:
-        lines += _row("problems", f"none ({a.info_count} info finding(s) under -v)", width, STYLE["ok"])
-    for p in a.problems[:MAX_PROBLEMS]:
+    if not a.answer.problems:
+        lines += _row("problems", f"none ({a.answer.info_count} info finding(s) under -v)", width, STYLE["ok"])
+    for p in a.answer.problems[:MAX_PROBLEMS]:
         lines += _row(p.severity.upper(), f"{p.code}: {p.summary}", width, STYLE[p.severity])
         if p.action:
             lines += _row("", f"→ {p.action}", width)  # whole: the action is what the reader does next
-    if len(a.problems) > MAX_PROBLEMS:
-        lines += _row("", f"… {len(a.problems) - MAX_PROBLEMS} more problem(s): -v", width)
+    if len(a.answer.problems) > MAX_PROBLEMS:
+        lines += _row("", f"… {len(a.answer.problems) - MAX_PROBLEMS} more problem(s): -v", width)
     if not verbose:
         hint = _row("", "-v: every entry, threshold and finding with its evidence", width, "dim")
         optional.append(hint)

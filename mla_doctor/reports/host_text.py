@@ -12,7 +12,7 @@ from mla_doctor.threshold_text import fmt_threshold
 from mla_doctor.words import platform_name
 from mla_doctor import terminal
 from mla_doctor.reports import first_screen
-from mla_doctor.report_sections import ModelSection, ServerSection, StaticSection, VllmSection
+from mla_doctor.report_sections import HostAnswer, ModelSection, ServerSection, StaticSection, VllmSection
 from mla_doctor.results import HostReport, HostStatus, RunReport
 
 _MARK = {"info": "  ", "warn": "! ", "fail": "X "}
@@ -54,12 +54,13 @@ def _routing_lines(h: HostReport) -> list[str]:
     """The routing conditions, resolved (with their source) and not, as the report's answer holds them: per prompt
     sent in a live run, else for a 1-token and a 4096-token prompt from what the static audit knows."""
     out = []
-    for r in (h.answer or {}).get("routes") or []:
-        out.append(f"   routing, {r.get('label')}: {r.get('text')}")
-        if r.get("resolved"):
-            out.append("     conditions resolved: " + ", ".join(f"{k}={v}" for k, v in r["resolved"].items()))
-        if r.get("unresolved"):
-            out.append("     conditions unresolved: " + "; ".join(r["unresolved"]))
+    a = HostAnswer.from_dict(h.answer)
+    for r in a.routes if a is not None else []:
+        out.append(f"   routing, {r.label}: {r.text}")
+        if r.resolved:
+            out.append("     conditions resolved: " + ", ".join(f"{k}={v}" for k, v in r.resolved.items()))
+        if r.unresolved:
+            out.append("     conditions unresolved: " + "; ".join(r.unresolved))
     return out
 
 
