@@ -30,8 +30,15 @@ def read_regular(path, limit=None, tail=None, nofollow=False, max_size=None):
     `nofollow` (a file of a tree another user controls): a final symlink is refused (ELOOP), never followed;
     `max_size`: a larger file is refused (EFBIG) before a byte is read, and so is a sparse one (its size checked
     against its blocks: a 1.5 GB hole named *.py allocates nothing)."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(path, flags | (os.O_NOFOLLOW if nofollow else 0))
+    fd = os.open(path, READ_FLAGS | (os.O_NOFOLLOW if nofollow else 0))
+    return read_open(fd, path, limit, tail, max_size)
+
+
+READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
+
+
+def read_open(fd, path, limit=None, tail=None, max_size=None):
+    """read_regular's checks and read on a descriptor opened with READ_FLAGS (closed here)."""
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -159,11 +166,43 @@ class ScanBudget:
         self.left = total
 
 
-def read_static(path, budget=None, max_size=MAX_STATIC_FILE):
-    """The bytes of one file of the install, by the rules above; OSError (see unread_why) otherwise."""
+def open_beneath(base, path, flags):
+    """A descriptor of `path`, a path under the directory `base`, opened one component at a time below `base`,
+    none of them followed if a symlink (every directory O_DIRECTORY|O_NOFOLLOW, then the file O_NOFOLLOW): a
+    directory of the install that another user made a link (to a root-only tree) stops the walk (ELOOP or
+    ENOTDIR), and no '..' climbs out. `base` itself is the install as located, opened as named."""
+    top = base.rstrip("/") or "/"
+    if not path.startswith(top.rstrip("/") + "/"):
+        raise OSError(errno.EINVAL, "not under %s" % top, path)
+    parts = [p for p in path[len(top.rstrip("/")) + 1:].split("/") if p not in ("", ".")]
+    if not parts or ".." in parts:
+        raise OSError(errno.EINVAL, "not a plain path under %s" % top, path)
+    cloexec = getattr(os, "O_CLOEXEC", 0)
+    d = os.open(top, os.O_RDONLY | os.O_DIRECTORY | cloexec)
+    try:
+        for p in parts[:-1]:
+            try:
+                nd = os.open(p, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | cloexec, dir_fd=d)
+            except OSError as e:  # a link there is ENOTDIR (O_DIRECTORY is checked first): say it is a link
+                if e.errno == errno.ENOTDIR and stat.S_ISLNK(os.stat(p, dir_fd=d, follow_symlinks=False).st_mode):
+                    raise OSError(errno.ELOOP, "a directory on the way is a symlink: not followed", path) from None
+                raise
+            os.close(d)
+            d = nd
+        return os.open(parts[-1], flags | os.O_NOFOLLOW, dir_fd=d)
+    finally:
+        os.close(d)
+
+
+def read_static(path, budget=None, max_size=MAX_STATIC_FILE, base=None):
+    """The bytes of one file of the install, by the rules above; OSError (see unread_why) otherwise. With
+    `base` (the install directory the path is under), no directory between the two is followed if a link."""
     if budget is not None and budget.left <= 0:
         raise OSError(errno.EFBIG, "not read: the scan's bytes are spent", path)
-    data = read_regular(path, nofollow=True, max_size=max_size)
+    if base is None:
+        data = read_regular(path, nofollow=True, max_size=max_size)
+    else:
+        data = read_open(open_beneath(base, path, READ_FLAGS), path, max_size=max_size)
     if budget is not None:
         budget.left -= len(data)
     return data

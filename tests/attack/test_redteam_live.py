@@ -354,14 +354,12 @@ def test_attach_record_listing_a_fifo_a_link_and_dev_zero_hangs_nothing_reads_no
         rec.write_bytes(orig)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 27, open: gdb -p reads the server's executable by the name "
-                   "/proc/PID/exe gives ('…/python3 (deleted)', the service user's), so a FIFO planted there blocks "
-                   "gdb until GDB_TIMEOUT: 'attach failed: gdb timed out' after ~75 s (giving gdb /proc/PID/exe "
-                   "and exec-file-mismatch off fixed a single-threaded process by hand, not the server)")
 def test_attach_interpreter_replaced_by_a_fifo_hangs_nothing(owned_server, svc):
     """(1c) The server's interpreter (the service user's own copy: python3 is static here, so the ELF read is
     the interpreter's, as libpython's would be) replaced by a FIFO under its name after the server started:
-    the attach check reads the mapped file (/proc/PID/exe), never the name; the run ends ok, in time."""
+    the attach check reads the mapped file (/proc/PID/exe), never the name, and gdb loads a root-owned copy of it
+    read through that link (gdb would open the name the link reads, '…/python3 (deleted)'); the run ends ok, in
+    time."""
     server, python, _log, base = owned_server
     real, deleted = Path(str(python) + ".real"), Path(str(python) + " (deleted)")
     # a second name keeps the file; the name the server was started by, and the name /proc/PID/exe now reads

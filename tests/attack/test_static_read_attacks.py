@@ -96,6 +96,46 @@ def test_the_log_format_harvest_follows_no_link_of_the_service_user(stage, attac
     stage.assert_unharmed()
 
 
+def _linked_dir(stage, attacker, vdir):
+    """root's 0700 directory holding secret.py, and the attacker's `vllm/linked` -> that directory: a link on the
+    way to the file, not the file's own name (the final-link refusal does not see it)."""
+    rootdir = stage.victim.parent / "rootdir"
+    rootdir.mkdir(mode=0o700)
+    (rootdir / "secret.py").write_bytes(SECRET_PY)
+    (rootdir / "secret.py").chmod(0o600)
+    attacker.run(f"import os; os.symlink({str(rootdir)!r}, {str(vdir / 'linked')!r})")
+    return rootdir
+
+
+def test_no_read_follows_a_directory_link_of_the_service_user(stage, attacker, tree):
+    """The symbol index, the log-format harvest, the integrity scan and attach's RECORD check, each given a file
+    under `vllm/linked/` (the user's link to a root-only directory): none reads it; the index says it is a link."""
+    from mla_doctor.agent.attach import ops as attach_ops
+    from mla_doctor.agent.facts import integrity
+
+    vdir, _secret = tree
+    _linked_dir(stage, attacker, vdir)
+    out = symbols.index_tree(str(vdir), {"files": ["linked/secret.py", "attention/honest.py"],
+                                         "patterns": {"p": r"ROOT-ONLY|leaked|def "}})
+    assert out["linked/secret.py"] == {"exists": True, "error": "a symlink: not followed"}, out["linked/secret.py"]
+    assert "honest" in out["attention/honest.py"]["defs"]
+    found = log_formats.harvest_tree(str(vdir), digests={"linked/secret.py": None, "attention/honest.py": None},
+                                     known={"0" * 16})
+    assert not any("ROOT-ONLY" in r["format"] for r in found) and any("honest" in r["format"] for r in found)
+    # RECORD (the attacker's) lists the linked file with its true hash: a match would be an oracle on root's file
+    import base64
+    true = base64.urlsafe_b64encode(hashlib.sha256(SECRET_PY).digest()).rstrip(b"=").decode()
+    attacker.run(f"import os; d = os.path.join({str(vdir.parent)!r}, 'vllm-0.0.1.dist-info'); os.makedirs(d); "
+                 f"open(os.path.join(d, 'RECORD'), 'w').write('vllm/linked/secret.py,sha256={true},"
+                 f"{len(SECRET_PY)}\\n')")
+    dig = attach_ops._install_digest(str(vdir))
+    assert dig["files"] == 0 and dig["modified"] == ["vllm/linked/secret.py"], dig
+    assert dig["unread"]["vllm/linked/secret.py"] == "a symlink: not followed", dig
+    scan = integrity.scan_tree(str(vdir), {"vllm/linked/secret.py": "sha256=" + true}, ["root_only_secret_fn"])
+    assert "root_only_secret_fn" not in repr(scan) and "vllm/linked/secret.py" in scan["missing"], scan
+    stage.assert_unharmed()
+
+
 # ------------------------------------------------------------------ the model directory (README gap, closed)
 
 ROOT_CONFIG = b'{"model_type": "root-only-secret-model", "kv_lora_rank": 512}\n'

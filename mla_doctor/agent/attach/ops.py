@@ -125,7 +125,7 @@ def _install_digest(vdir):
     record = None
     for di in sorted(glob.glob(os.path.join(glob.escape(site), "vllm*.dist-info"))):
         try:
-            text = read_static(os.path.join(di, "RECORD"), max_size=MAX_RECORD).decode("utf-8", "replace")
+            text = read_static(os.path.join(di, "RECORD"), max_size=MAX_RECORD, base=site).decode("utf-8", "replace")
         except OSError:
             continue
         record = os.path.join(di, "RECORD")
@@ -140,7 +140,7 @@ def _install_digest(vdir):
                 or ".." in row[0].split("/"):
             continue
         try:
-            data = read_static(os.path.join(site, row[0]), budget)
+            data = read_static(os.path.join(site, row[0]), budget, base=site)
         except OSError as e:
             modified.append(row[0])
             unread[row[0]] = unread_why(e)

@@ -12,7 +12,7 @@ import io
 import os
 import re
 
-from ..common import read_regular, read_text, sha256_b64
+from ..common import READ_FLAGS, open_beneath, read_open, read_text, sha256_b64
 from .log_formats import module_wanted
 from .targets import MARK_RE
 
@@ -64,8 +64,8 @@ def scan_tree(vdir, record, symbols, digests=None):
             if total > MAX_SCAN_BYTES:
                 unreadable.append({"path": rel, "error": "not read: the scan's %d bytes are spent" % MAX_SCAN_BYTES})
                 continue
-            try:  # never through a symlink (reported instead), never a file too large or sparse
-                data = read_regular(full, nofollow=True, max_size=MAX_PY_BYTES)
+            try:  # no link followed, final or a directory on the way (reported instead); never too large or sparse
+                data = read_open(open_beneath(vdir, full, READ_FLAGS), full, max_size=MAX_PY_BYTES)
             except OSError as e:
                 why = "a symlink: not followed" if e.errno == errno.ELOOP else (e.strerror or str(e))
                 unreadable.append({"path": rel, "error": why})

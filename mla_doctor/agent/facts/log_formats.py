@@ -372,13 +372,13 @@ def harvest_tree(vllm_dir, whole=False, known=None, digests=None, cached=None, h
         sha = digests.get(rel) if digests is not None else None
         try:
             if known and sha is None:
-                data = read_static(path, budget)
+                data = read_static(path, budget, base=vllm_dir)
                 sha = hashlib.sha256(data).hexdigest()
             if known and sha[:PREFIX] in known:
                 cached[rel] = sha
                 continue
             if data is None:
-                data = read_static(path, budget)
+                data = read_static(path, budget, base=vllm_dir)
             text = _decoded(data)
         except (OSError, UnicodeDecodeError):
             continue

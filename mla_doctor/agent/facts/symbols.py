@@ -95,12 +95,12 @@ def _pattern_matches(text, patterns):
     return matches
 
 
-def index_file(path, patterns, known=None, budget=None):
+def index_file(path, patterns, known=None, budget=None, base=None):
     """Definitions (qualified name -> line) and pattern matches ([line, text]) of one source file. Where the
     controller holds the parse of this very content (`known`: digest prefixes, remote/parse_cache.py), the
     definitions are left to it: parser "cached", no syntax tree built."""
     try:  # the install is the service user's: never through a symlink, never a huge or sparse file
-        data = read_static(path, budget)
+        data = read_static(path, budget, base=base)
     except OSError as e:
         return {"exists": os.path.lexists(path), "error": unread_why(e)}
     text = data.decode("utf-8", "replace")
@@ -135,7 +135,7 @@ def index_tree(vdir, request):
             full = os.path.join(vdir, rel)
             if os.path.islink(full) or os.path.isfile(full):  # a link: reported by index_file, not followed
                 mine = patterns if pairs is None else {p: patterns[p] for p in pairs.get(rel) or () if p in patterns}
-                files[rel] = index_file(full, mine, known.get(rel), budget)
+                files[rel] = index_file(full, mine, known.get(rel), budget, vdir)
             else:
                 files[rel] = {"exists": False}
     finally:
