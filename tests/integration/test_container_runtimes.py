@@ -42,6 +42,44 @@ print(json.dumps(out))
 """
 
 
+def attach(fleet, node: cs.Node, served: cs.Served, *extra: str) -> dict:
+    """`mla-doctor run --host NODE` (attach, the default) over real SSH, and the proof it changed nothing: the verdict
+    from the probe's records, the same processes (host pids, start times), nothing left in the container or the
+    node. The report's host entry."""
+    run_root = f"/var/tmp/mla-ctr-{served.runtime}"
+    node.sh(f"rm -rf {run_root}")
+    before = cs.node_view(node, served.pid)
+    assert len(before["procs"]) >= 2 and before["left"] == [] and before["mounts"] == []
+    code, doc, out = cli("run", "--host", NODE, "--ssh-config", str(fleet.ssh_config), "--format", "json",
+                         "--run-root", run_root, *extra)
+    h = doc["hosts"][0]
+    assert code == 0 and h["status"] == "ok", out
+    live, att = h["live"], h["live"]["attach"]
+    assert live["method"] == "attach" and live["restarts"] == 0 and h["restored"] is True
+    assert str(h["server"]["pid"]) in before["procs"] and h["server"]["pid"] == served.pid
+    assert att["container"]["dir"].startswith("/dev/shm/mla-doctor-") and att["container_left"] is False
+    procs = att["processes"]
+    assert procs and {str(x["pid_before"]) for x in procs} <= set(before["procs"])
+    assert all(x["pid_before"] == x["pid_after"] and x["start_time_before"] == x["start_time_after"] for x in procs)
+    assert all(x["detached"] for x in procs if x["attached"])
+    worker = [x for x in procs if "MLACommonBaseImpl.forward_mha" in x["wrapped"]]
+    assert worker and all(not x["still_wrapped"] and not x["dynamo_changed"] for x in procs), procs
+    assert att["install_unchanged"] is True and att["install_before"]["files"] > 100
+    assert att["install_before"]["record"].startswith(cs.VENV + "/")  # read through the container's root
+    assert live["restored_completion"] == live["baseline_completion"]
+    obs = {x["name"]: (x["observed"]["prefill"], x["observed"]["decode"], x["observed"]["mha_steps"] > 0)
+           for x in h["prompts"]}
+    assert obs["short"] == ("mqa", "mqa", False) and obs["long"] == ("mha", "mqa", True)
+    after = cs.node_view(node, served.pid)
+    assert after == {"procs": before["procs"], "left": [], "mounts": []}  # same processes, nothing in the container
+    assert node.sh(f"test -e {run_root}/lock.json").returncode != 0
+    for m in node.ok(f"ls {run_root}/runs/*/manifest.json 2>/dev/null || true").split():
+        man = json.loads(node.ok(f"cat {m}"))
+        assert man["state"] == "reverted", man
+        assert not man.get("watchdog_pid") or node.sh(f"kill -0 {int(man['watchdog_pid'])}").returncode != 0
+    return h
+
+
 def agent(node: cs.Node, *args: str) -> dict | None:
     return json.loads(node.python(AGENT, str(ROOT), *args))
 
@@ -71,13 +109,27 @@ def node(fleet):
         fleet.stop_service_host(NODE)
 
 
+@pytest.fixture(scope="class")
+def containerd_pod(node):
+    try:
+        yield cs.start_containerd_server(node)
+    finally:
+        cs.stop_containerd_server(node)
+
+
+@pytest.fixture(scope="class")
+def podman_container(node):
+    try:
+        yield cs.start_podman_server(node)
+    finally:
+        cs.stop_podman_server(node)
+
+
+@pytest.mark.usefixtures("containerd_pod")
 class TestContainerdPod:
-    @pytest.fixture(scope="class")
-    def served(self, node):
-        try:
-            yield cs.start_containerd_server(node)
-        finally:
-            cs.stop_containerd_server(node)
+    @pytest.fixture
+    def served(self, containerd_pod):
+        return containerd_pod
 
     def test_server_pid_maps_to_the_pod_container(self, node, served):
         ref = agent(node, "locate", str(served.pid))
@@ -115,14 +167,20 @@ class TestContainerdPod:
         assert "--method attach" in h["error"]
         assert start_time(node, served.pid) == before  # never stopped or restarted
 
+    def test_attach_into_the_pod_named_by_its_kubernetes_names(self, fleet, node, served):
+        """The pod's own network namespace (only its loopback): every request is made inside it by the agent."""
+        h = attach(fleet, node, served, "--container", "ml-serving/vllm-tiny-0/vllm")
+        sup = h["server"]["supervisor"]
+        assert (sup["kind"], sup["runtime"], sup["pod"], sup["container_name"]) == (
+            "kubernetes", "containerd", "vllm-tiny-0", "vllm")
+        assert h["server"]["own_netns"] is True
 
+
+@pytest.mark.usefixtures("podman_container")
 class TestPodman:
-    @pytest.fixture(scope="class")
-    def served(self, node):
-        try:
-            yield cs.start_podman_server(node)
-        finally:
-            cs.stop_podman_server(node)
+    @pytest.fixture
+    def served(self, podman_container):
+        return podman_container
 
     def test_server_pid_maps_to_the_podman_container(self, node, served):
         ref = agent(node, "locate", str(served.pid))
@@ -146,3 +204,10 @@ class TestPodman:
         h = doc["hosts"][0]
         assert code != 0 and h["error_kind"] == "WrongRuntime" and "--method attach" in h["error"], out
         assert start_time(node, served.pid) == before
+
+    def test_attach_found_by_its_port_on_the_node(self, fleet, node, served):
+        """No --container: the server is the owner of the port's listening socket (host network)."""
+        h = attach(fleet, node, served)
+        sup = h["server"]["supervisor"]
+        assert (sup["kind"], sup["name"], sup["container"]) == ("podman", cs.PODMAN_NAME, served.id)
+        assert h["server"]["own_netns"] is False

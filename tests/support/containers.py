@@ -219,5 +219,32 @@ def node_container_processes(node: Node) -> str:
     return node.sh("ps -eo pid,ppid,user,args --forest | head -60").stdout.decode("utf-8", "replace")
 
 
+# the container's processes as the node sees them (host pid -> start time: every process in the server's mount
+# namespace), any run directory left in it (under its /dev/shm, /tmp, /var/tmp) or mounted in its namespace
+NODE_VIEW = r"""
+import json, os, re, sys
+pid = int(sys.argv[1])
+mnt = os.stat("/proc/%d/ns/mnt" % pid).st_ino
+procs = {}
+for p in os.listdir("/proc"):
+    if p.isdigit():
+        try:
+            ns = os.stat("/proc/%s/ns/mnt" % p).st_ino
+            stat = open("/proc/%s/stat" % p, "rb").read()
+        except OSError:
+            continue
+        if ns == mnt:
+            procs[p] = int(stat[stat.rfind(b")") + 2:].split()[19])
+left = [d + "/" + n for d in ("/dev/shm", "/tmp", "/var/tmp")
+        for n in os.listdir("/proc/%d/root%s" % (pid, d)) if n.startswith("mla-doctor")]
+mounts = [ln for ln in open("/proc/%d/mountinfo" % pid) if re.search(r"/mla-doctor-[0-9]", ln)]  # a run's
+print(json.dumps({"procs": procs, "left": left, "mounts": mounts}))
+"""
+
+
+def node_view(node: Node, pid: int) -> dict:
+    return json.loads(node.python(NODE_VIEW, str(pid)))
+
+
 def repo_root() -> Path:
     return Path(__file__).resolve().parents[2]
