@@ -44,14 +44,17 @@ demo-packages:
 	@$(PYTHON) tools/ensure_gdb.py || [ "$$(id -u)" != 0 ]
 
 # The tiers' own, beside the demo's: iproute2 for the test fleet (nftables: the fault tier's packet loss), sudo
-# for the non-root host, chromium to render the HTML report (headless, offline), systemd and docker.io (dockerd)
-# for the service host of the systemd/docker runtimes (tests/fleet/service-host.sh). Installed only when missing
+# for the non-root host, chromium to render the HTML report (headless, offline), systemd, docker.io (dockerd),
+# containerd (ctr) and podman for the service host of the systemd/docker/containerd/podman runtimes
+# (tests/fleet/service-host.sh). Installed only when missing
 # and root, by the targets that need them: `test`, `unit-local` (chromium, sshd); never by `setup`, `unit` or
 # `demo`.
 system-packages: demo-packages
 	@missing=""; \
 	[ -x /lib/systemd/systemd ] || missing="$$missing systemd"; \
 	command -v dockerd >/dev/null 2>&1 || missing="$$missing docker.io"; \
+	command -v ctr >/dev/null 2>&1 || missing="$$missing containerd"; \
+	command -v podman >/dev/null 2>&1 || missing="$$missing podman"; \
 	command -v ip >/dev/null 2>&1 || missing="$$missing iproute2"; \
 	command -v nft >/dev/null 2>&1 || missing="$$missing nftables"; \
 	command -v sudo >/dev/null 2>&1 || missing="$$missing sudo"; \
