@@ -195,6 +195,12 @@ def test_the_records_directory_is_handed_to_the_users_uid_and_its_own_gid(groupe
     st = os.stat(fs.records_dir(run_dir))
     assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (grouped.uid, grouped.gid, 0o700)
     assert fs.records_owner(run_dir) == grouped.uid
+    # handed over later (a restart learns the server's user): a run made for root, then given to the user
+    later = fs.run_dir_of(root, "r" + uuid.uuid4().hex[:12])
+    fs.make_run_dirs(root, later, (0, 0))
+    fs.set_records_owner(later, *owner)
+    st = os.stat(fs.records_dir(later))
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (grouped.uid, grouped.gid, 0o700)
 
 
 # --------------------------------------------------------------------------- bug 5 and the attach reads
