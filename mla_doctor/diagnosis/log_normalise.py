@@ -196,7 +196,8 @@ def clean_line(raw: str, out: Optional[Normalised] = None, n: int = 0) -> Tuple[
         for kind, rx in (("quote", _QUOTE), ("launcher", _LAUNCHER), ("service", _SERVICE), ("timestamp", _TS),
                          ("kernel_time", _KERNEL_TS), ("host_log", _HOST_LOG), ("markdown", _MD_OPEN)):
             m = rx.match(s)
-            if m and m.end():
+            # Markdown emphasis only with its closing marker (a kernel call trace's "__handle_mm_fault+0x…" is none)
+            if m and m.end() and (kind != "markdown" or _MD_CLOSE.search(s)):
                 if out is not None:
                     out.note(kind, n, raw)
                 s = s[m.end():]

@@ -225,6 +225,9 @@ def test_a_kernel_oom_kill_is_an_oom_death_of_the_process_its_pid_names():
                   "[ 8123.456789] Out of memory: Killed process 77 (python3) total-vm:1kB, anon-rss:1kB",
                   "Mar 24 23:54:53 gpu-host kernel: oom-kill:constraint=CONSTRAINT_NONE,task=python3,pid=77,uid=0"])
     assert r.died == "worker" and r.death_kind == "oom" and r.fatal_cause.n == 2   # the words first: kept
+    # the kernel's call trace before its kill (real_logs/146): "__handle_mm_fault" is no Markdown emphasis
+    r = read_log(["[11751.275926]  __handle_mm_fault+0xa64/0xf80", "[11751.275931]  handle_mm_fault+0xd0/0x310"])
+    assert "markdown" not in r.normalised["stripped"] and r.normalised["stripped"]["kernel_time"]["count"] == 2
     # a bare "Killed" alone: a death by signal (SIGKILL), an OOM kill likely but not proven
     r = read_log(["INFO 11-07 17:17:41 [loader.py:458] Loading weights took 6.71 seconds", "Killed"])
     assert r.death_kind == "signal" and r.fatal_cause.n == 2 and "unplaced" not in r.normalised
