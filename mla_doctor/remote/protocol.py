@@ -163,6 +163,11 @@ class DockerFindAnswer(Answer):
     def containers(self) -> list[dict[str, Any]]:
         return list(self.raw.get("containers") or [])
 
+    @property
+    def unproven(self) -> list[dict[str, Any]]:
+        """Containers where a process only looks like a vLLM server (id, pid, user, why): never diagnosed."""
+        return [u for u in self.raw.get("unproven") or [] if isinstance(u, dict)]
+
 
 # ---------------------------------------------------------------- requests
 

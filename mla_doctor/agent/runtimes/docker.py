@@ -15,7 +15,7 @@ from .. import reexec
 from ..common import time_now
 from ..daemon import watchdog_pid, watchdog_start, start_daemon
 from ..facts.logs import filter_lines
-from ..facts.processes import find_servers
+from ..facts.processes import find_servers, identify
 from ..fs import read_json, server_paths, write_private
 from ..lease import lease_expired, write_lease
 from ..protocol import AGENT_VERSION, BOOTSTRAP, Refusal
@@ -51,19 +51,43 @@ def docker_inspect(container):
                                     "io.kubernetes.container.name") and isinstance(v, str)}}
 
 
+def _docker_container(srv):
+    sup = srv.get("supervisor") or {}
+    if sup.get("kind") in ("docker", "kubernetes") and sup.get("container") and \
+            sup.get("runtime", "docker") == "docker":
+        return sup["container"]
+    return None
+
+
+def proven_containers(candidates):
+    """({container id: [pids of the vLLM servers proven in it]}, [look-alikes in a container: id, pid, user,
+    why]). A container counts only for a server identify() proves (the process that holds the listening socket
+    of its own port, its install its own): a process that merely looks like vLLM (its argv, a mapping) never
+    makes its container the one diagnosed, and is listed with why."""
+    servers, lookalikes, _error = identify({}, candidates)
+    seen = {}
+    for srv in servers:
+        cid = _docker_container(srv)
+        if cid:
+            seen.setdefault(cid, []).append(srv["pid"])
+    by_pid = {c["pid"]: c for c in candidates}
+    unproven = []
+    for x in lookalikes:
+        cid = _docker_container(by_pid.get(x["pid"]) or {})
+        if cid:
+            unproven.append({"id": cid, "pid": x["pid"], "user": x.get("user"), "why": x["why"]})
+    return seen, unproven
+
+
 def op_docker_find(plan):
-    """The container to diagnose: the one named, else every container that runs a vLLM server."""
+    """The container to diagnose: the one named, else every container in which a vLLM server is proven (see
+    proven_containers); those where something only looks like one are listed apart (`unproven`)."""
     out = {"agent_version": AGENT_VERSION, "op": "docker_find", "containers": []}
     if plan.get("container"):
         info = docker_inspect(plan["container"])
         out["containers"].append(info)
         return out
-    seen = {}
-    for srv in find_servers():
-        sup = srv.get("supervisor") or {}
-        if sup.get("kind") in ("docker", "kubernetes") and sup.get("container") and \
-                sup.get("runtime", "docker") == "docker":
-            seen.setdefault(sup["container"], []).append(srv["pid"])
+    seen, unproven = proven_containers(find_servers())
     for cid, pids in sorted(seen.items()):
         try:
             info = docker_inspect(cid)
@@ -71,6 +95,8 @@ def op_docker_find(plan):
             info = {"id": cid, "error": str(e)}
         info["server_pids"] = pids
         out["containers"].append(info)
+    if unproven:
+        out["unproven"] = unproven
     return out
 
 

@@ -45,9 +45,12 @@ def find_container(transport: Transport, conn: ConnectOptions, ropts: RunOptions
     if not found:
         what = f"container {ropts.container} is not running" if ropts.container else \
             "no running container with a vLLM server on this host (name one with --container)"
-        raise RemoteError(what, host=transport.name)
+        seen = "; ".join(f"container {str(u.get('id'))[:12]} pid {u.get('pid')} (user {u.get('user')}): "
+                         f"{u.get('why')}" for u in res.unproven)
+        raise RemoteError(what + (f"; looks like one but not proven: {seen}" if seen else ""), host=transport.name)
     if len(found) > 1:
-        names = ", ".join(c.get("name") or c["id"][:12] for c in found)
+        names = ", ".join(f"{c.get('name') or c['id'][:12]} (server pid "
+                          f"{', '.join(str(p) for p in c.get('server_pids') or []) or '?'})" for c in found)
         raise UsageError(f"several containers run a vLLM server: {names} (name one with --container)")
     return found[0]
 
