@@ -605,7 +605,8 @@ def _sparse_by_name(recs: List[Record], prompts: List[Tuple[int, str]], markers:
             continue
         name = nm.group(1).rstrip(".").rstrip("/").rsplit("/", 1)[-1]
         if markers["_dense_model_names"].match(name):
-            return Decision(False, "from the model's name: %s, a family without sparse attention (the name only: "
+            return Decision(False, "from the model's name: %s, a family without sparse attention (the name only, "
+                            "by the tool's hand-kept list of families, knowledge/log_markers.yaml dense_model_names: "
                             "no line states the backend or the architecture)" % name, [n],
                             next((r.text for r in recs if r.n == n), text))
     return None
