@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
 
 import pytest
 
@@ -211,3 +212,31 @@ class TestPodman:
         sup = h["server"]["supervisor"]
         assert (sup["kind"], sup["name"], sup["container"]) == ("podman", cs.PODMAN_NAME, served.id)
         assert h["server"]["own_netns"] is False
+
+
+@pytest.fixture(scope="class")
+def rootless(node):
+    user = cs.make_rootless_user(node, "mlacr" + uuid.uuid4().hex[:6])
+    try:
+        yield user, cs.start_rootless_podman_server(node, user)
+    finally:
+        cs.remove_rootless_user(node, user)
+
+
+@pytest.mark.usefixtures("rootless")
+class TestRootlessPodman:
+    def test_server_pid_maps_to_the_users_container_without_a_cgroup_of_its_own(self, node, rootless):
+        user, served = rootless
+        assert "libpod" not in node.ok(f"cat /proc/{served.pid}/cgroup")  # only the runtime's record tells
+        ref = agent(node, "locate", str(served.pid))
+        assert ref is not None, cs.node_container_processes(node)
+        assert (ref["runtime"], ref["id"], ref["name"], ref["rootless_uid"]) == (
+            "podman", served.id, cs.ROOTLESS_NAME, user.uid)  # the name: that user's podman asked, as that user
+        assert ref["uid"] == user.uid and ref["root_pid"] == served.pid
+        assert ref["label"] == f"podman container {cs.ROOTLESS_NAME} (rootless, uid {user.uid})"
+
+    def test_named_through_that_users_podman(self, node, rootless):
+        _user, served = rootless
+        got = agent(node, "resolve", cs.ROOTLESS_NAME, served.id[:12])
+        for n, r in got.items():
+            assert r.get("id") == served.id and r["root_pid"] == served.pid, (n, r)

@@ -205,6 +205,55 @@ def stop_podman_server(node: Node) -> None:
     node.sh(f"podman rm -f -t 5 {PODMAN_NAME}; podman rmi -f {PODMAN_IMAGE}", timeout=120)
 
 
+# --- rootless podman: a user of the node runs it, in its own user namespace ------------------------------------
+
+ROOTLESS_NAME = "tiny-vllm-rootless"
+
+
+@dataclass
+class RootlessUser:
+    name: str
+    uid: int
+    home: str  # in the node's own /run: its podman storage, gone with the node
+
+    def podman(self, args: str) -> str:
+        return (f"cd / && runuser -u {self.name} -- env HOME={self.home} USER={self.name} "
+                f"XDG_RUNTIME_DIR=/run/user/{self.uid} PATH=/usr/bin:/bin podman {args}")
+
+
+def make_rootless_user(node: Node, name: str) -> RootlessUser:
+    """A system user (no subordinate ids: podman maps only its own uid, as root of the container), its runtime
+    directory and home in the node's /run; /dev/shm world-writable as on any host (podman's locks are there)."""
+    home = f"/run/{name}-home"
+    node.ok(f"useradd --system --no-create-home --home-dir {home} --shell /usr/sbin/nologin {name}")
+    uid = int(node.ok(f"id -u {name}").strip())
+    node.ok(f"install -d -o {uid} -g {uid} -m 700 {home} /run/user/{uid} && chmod 1777 /dev/shm")
+    return RootlessUser(name, uid, home)
+
+
+def remove_rootless_user(node: Node, user: RootlessUser) -> None:
+    node.sh(user.podman(f"rm -f -t 5 {ROOTLESS_NAME}") + "; " + user.podman("rmi -af"), timeout=120)
+    # podman's pause process (it holds the user's namespace) is the user's last: ended by its pid file
+    node.sh(f"p=$(cat /run/user/{user.uid}/libpod/tmp/pause.pid 2>/dev/null) && kill -KILL \"$p\"; sleep 0.5; "
+            f"userdel {user.name}; rm -rf {user.home} /run/user/{user.uid}")
+
+
+def start_rootless_podman_server(node: Node, user: RootlessUser) -> Served:
+    """Rootless podman as that user: the container's root is the user's uid on the node (on this machine's cgroup
+    v1, no cgroup of its own: only the runtime's record names it)."""
+    node.ok(user.podman(f"import - {PODMAN_IMAGE}") + " > /dev/null", timeout=300, stdin=rootfs_tar())
+    mounts = " ".join(f"-v {shlex.quote(s)}:{d}:ro" for s, d in _mounts())
+    envs = " ".join("-e " + shlex.quote(f"{k}={v}") for k, v in sorted(server_env().items()))
+    node.ok(user.podman(f"run -d --name {ROOTLESS_NAME} --network host --shm-size 1g {PODMAN_LIMITS} {mounts} "
+                        f"{envs} -w /tmp {PODMAN_IMAGE} " + " ".join(shlex.quote(a) for a in server_argv())),
+            timeout=120)
+    info = json.loads(node.ok(user.podman(f"inspect {ROOTLESS_NAME}")))[0]
+    served = Served("podman", info["Id"], ROOTLESS_NAME, int(info["State"]["Pid"]), None, info)
+    wait_ready(node, None, logs=lambda: node.sh(user.podman(f"logs --tail 40 {ROOTLESS_NAME}") + " 2>&1")
+               .stdout.decode())
+    return served
+
+
 def wait_gone(node: Node, pid: int, timeout: float = 30) -> bool:
     deadline = time.time() + timeout
     while time.time() < deadline:

@@ -407,12 +407,16 @@ def docker_record(cid):
 def _podman_inspect(cid, rootless_uid=None):
     argv = ["podman", "inspect", "--type", "container", cid]
     env = None
-    if rootless_uid is not None:  # that user's podman, in that user's runtime directory
-        from ..common import user_name
+    if rootless_uid is not None:  # that user's podman: its runtime directory and home (its storage), from /
+        import pwd
 
-        argv = ["runuser", "-u", user_name(rootless_uid), "--"] + argv
-        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "XDG_RUNTIME_DIR": "%s/%d" % (USER_RUNTIME_DIRS,
-                                                                                      rootless_uid)}
+        try:
+            pw = pwd.getpwuid(rootless_uid)
+        except KeyError:
+            return None
+        argv = ["runuser", "-u", pw.pw_name, "--", "env", "-C", "/"] + argv
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": pw.pw_dir, "USER": pw.pw_name,
+               "XDG_RUNTIME_DIR": "%s/%d" % (USER_RUNTIME_DIRS, rootless_uid)}
     rc, out, _err = run_argv(argv, timeout=20, env=env)
     if rc != 0:
         return None
