@@ -13,7 +13,7 @@ def close_run(root, run_id, run_dir, reason):
 
     out = {}
     try:
-        out["container"] = _unmount(run_dir)
+        out["container"] = unmount(run_dir)
         res = revert_run(run_dir, reason=reason)
     finally:
         release_lock(root, run_id)
@@ -21,7 +21,7 @@ def close_run(root, run_id, run_dir, reason):
     return out
 
 
-def _unmount(run_dir):
+def unmount(run_dir):
     """The run directory bound into a container (container.py) is taken out of it first: after the probes'
     last records, before the run directory goes."""
     from . import container

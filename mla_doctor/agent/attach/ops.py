@@ -173,6 +173,9 @@ def op_attach(plan):
     # from here on the run must finish even if the controller's connection drops
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    # nor a Ctrl-C at the controller's terminal (a local agent is in its process group): the controller
+    # decides, and a detach cut halfway would leave the run open (its lock; a container's bind)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     run_root(plan)
     from ..lease import write_lease
     from ..change.lock import take_lock
@@ -264,6 +267,9 @@ def op_detach(plan):
     they are now (pid, start time) and the install's hashes."""
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    # nor a Ctrl-C at the controller's terminal (a local agent is in its process group): the controller
+    # decides, and a detach cut halfway would leave the run open (its lock; a container's bind)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     root = fs.root_of(plan)
     run_dir = plan_run_dir(plan)
     manifest = read_json(fs.manifest_path(run_dir))

@@ -56,7 +56,13 @@ def op_revert(plan):
                                 "files": [r["rel"] for r in m.get("files", [])], "dry_run": True})
             continue
         stop_watchdog(d)
+        if m.get("container"):  # an attach run's directory bound into a container: taken out of it first
+            from ..attach.closing import unmount
+
+            bound = unmount(d)
         res = revert_run(d, reason=plan.get("reason") or "mla-doctor revert")
+        if m.get("container"):
+            res["container"] = bound
         if res["state"] == "revert-refused":  # nothing of it touched, its server spec not run either
             res["files"] = [{"path": fs.manifest_path(d), "outcome": "refused: " + p} for p in res["refused"]]
         elif plan.get("restore_server", True):
