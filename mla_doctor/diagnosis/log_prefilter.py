@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Pattern, Sequence, Tuple
 
 from mla_doctor.diagnosis import log_facts, log_life, log_runs
-from mla_doctor.diagnosis.log_normalise import _GLUED, _PROMPT, MAX_LINE, clean_line, split_record
+from mla_doctor.diagnosis.log_normalise import _GLUED, _LEVEL_START, _PROMPT, MAX_LINE, clean_line, split_record
 
 try:   # the regex parser and compiler (3.11+: re._parser; 3.9/3.10: sre_parse, as the re module itself uses)
     from re import _compiler as _sre_compile  # type: ignore[attr-defined]
@@ -202,6 +202,7 @@ RULE_MODULES = (log_facts, log_life, log_runs)
 @dataclass
 class Triggers:
     patterns: List[Pattern[str]]      # relaxed
+    sources: List[Pattern[str]]       # as the rules have them
     literals: Tuple[str, ...]         # as SIGMA reads them
     files: frozenset                  # logger file names a rule knows (SIGMA-read)
     exact: bool                       # every pattern could be relaxed (else a line no pattern was read for is
@@ -228,7 +229,7 @@ def triggers(extra: Tuple[Pattern[str], ...] = ()) -> Triggers:
             relaxed.append(got)
     lits = _rule_literals()
     files = set(log_life._WHERE) | set(log_facts._logger_files(markers))
-    return Triggers(relaxed, tuple(lits), frozenset(f.translate(SIGMA) for f in files), exact)
+    return Triggers(relaxed, list(found), tuple(lits), frozenset(f.translate(SIGMA) for f in files), exact)
 
 
 # --------------------------------------------------------------------------- the formats' heads, by SIGMA
@@ -311,15 +312,18 @@ def _normaliser_uniform() -> bool:
 def _class_quiet(line: str, tr: Triggers, idx: Sequence[Heads]) -> Optional[Tuple[int, int]]:
     """(message length, line length) of the lines of this class (``line``: one of them with every digit as 0)
     when they are quiet, else None."""
-    if len(line) > MAX_LINE or line[:1] not in "ID" or clean_line(line) != (line, (), None):
+    # a record of its own (its level opens it: never a wrapped line's tail), as the normaliser leaves it
+    if len(line) > MAX_LINE or not _LEVEL_START.match(line) or clean_line(line) != (line, (), None):
         return None
     msg, level, where = split_record(line)
-    if level not in ("INFO", "DEBUG") or not where or not msg or not line.endswith(msg) \
-            or len(_GLUED.split(line, maxsplit=2)) != 1 or _PROMPT.match(line):
+    if level not in ("INFO", "DEBUG") or not line.startswith(level) or not where or not msg \
+            or not line.endswith(msg) or len(_GLUED.split(line, maxsplit=2)) != 1 or _PROMPT.match(line):
         return None
     if where.rsplit("/", 1)[-1].split(":", 1)[0] in tr.files:
         return None
-    for text in (msg, where):
+    # the message, the logger, and the whole line after its level word (a rule reads a record's text too: the
+    # engine markers at "text"); no rule pattern names a level word (tests/unit/test_log_prefilter.py)
+    for text in (msg, where, line[len(level):]):
         if any(lit in text for lit in tr.literals) or any(rx.search(text) for rx in tr.patterns):
             return None
     if any(_any_head(msg, i) for i in idx):

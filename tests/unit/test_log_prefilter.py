@@ -124,7 +124,9 @@ def test_lines_a_rule_reads_are_never_left_out():
                  "(EngineCore_DP0 pid=1) INFO 01-01 00:00:00 [loader.py:42] loading shard 1",    # a tag
                  "2026-01-01T00:00:00Z INFO 01-01 00:00:00 [loader.py:42] loading shard 1",      # a prefix
                  "WARNING 01-01 00:00:00 [loader.py:42] loading shard 1 of the weights",
-                 "INFO 01-01 00:00:00 [loader.py:42] loading shard 1 INFO 01-01 00:00:00 [x.py:1] glued"):
+                 "INFO 01-01 00:00:00 [loader.py:42] loading shard 1 INFO 01-01 00:00:00 [x.py:1] glued",
+                 "I1203 18:07:28.239000 10447 torch/x.py:53] loading shard 1",   # glog: not its own record
+                 "INFO 01-01 00:00:00 [vllm/v1/worker/loader.py:42] loading shard 1"):     # a V1 source path
         assert quiet(line) is None, line
 
 
@@ -142,6 +144,14 @@ def test_the_rules_patterns_are_what_it_reads(monkeypatch):
     finally:
         monkeypatch.delattr(log_facts, "_NEW_RULE")
         log_prefilter.triggers.cache_clear()
+
+
+def test_no_rule_pattern_names_a_level_word():
+    """A quiet line's text is searched after its level word (INFO, DEBUG), which an upper-case-word pattern
+    (log_facts._BACKEND_WORD, read on messages only) would always match; no rule pattern names one."""
+    tr = log_prefilter.triggers((log_reading._VERSION_LINE, log_reading._EXC))
+    named = [rx.pattern for rx in tr.sources if re.search(r"INFO|DEBUG", rx.pattern)]
+    assert not named and len(tr.sources) > 80
 
 
 def test_every_rule_pattern_relaxes_and_the_normaliser_reads_digits_alike():
