@@ -146,6 +146,19 @@ def test_the_rules_patterns_are_what_it_reads(monkeypatch):
         log_prefilter.triggers.cache_clear()
 
 
+def test_every_log_module_is_read_or_said_not_to_hold_rules():
+    """A new module of the reader (diagnosis/log_*.py) is either a rule module whose patterns and literals make
+    lines matter (log_prefilter.RULE_MODULES) or said here not to read records: a rule added in a module of
+    its own cannot be missed."""
+    not_rules = {"log_normalise",   # the normaliser: its patterns must read digits alike (checked below)
+                 "log_reading",     # formats and the record grammar: the version and exception lines are passed
+                 "log_names",       # backend and display names, read on facts and fatal lines only
+                 "log_tail", "log_prefilter"}
+    rules = {m.__name__.rsplit(".", 1)[-1] for m in log_prefilter.RULE_MODULES}
+    found = {p.stem for p in (ROOT / "mla_doctor" / "diagnosis").glob("log_*.py")}
+    assert found == rules | not_rules, found ^ (rules | not_rules)
+
+
 def test_no_rule_pattern_names_a_level_word():
     """A quiet line's text is searched after its level word (INFO, DEBUG), which an upper-case-word pattern
     (log_facts._BACKEND_WORD, read on messages only) would always match; no rule pattern names one."""
