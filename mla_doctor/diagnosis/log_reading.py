@@ -744,7 +744,7 @@ def _read(lines: Sequence[Any], version: Optional[str], distribution: Optional[s
     if skipped is not None:
         # a line left out costs each matcher its message's length (no format's head is in it); with it the
         # budget is not spent by the last line (the whole read's steps only grow), so no line stopped the read
-        calls = 2 if m_any is not None and m_any is not m_all else 1
+        calls = 2 if m_any is not None else 1   # match() calls a record (both count when they are one matcher)
         spent = m_all.steps + (m_any.steps if m_any is not None and m_any is not m_all else 0) - start
         if spent + calls * skipped.chars(sk_a, sk_b) > max_steps:
             raise _BudgetNear()
