@@ -171,27 +171,56 @@ def open_beneath(base, path, flags):
     none of them followed if a symlink (every directory O_DIRECTORY|O_NOFOLLOW, then the file O_NOFOLLOW): a
     directory of the install that another user made a link (to a root-only tree) stops the walk (ELOOP or
     ENOTDIR), and no '..' climbs out. `base` itself is the install as located, opened as named."""
-    top = base.rstrip("/") or "/"
-    if not path.startswith(top.rstrip("/") + "/"):
-        raise OSError(errno.EINVAL, "not under %s" % top, path)
-    parts = [p for p in path[len(top.rstrip("/")) + 1:].split("/") if p not in ("", ".")]
-    if not parts or ".." in parts:
-        raise OSError(errno.EINVAL, "not a plain path under %s" % top, path)
-    cloexec = getattr(os, "O_CLOEXEC", 0)
-    d = os.open(top, os.O_RDONLY | os.O_DIRECTORY | cloexec)
+    opener = Beneath(base)
     try:
-        for p in parts[:-1]:
+        return opener.open(path, flags)
+    finally:
+        opener.close()
+
+
+class Beneath(object):
+    """open_beneath for the many files of one walk: the directories on the way are opened once each (by the same
+    rules) and kept while the next path shares them, so a tree walk opens each directory once instead of once per
+    file below it; at most the walk's depth is open at once. close() when the walk is done."""
+
+    def __init__(self, base):
+        self.top = base.rstrip("/") or "/"
+        self.names = []  # the directories below top now open, outermost first
+        self.fds = []  # top's descriptor, then one per name
+
+    def open(self, path, flags):
+        top = self.top
+        if not path.startswith(top.rstrip("/") + "/"):
+            raise OSError(errno.EINVAL, "not under %s" % top, path)
+        parts = [p for p in path[len(top.rstrip("/")) + 1:].split("/") if p not in ("", ".")]
+        if not parts or ".." in parts:
+            raise OSError(errno.EINVAL, "not a plain path under %s" % top, path)
+        cloexec = getattr(os, "O_CLOEXEC", 0)
+        if not self.fds:
+            self.fds.append(os.open(top, os.O_RDONLY | os.O_DIRECTORY | cloexec))
+        dirs = parts[:-1]
+        k = 0
+        while k < len(self.names) and k < len(dirs) and self.names[k] == dirs[k]:
+            k += 1
+        while len(self.names) > k:
+            self.names.pop()
+            os.close(self.fds.pop())
+        for p in dirs[k:]:
+            d = self.fds[-1]
             try:
                 nd = os.open(p, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | cloexec, dir_fd=d)
             except OSError as e:  # a link there is ENOTDIR (O_DIRECTORY is checked first): say it is a link
                 if e.errno == errno.ENOTDIR and stat.S_ISLNK(os.stat(p, dir_fd=d, follow_symlinks=False).st_mode):
                     raise OSError(errno.ELOOP, "a directory on the way is a symlink: not followed", path) from None
                 raise
-            os.close(d)
-            d = nd
-        return os.open(parts[-1], flags | os.O_NOFOLLOW, dir_fd=d)
-    finally:
-        os.close(d)
+            self.fds.append(nd)
+            self.names.append(p)
+        return os.open(parts[-1], flags | os.O_NOFOLLOW, dir_fd=self.fds[-1])
+
+    def close(self):
+        while self.fds:
+            os.close(self.fds.pop())
+        self.names = []
 
 
 def read_static(path, budget=None, max_size=MAX_STATIC_FILE, base=None):

@@ -82,3 +82,55 @@ def test_dist_info_files_are_never_read_through_a_symlink(tmp_path):
     (di / "RECORD").write_text("vllm/__init__.py,,\n")
     ident = install.vllm_identity(str(v))
     assert ident["version"] != "6.6.6-from-a-root-only-file"
+
+
+def test_one_walk_opens_each_directory_once_with_the_same_answers(tmp_path, monkeypatch):
+    """common.Beneath (the scan's opener) answers what open_beneath answers file by file -- the bytes, or the
+    same error for a link (final or a directory on the way), a missing file, a path outside -- while it opens each
+    directory once for the files below it and keeps at most the walk's depth open."""
+    import errno
+
+    from mla_doctor.agent import common
+
+    site, v = _tree(tmp_path)
+    for d in ("a", "a/b", "a/b/c", "d"):
+        (v / d).mkdir()
+        for i in range(3):
+            (v / d / f"m{i}.py").write_text(f"# {d} {i}\n")
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "s.py").write_text("secret\n")
+    (v / "a" / "linked").symlink_to(secret)
+    (v / "a" / "b" / "l.py").symlink_to(secret / "s.py")
+    paths = [str(v / p) for p in ("__init__.py", "ok.py", "a/m0.py", "a/b/m0.py", "a/b/c/m0.py", "a/b/c/m2.py",
+                                  "a/b/l.py", "a/linked/s.py", "a/linked/s.py", "a/b/m1.py", "a/nope.py", "d/m1.py",
+                                  "a/../ok.py")] + [str(secret / "s.py")]
+
+    def answer(opener, p):
+        try:
+            return common.read_open(opener(p, common.READ_FLAGS), p)
+        except OSError as e:
+            return errno.errorcode[e.errno]
+
+    want = []
+    for p in paths:
+        want.append(answer(lambda q, f: common.open_beneath(str(v), q, f), p))
+    assert want[:6] == [b"", b"def forward_mha(self):\n    pass\n", b"# a 0\n", b"# a/b 0\n", b"# a/b/c 0\n",
+                        b"# a/b/c 2\n"]
+    assert want[6:] == ["ELOOP", "ELOOP", "ELOOP", b"# a/b 1\n", "ENOENT", b"# d 1\n", "EINVAL", "EINVAL"]
+
+    opens, real_open = [], os.open
+    monkeypatch.setattr(os, "open", lambda *a, **kw: opens.append(a[0]) or real_open(*a, **kw))
+    before = len(os.listdir("/proc/self/fd"))
+    walk = common.Beneath(str(v))
+    got, most = [], 0
+    for p in paths:
+        got.append(answer(walk.open, p))
+        most = max(most, len(os.listdir("/proc/self/fd")) - before)
+    walk.close()
+    assert got == want
+    assert len(os.listdir("/proc/self/fd")) == before  # closed
+    assert most <= 5  # top, a, b, c (and listdir's own)
+    dir_opens = [n for n in opens if not str(n).endswith(".py")]
+    # per file, open_beneath would open 27 directories here; a link on the way is tried again (and refused again)
+    assert dir_opens == [str(v), "a", "b", "c", "linked", "linked", "b", "d"], dir_opens

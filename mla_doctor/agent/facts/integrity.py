@@ -12,7 +12,7 @@ import io
 import os
 import re
 
-from ..common import READ_FLAGS, open_beneath, read_open, read_text, sha256_b64
+from ..common import READ_FLAGS, Beneath, read_open, read_text, sha256_b64
 from .log_formats import module_wanted
 from .targets import MARK_RE
 
@@ -45,12 +45,20 @@ def scan_tree(vdir, record, symbols, digests=None):
         alts = b"|".join(re.escape(s.encode()) for s in symbols)
         sym_re = re.compile(rb"(?m)^[ \t]*(?:async[ \t]+)?def[ \t]+(" + alts + rb")[ \t]*\(")
         quick = re.compile(rb"def[ \t]+(?:" + alts + rb")[ \t]*\(")  # no anchor: 6x faster pre-check
+    cut = len(site.rstrip("/")) + 1
+    vcut = len(vdir.rstrip("/")) + 1
+    opener = Beneath(vdir)  # each directory opened once for the files under it, not once per file
+    try:
+        return _scan(vdir, record, digests, sym_re, quick, opener, cut, vcut)
+    finally:
+        opener.close()
+
+
+def _scan(vdir, record, digests, sym_re, quick, opener, cut, vcut):
     modified, unrecorded, unreadable, instrumented = [], [], [], []
     hits = {}
     seen = set()
     count = total = 0
-    cut = len(site.rstrip("/")) + 1
-    vcut = len(vdir.rstrip("/")) + 1
     for root, files in _py_dirs(vdir):
         prefix = root[cut:] + "/"  # relative to site-packages, without os.path.relpath's cost per file
         for fn in files:
@@ -65,7 +73,7 @@ def scan_tree(vdir, record, symbols, digests=None):
                 unreadable.append({"path": rel, "error": "not read: the scan's %d bytes are spent" % MAX_SCAN_BYTES})
                 continue
             try:  # no link followed, final or a directory on the way (reported instead); never too large or sparse
-                data = read_open(open_beneath(vdir, full, READ_FLAGS), full, max_size=MAX_PY_BYTES)
+                data = read_open(opener.open(full, READ_FLAGS), full, max_size=MAX_PY_BYTES)
             except OSError as e:
                 why = "a symlink: not followed" if e.errno == errno.ELOOP else (e.strerror or str(e))
                 unreadable.append({"path": rel, "error": why})
