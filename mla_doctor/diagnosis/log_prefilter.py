@@ -151,6 +151,18 @@ def _patterns(obj: Any, depth: int = 0) -> Iterable[Pattern[str]]:
             yield from _patterns(x, depth + 1)
 
 
+def _inline_patterns(path: Path) -> Iterable[Tuple[str, bool]]:
+    """(pattern, case-blind) of the regexes a module's code writes in place: ``re.search(r"...", text)`` (any
+    flag given is read as IGNORECASE, which matches at least as much; a line holds no newline for S or M)."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "re" \
+                and node.func.attr in ("search", "match", "fullmatch", "findall", "finditer", "compile") \
+                and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+            yield node.args[0].value, len(node.args) > 2 or (node.func.attr == "compile" and len(node.args) > 1) \
+                or any(k.arg == "flags" for k in node.keywords)
+
+
 def _literals(path: Path) -> Iterable[str]:
     """The strings a module's rules test text with: ``"x" in s``, ``s == "x"``, ``s.startswith("x")``."""
     def strs(node: Any) -> List[str]:
@@ -173,10 +185,10 @@ def _literals(path: Path) -> Iterable[str]:
                 yield from strs(a)
 
 
-def _rule_literals() -> Tuple[str, ...]:
-    """The rules' literals, as SIGMA reads them; parsed once per version of the rule modules (~20 ms), kept in the
-    knowledge cache by the sources' digest. One-character literals are tested on names (a display name's space)
-    or after a pattern matched ("V"), never alone on a message."""
+def _rule_literals() -> Tuple[Tuple[str, ...], Tuple[Tuple[str, bool], ...]]:
+    """(the rules' literals as SIGMA reads them, the patterns their code writes in place); parsed once per version
+    of the rule modules (~20 ms), kept in the knowledge cache by the sources' digest. One-character literals are
+    tested on names (a display name's space) or after a pattern matched ("V"), never alone on a message."""
     import hashlib
 
     from mla_doctor import user_cache
@@ -187,12 +199,14 @@ def _rule_literals() -> Tuple[str, ...]:
     except OSError:
         digest = None
 
-    def build() -> Tuple[str, ...]:
-        return tuple(sorted({s.translate(SIGMA) for p in paths[:-1] for s in _literals(p) if len(s) > 1}))
+    def build() -> Tuple[Tuple[str, ...], Tuple[Tuple[str, bool], ...]]:
+        return (tuple(sorted({s.translate(SIGMA) for p in paths[:-1] for s in _literals(p) if len(s) > 1})),
+                tuple(sorted({x for p in paths[:-1] for x in _inline_patterns(p)})))
 
     if digest is None:
         return build()
-    return tuple(user_cache.pickled("knowledge", "MLA_DOCTOR_KNOWLEDGE_CACHE", f"log-rule-literals-{digest}", build))
+    got = user_cache.pickled("knowledge", "MLA_DOCTOR_KNOWLEDGE_CACHE", f"log-rule-literals-{digest}", build)
+    return tuple(got[0]), tuple(tuple(x) for x in got[1])
 
 
 # the modules whose rules read a record's message or logger (log_facts' and log_life's rules, log_runs' starts)
@@ -217,6 +231,12 @@ def triggers(extra: Tuple[Pattern[str], ...] = ()) -> Triggers:
     for mod in RULE_MODULES:
         found += [p for v in vars(mod).values() for p in _patterns(v)]
     found += list(_patterns(markers)) + [rx for _sid, _kind, rx in log_runs.load_run_starts()]
+    lits, inline = _rule_literals()
+    for text, blind in inline:
+        try:
+            found.append(re.compile(text, re.IGNORECASE if blind else 0))
+        except re.error:
+            return Triggers([], [], (), frozenset(), False)
     seen, relaxed, exact = set(), [], True
     for rx in found:
         if (rx.pattern, rx.flags) in seen:
@@ -227,7 +247,6 @@ def triggers(extra: Tuple[Pattern[str], ...] = ()) -> Triggers:
             exact = False
         else:
             relaxed.append(got)
-    lits = _rule_literals()
     files = set(log_life._WHERE) | set(log_facts._logger_files(markers))
     return Triggers(relaxed, list(found), tuple(lits), frozenset(f.translate(SIGMA) for f in files), exact)
 
