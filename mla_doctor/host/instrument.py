@@ -51,11 +51,25 @@ class TargetSet:
         return [{"key": t.key, "files": list(t.files), "function": t.function} for t in self.targets]
 
 
+# a parsed playbook per (path, text): a patch plan checks it when it is built and loads it again to run; a
+# TargetSet is frozen, so the same one is handed out while the file says the same
+_LOADED: dict[tuple[str, str], TargetSet] = {}
+
+
 def load_targets(name_or_path: str = "instrument-mla") -> TargetSet:
     path = Path(name_or_path)
     if not path.suffix:
         path = PLAYBOOKS_DIR / f"{name_or_path}.yaml"
-    doc = yamlfile.load(str(path))
+    text = yamlfile.read_text(str(path))
+    key = (str(path), text)
+    got = _LOADED.get(key)
+    if got is None:
+        got = _LOADED[key] = _parse_targets(path, text)
+    return got
+
+
+def _parse_targets(path: Path, text: str) -> TargetSet:
+    doc = yamlfile.load(str(path), text)
     p = str(path)
     if not isinstance(doc, dict):
         raise ConfigFileError(p, 1, "a targets playbook is a mapping with a 'targets' list")

@@ -596,3 +596,22 @@ def test_watchdog_never_reverts_under_a_patch_still_being_written(tmp_path):
         agent.kill()
         if dog.is_alive():
             dog.kill()
+
+
+def test_a_playbook_is_parsed_once_while_its_file_says_the_same(tmp_path):
+    """`patch` checks its playbook when the plan is built and loads it again to run: one YAML parse. An edit of
+    the file is read (a new TargetSet), and a bad one is refused every time."""
+    from mla_doctor.errors import ConfigFileError
+    from mla_doctor.host.instrument import load_targets
+
+    assert load_targets("instrument-mla") is load_targets("instrument-mla")
+    pb = tmp_path / "mine.yaml"
+    pb.write_text("targets:\n  - {role: decode, versions: '>=0.1', files: [a.py], function: '*.forward_mqa'}\n")
+    first = load_targets(str(pb))
+    assert load_targets(str(pb)) is first and [t.function for t in first.targets] == ["*.forward_mqa"]
+    pb.write_text("targets:\n  - {role: decode, versions: '>=0.1', files: [a.py], function: '*.forward_mha'}\n")
+    assert [t.function for t in load_targets(str(pb)).targets] == ["*.forward_mha"]
+    pb.write_text("targets:\n  - {role: nope, versions: '>=0.1', files: [a.py], function: 'x'}\n")
+    for _ in range(2):
+        with pytest.raises(ConfigFileError, match="role 'nope'"):
+            load_targets(str(pb))
