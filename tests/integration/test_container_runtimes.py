@@ -206,6 +206,15 @@ class TestPodman:
         assert code != 0 and h["error_kind"] == "WrongRuntime" and "--method attach" in h["error"], out
         assert start_time(node, served.pid) == before
 
+    def test_a_container_no_runtime_knows_is_refused_before_anything_changes(self, fleet, node, served):
+        before = cs.node_view(node, served.pid)
+        code, doc, out = cli("run", "--host", NODE, "--ssh-config", str(fleet.ssh_config), "--format", "json",
+                             "--container", "vllm-nowhere", timeout=120)
+        h = doc["hosts"][0]
+        assert code == 2 and h["error_kind"] == "WhichServer", out
+        assert "--container vllm-nowhere: no running container vllm-nowhere on this node" in h["error"]
+        assert cs.node_view(node, served.pid) == before
+
     def test_attach_found_by_its_port_on_the_node(self, fleet, node, served):
         """No --container: the server is the owner of the port's listening socket (host network)."""
         h = attach(fleet, node, served)
