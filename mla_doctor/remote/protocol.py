@@ -157,6 +157,13 @@ class PortHeldAnswer(Answer):
     def listening_ports(self) -> list[int]:
         return [p for p in self.raw.get("listening_ports") or [] if isinstance(p, int)]
 
+    @property
+    def server_pid(self) -> int | None:
+        """The process proven to hold the port where it is not the pid asked (a child of it, or the server a
+        start command started): requests follow it."""
+        v = self.raw.get("server_pid")
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
 
 class DockerFindAnswer(Answer):
     @property
@@ -362,11 +369,18 @@ class PortHeldRequest(Request[PortHeldAnswer]):
     """Read-only, before each request of a run: the proven server (pid) still holds its port's listening socket."""
     op: ClassVar[str] = "port_held"
     answer: ClassVar[type[Answer]] = PortHeldAnswer
-    pid: int
+    pid: int | None
     port: int
+    tree: bool = False  # the pid or a process under it (a unit's main process may be a wrapper)
+    identity: dict[str, Any] | None = None  # no pid (a start command's server): {uid, vllm_dir} of the proven one
 
     def to_plan(self) -> dict[str, Any]:
-        return {"op": self.op, "pid": self.pid, "port": self.port}
+        plan: dict[str, Any] = {"op": self.op, "pid": self.pid, "port": self.port}
+        if self.tree:
+            plan["tree"] = True
+        if self.identity is not None:
+            plan["identity"] = self.identity
+        return plan
 
 
 @dataclass

@@ -79,8 +79,8 @@ def _listen(user, port: int, seen) -> subprocess.Popen:
     return p
 
 
-def _run(method: str = "attach") -> LiveRun:
-    ropts = RunOptions.build(method=method, api_key_env=KEY_ENV)
+def _run(method: str = "attach", runtime: str = "process") -> LiveRun:
+    ropts = RunOptions.build(method=method, api_key_env=KEY_ENV, runtime=runtime)
     return LiveRun(LocalTransport(30), "local", ConnectOptions(local=True), AuditOptions(), ropts,
                    load_knowledge(), lambda *_a: None)
 
@@ -141,6 +141,61 @@ def test_a_live_server_that_holds_another_port_is_not_proven(box, monkeypatch):
     finally:
         server.kill()
         server.wait()
+
+
+WRAPPER = "exec 3>&-; %s -c \"$LISTENER\" %d %s; :"  # a unit's ExecStart through a shell: the server its child
+
+
+@pytest.mark.parametrize("runtime", ["systemd", "command"])
+def test_a_unit_or_start_command_server_is_proven_with_its_children_and_its_port_taken_over_gets_nothing(
+        box, attacker, monkeypatch, runtime):
+    """systemd and command runtimes (`run --method patch`): the proven pid is a wrapper shell whose child holds
+    the port (a unit's main process): requests go there; the tree dies and the attacker takes the port: the next
+    request is refused before a byte is sent."""
+    monkeypatch.setenv(KEY_ENV, KEY)
+    port = vllm_cpu.free_port()
+    server_seen, attacker_seen = box / "server-seen", box / "attacker-seen"
+    wrapper = subprocess.Popen(["/bin/sh", "-c", WRAPPER % (ATTACKER_PYTHON, port, server_seen)], cwd="/",
+                               env={"PATH": "/usr/bin:/bin", "LISTENER": LISTENER}, stdout=subprocess.PIPE,
+                               start_new_session=True)
+    procs = [wrapper]
+    try:
+        assert wrapper.stdout.readline().strip() == b"ready"
+        run = _run("patch", runtime)
+        run.server = {"pid": wrapper.pid, "port": port, "listening_ports": [port]}
+        http = reach_server(run, None)
+        assert http.guard is not None, "no port proof for the %s runtime" % runtime
+        assert http.json("GET", "/v1/models") == {}  # the unit's tree holds the port: answered
+        assert KEY.encode() in server_seen.read_bytes() and run.server_pid != wrapper.pid  # follows the listener
+        os.killpg(wrapper.pid, 9)
+        wrapper.wait()
+        deadline = time.monotonic() + 10
+        squat = None
+        while squat is None and time.monotonic() < deadline:
+            try:
+                squat = _listen(attacker, port, attacker_seen)
+            except AssertionError:
+                time.sleep(0.2)
+        assert squat is not None
+        procs.append(squat)
+        status, _body, err = http.try_request("POST", "/v1/completions", {"prompt": "x"}, auth=True)
+        assert status is None and err and "PortNotHeld" in err and str(port) in err, err
+        time.sleep(0.3)
+        assert not attacker_seen.exists(), attacker_seen.read_bytes()
+        # restarted by a start command, no pid answered: only a vLLM server proven on the port, of the same user
+        # and install, is the server (the attacker's listener is none)
+        run.server_pid = None
+        run.server.update(uid=0, install={"vllm_dir": "/opt/never/vllm"})
+        with pytest.raises(PortNotHeld, match="no server of the same user and install"):
+            http.request("GET", "/v1/models", auth=True)
+        assert not attacker_seen.exists()
+    finally:
+        for p in procs:
+            try:
+                os.killpg(p.pid, 9) if p is wrapper else p.kill()
+            except ProcessLookupError:
+                pass
+            p.wait()
 
 
 # --------------------------------------------------------------------- one real server, run by its own user
@@ -376,6 +431,30 @@ def test_attach_interpreter_replaced_by_a_fifo_hangs_nothing(owned_server, svc):
         python.unlink()
         deleted.unlink()
         real.rename(python)
+
+
+def test_a_start_commands_new_server_is_proven_by_its_user_and_install(owned_server, svc, monkeypatch):
+    """The command runtime's restart answers no pid: the real server (the service user's, from its own venv)
+    is proven on its port by identify(), with the user and install the run proved first; its pid is then
+    followed. A different install or user named: no request."""
+    from mla_doctor.agent.facts.processes import find_servers
+
+    server, _python, _log, _base = owned_server
+    monkeypatch.setenv(KEY_ENV, KEY)
+    me = next(s for s in find_servers() if s["pid"] == server.proc.pid)
+    run = _run("patch", "command")
+    run.server = {"pid": server.proc.pid, "port": server.port, "uid": svc.uid, "listening_ports": [server.port],
+                  "install": {"vllm_dir": me["install"]["vllm_dir"]}}
+    http = reach_server(run, None)
+    run.server_pid = None  # as after the start command's restart
+    assert "data" in http.json("GET", "/v1/models")
+    assert run.server_pid == server.proc.pid
+    for other in ({"uid": 0}, {"install": {"vllm_dir": me["install"]["vllm_dir"] + "-other"}}):
+        run.server_pid = None
+        run.server.update(other)
+        with pytest.raises(PortNotHeld, match="no server of the same user and install"):
+            http.request("GET", "/v1/models", auth=True)
+        run.server.update(uid=svc.uid, install={"vllm_dir": me["install"]["vllm_dir"]})
 
 
 # --------------------------------------------------------------------- the outsider red team, both methods

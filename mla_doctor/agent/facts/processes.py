@@ -481,10 +481,58 @@ def op_port_held(plan):
     A server that died and a port another process took since get no request, and no API key (the controller
     asks before every request: remote/http.py's guard)."""
     pid, port = plan.get("pid"), plan.get("port")
+    ident = plan.get("identity")
+    if isinstance(ident, dict):
+        return _port_held_by_identity(port, ident)
     alive = isinstance(pid, int) and pid > 0 and os.path.isdir("/proc/%d" % pid)
     ports = _listening(pid) if alive else []
-    return {"op": "port_held", "pid": pid, "port": port, "alive": alive, "listening_ports": ports,
-            "held": bool(alive and port in ports)}
+    out = {"op": "port_held", "pid": pid, "port": port, "alive": alive, "listening_ports": ports,
+           "held": bool(alive and port in ports)}
+    if plan.get("tree") and alive and not out["held"]:
+        # a unit's main process or a start command's may be a wrapper: the listener may be one of its children
+        for child in _descendants(pid):
+            if port in _listening(child):
+                out.update(held=True, server_pid=child)
+                break
+    return out
+
+
+def _descendants(pid):
+    """Every process under `pid` (children, theirs...), from /proc's parent links."""
+    kids = {}
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            ppid = int_or_none(proc_status(p).get("PPid"))
+            if ppid:
+                kids.setdefault(ppid, []).append(int(p))
+    out, todo = [], list(kids.get(pid, ()))
+    while todo:
+        p = todo.pop(0)
+        out.append(p)
+        todo.extend(kids.get(p, ()))
+    return out
+
+
+def _port_held_by_identity(port, ident):
+    """After a restart by a start command (no pid of ours) or a unit whose main pid is not known: the port's
+    listener must be a vLLM server identify() proves on that port, run by the same uid from the same install
+    as the server the run proved first; its pid is answered (server_pid), requests then follow it."""
+    uid, vdir = ident.get("uid"), ident.get("vllm_dir")
+    out = {"op": "port_held", "pid": None, "port": port, "alive": False, "listening_ports": [], "held": False}
+    if not isinstance(port, int) or not isinstance(uid, int) or not vdir:
+        return out
+    servers, lookalikes, _error = identify({"port": port}, [s for s in find_servers()
+                                                           if port in (s.get("listening_ports") or [])])
+    for s in servers:
+        if s["uid"] == uid and (s.get("install") or {}).get("vllm_dir") == vdir:
+            out.update(pid=s["pid"], server_pid=s["pid"], alive=True, held=True,
+                       listening_ports=s.get("listening_ports") or [])
+            return out
+    other = servers + lookalikes
+    if other:
+        out.update(alive=True, listening_ports=[port], holder="pid %d (user %s)" % (other[0]["pid"],
+                                                                                     other[0]["user"]))
+    return out
 
 
 def _install_owner(vdir, pid):

@@ -129,10 +129,10 @@ def reach_server(run: LiveRun, container: dict[str, Any] | None) -> HostHTTP:
     http = HostHTTP(run.host_tr, server["port"], server.get("bind_host"), ropts.api_key_env)
     http.sudo = run.host_sudo
     run.server_pid = server.get("pid")
-    if container is None and (ropts.method == "attach" or runtime(ropts.runtime).by_pid):
-        # the port proven again before every request (the pid a restart answers is the server's own where the
-        # runtime restarts the process itself; a unit's or a start command's may be a parent, a container's
-        # another pid namespace)
+    if container is None:
+        # the port proven again before every request (LiveRun.prove_port: the pid a restart answers is the
+        # server's own where the runtime restarts the process itself; a unit's main process or a start command's
+        # server is proven with its children or by identity; a container's is another pid namespace)
         http.guard = run.prove_port
         if server.get("own_netns"):  # a pod's or a container's own network: its loopback is not the node's
             http.netns_pid, http.via_agent = int(server["pid"]), True

@@ -12,6 +12,7 @@ from mla_doctor.host.instrument import PreparedPatch
 from mla_doctor.host.live.options import RunOptions
 from mla_doctor.host.live.records import record_problem
 from mla_doctor.host.patch import renew
+from mla_doctor.host.runtimes import runtime
 from mla_doctor.remote.http import HostHTTP, PortNotHeld
 from mla_doctor.remote.protocol import (A, PortHeldRequest, RecordsRequest, Request, TickAnswer, TickRequest,
                                        call)
@@ -108,14 +109,27 @@ class LiveRun:
         still holds the listening socket of its port. It died and another process took the port: no byte, and
         no API key, goes there (PortNotHeld, a connection error: a server still starting is waited for)."""
         pid, port = self.server_pid, self.server.get("port")
-        if not isinstance(pid, int) or not isinstance(port, int):
+        by_pid = self.ropts.method == "attach" or runtime(self.ropts.runtime).by_pid
+        if not isinstance(port, int) or (by_pid and not isinstance(pid, int)):
             raise PortNotHeld(f"no proven server for port {port}: no request sent")
-        ans = self.call(PortHeldRequest(pid=pid, port=port), host=True)
+        if by_pid:  # the process itself, as proven (or as the restart that started it answered)
+            req = PortHeldRequest(pid=pid, port=port)
+        elif isinstance(pid, int):  # a unit's or start command's server: that process or one under it
+            req = PortHeldRequest(pid=pid, port=port, tree=True)
+        else:  # restarted by a start command (no pid): a server proven on the port, same user, same install
+            ident = {"uid": self.server.get("uid"), "vllm_dir": (self.server.get("install") or {}).get("vllm_dir")}
+            if not isinstance(ident["uid"], int) or not ident["vllm_dir"]:
+                raise PortNotHeld(f"no proven server for port {port}: no request sent")
+            req = PortHeldRequest(pid=None, port=port, identity=ident)
+        ans = self.call(req, host=True)
         if not ans.held:
             state = ("holds the listening sockets of " + (", ".join(map(str, ans.listening_ports)) or "no port")
                      if ans.alive else "is gone")
-            raise PortNotHeld(f"port {port} is not the proven server's: the server (pid {pid}) {state}; no "
+            who = f"the server (pid {pid})" if isinstance(pid, int) else "no server of the same user and install"
+            raise PortNotHeld(f"port {port} is not the proven server's: {who} {state}; no "
                               "request, and no API key, was sent to that port")
+        if not by_pid and ans.server_pid is not None:
+            self.server_pid = ans.server_pid  # the listener proven: the next requests follow it
 
     def close_agents(self) -> None:
         for s in self.sessions.values():
