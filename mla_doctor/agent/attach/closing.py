@@ -43,6 +43,7 @@ def unmount(run_dir):
 def detached_records(run_dir):
     """pid -> the probe's `detached` record (and pid -> `attached`), read as the records op reads."""
     det, att = {}, {}
+    host_pid = _host_pids(run_dir)
     chunks, _refused_files, _capped = fs.read_records(run_dir, {}, 64 << 20)
     for _name, _off, data in chunks:
         for line in data.split(b"\n"):
@@ -53,8 +54,27 @@ def detached_records(run_dir):
             except ValueError:
                 continue
             if isinstance(rec, dict) and isinstance(rec.get("pid"), int):
+                pid = host_pid(rec["pid"])
+                if pid is None:
+                    continue
                 if rec.get("event") == "detached":
-                    det[rec["pid"]] = rec
+                    det[pid] = rec
                 elif rec.get("event") == "attached":
-                    att[rec["pid"]] = rec
+                    att[pid] = rec
     return det, att
+
+
+def _host_pids(run_dir):
+    """record pid -> host pid: in a container a probe writes its own pid namespace's pid (NSpid), and only the
+    listed processes' records count there (any other pid: None); on the host the pid itself."""
+    from ..fs import read_json
+    from ..protocol import Refusal
+
+    try:
+        m = read_json(fs.manifest_path(run_dir))
+    except (OSError, ValueError, Refusal):
+        m = {}
+    if not isinstance(m, dict) or not m.get("container"):
+        return lambda pid: pid
+    table = {p.get("ns_pid"): p.get("pid") for p in m.get("processes") or [] if isinstance(p, dict)}
+    return table.get

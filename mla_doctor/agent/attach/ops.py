@@ -190,7 +190,8 @@ def op_attach(plan):
     manifest = {"run_id": run_id, "state": "attaching", "method": "attach", "created": time_now(), "vllm_dir": vdir,
                 "site": os.path.dirname(vdir), "files": [], "created_files": [], "controller": plan.get("controller"),
                 "ttl": plan.get("ttl", 0), "records_dir": out["records_dir"], "records_uid": owner[0],
-                "processes": [{"pid": p["pid"], "start_time": p["start_time"], "comm": p["comm"]} for p in found]}
+                "processes": [{"pid": p["pid"], "start_time": p["start_time"], "comm": p["comm"],
+                               "ns_pid": p.get("ns_pid", p["pid"])} for p in found]}
     out["lease"] = write_lease(run_dir, plan.get("ttl", 0))
     write_json(fs.manifest_path(run_dir), manifest)
     log, link = server.get("stdout_file"), server.get("stdout_fd")
@@ -235,7 +236,8 @@ def op_attach(plan):
         else:
             ok, detail = inject.inject(gdb, p["pid"], code, p.get("libpython"), float(plan.get("gdb_timeout") or
                                                                                       inject.GDB_TIMEOUT))
-        results.append({"pid": p["pid"], "start_time": p["start_time"], "comm": p["comm"], "queued": ok,
+        results.append({"pid": p["pid"], "ns_pid": p.get("ns_pid", p["pid"]), "start_time": p["start_time"],
+                        "comm": p["comm"], "queued": ok,
                         "detail": detail, "gdb_s": round(time.monotonic() - t0, 3)})
         if not ok:
             failed.append("pid %d (%s): %s" % (p["pid"], p["comm"], detail))

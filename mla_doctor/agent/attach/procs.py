@@ -37,6 +37,13 @@ def status(pid):
     return out
 
 
+def ns_pid(st, pid):
+    """The pid the process has in its own pid namespace (a container's: what its os.getpid() and so its probe's
+    records say), the last of /proc/PID/status NSpid; the pid itself where there is no other."""
+    last = (st.get("NSpid") or "").split()[-1:]
+    return int(last[0]) if last and last[0].isdigit() else int(pid)
+
+
 def _read(path):
     try:
         with open(path, "rb") as f:
@@ -86,7 +93,8 @@ def describe(pid):
     libpython = lib[1] if lib else None
     return {"pid": int(pid), "start_time": start_time(pid), "comm": _read("/proc/%d/comm" % pid).decode(
         "utf-8", "replace").strip(), "uid": int((st.get("Uid") or "-1").split()[0]), "ppid": int(st.get("PPid") or 0),
-        "tracer_pid": int(st.get("TracerPid") or 0), "state": (st.get("State") or "?")[:1], "exe": exe,
+        "tracer_pid": int(st.get("TracerPid") or 0), "ns_pid": ns_pid(st, pid),
+        "state": (st.get("State") or "?")[:1], "exe": exe,
         "libpython": libpython,
         # the very file the process mapped (never re-found by a name its owner controls: a FIFO planted there)
         "libpython_map": "/proc/%d/map_files/%s" % (int(pid), lib[0]) if lib else None,

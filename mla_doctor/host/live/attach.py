@@ -125,6 +125,8 @@ def wait_armed(run: LiveRun, model_id: str) -> None:
     run.step("wait for the probe in every model process")
     assert run.http is not None
     want = {p["pid"] for p in run.live["attach"]["injected"]}
+    # a probe in a container writes the pid of its own pid namespace (ns_pid): the host pid is its name here
+    host_pid = {p.get("ns_pid", p["pid"]): p["pid"] for p in run.live["attach"]["injected"]}
     seen: dict[int, str] = {}
     deadline = time.monotonic() + ARM_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -133,8 +135,8 @@ def wait_armed(run: LiveRun, model_id: str) -> None:
         except RemoteError:
             pass
         for r in run.records():
-            if r.get("event") in ("attached", "detached"):
-                seen.setdefault(r["pid"], r["event"])
+            if r.get("event") in ("attached", "detached") and r.get("pid") in host_pid:
+                seen.setdefault(host_pid[r["pid"]], r["event"])
                 run.startup.append(r)
         if want <= set(seen):
             break
