@@ -5,6 +5,7 @@ all real kernel calls, no runtime needed (the docker end-to-end is test_live_att
 """
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -127,6 +128,38 @@ def test_the_node_root_as_seen_in_a_user_namespace():
         # the node's root mapped (map-root-user maps inside 0 to the caller, here root)
         assert container.inside_uid(p.pid, 0) == 0
         assert container.inside_uid(p.pid, 4242) == container.overflow_uid()
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_a_process_in_its_own_pid_namespace_is_named_by_both_pids(tmp_path):
+    from mla_doctor.agent.attach import closing, procs
+
+    p = subprocess.Popen(["unshare", "-p", "-f", "--kill-child", "sleep", "30"], stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 5
+        kids = []
+        while not kids and time.monotonic() < deadline:
+            kids = procs.children_of(p.pid)
+            time.sleep(0.02)
+        d = procs.describe(kids[0])
+        assert d["pid"] == kids[0] and d["ns_pid"] == 1  # what its os.getpid() says, and so its probe's records
+        # the run's records name it by that pid: the node's proof names it by the host pid, and nothing else counts
+        from mla_doctor.agent import fs
+
+        root = str(tmp_path / "rr")
+        fs.register_root(root)
+        fs.make_run_root(root)
+        rd = Path(fs.run_dir_of(root, "r1"))
+        fs.make_run_dirs(root, str(rd), (0, 0))
+        fs.write_json(fs.manifest_path(str(rd)), {"container": {"dir": "/dev/shm/x"}, "processes": [
+            {"pid": kids[0], "ns_pid": 1}]})
+        (rd / "records" / "probe-1.jsonl").write_text(
+            json.dumps({"event": "attached", "pid": 1}) + "\n" + json.dumps({"event": "detached", "pid": 1}) + "\n"
+            + json.dumps({"event": "attached", "pid": 7}) + "\n")
+        det, att = closing.detached_records(str(rd))
+        assert set(att) == {kids[0]} and set(det) == {kids[0]}
     finally:
         p.kill()
         p.wait()
