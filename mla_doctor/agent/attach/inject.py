@@ -124,10 +124,12 @@ def self_test(gdb, timeout=30.0):
         child.wait()
 
 
-def gdb_argv(gdb, pid, commands, libpython=None, exe=None):
+def gdb_argv(gdb, pid, commands, libpython=None, exe=None, sysroot=None):
     argv = [gdb, "-nx", "-nh", "-batch", "-q"]
     for s in SAFE_SETTINGS:
         argv += ["-iex", s]
+    if sysroot:  # shared libraries only from our copies (see sysroot_with)
+        argv += ["-iex", "set sysroot %s" % sysroot]
     if exe:  # gdb loads our copy and never opens the name /proc/PID/exe reads (see exe_copy)
         argv += ["-iex", "set exec-file-mismatch off", exe]
     argv += ["-p", str(int(pid))]
@@ -201,20 +203,16 @@ def pending_call_command(code):
 EXE_LIMIT = 512 << 20
 
 
-def exe_copy(pid, into):
-    """A copy, in our own directory `into`, of the executable the process runs, read through /proc/PID/exe (the
-    mapped file itself, opened without blocking, a regular file, bounded). Left alone, gdb opens the executable
-    by the name that link reads, which the server's user controls: once the file is replaced or deleted
-    ('…/python3 (deleted)'), a FIFO planted at that name blocks gdb until its timeout, and given /proc/PID/exe
-    instead, gdb's file cache reopens it by its resolved name, the same one. Raises OSError."""
-    fd = os.open("/proc/%d/exe" % int(pid), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+def _copy_mapped(src, dest):
+    """`src` (a /proc link to a file the process runs or maps) copied to `dest`, a new file of ours: opened without
+    blocking, a regular file, at most EXE_LIMIT. Raises OSError."""
+    fd = os.open(src, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file")
         if st.st_size > EXE_LIMIT:
             raise OSError(errno.EFBIG, "larger than %d MiB" % (EXE_LIMIT >> 20))
-        dest = os.path.join(into, "exe")
         out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             left = EXE_LIMIT
@@ -232,6 +230,48 @@ def exe_copy(pid, into):
         os.close(fd)
 
 
+def exe_copy(pid, into):
+    """A copy, in our own directory `into`, of the executable the process runs, read through /proc/PID/exe (the
+    mapped file itself). Left alone, gdb opens the executable by the name that link reads, which the server's
+    user controls: once the file is replaced or deleted ('…/python3 (deleted)'), a FIFO planted at that name
+    blocks gdb until its timeout, and given /proc/PID/exe instead, gdb's file cache reopens it by its resolved
+    name, the same one. Raises OSError."""
+    return _copy_mapped("/proc/%d/exe" % int(pid), os.path.join(into, "exe"))
+
+
+def _mapping_of(pid, path):
+    """The /proc/PID/map_files entry of the process's first mapping of `path`, or None."""
+    try:
+        with open("/proc/%d/maps" % int(pid)) as f:
+            for line in f:
+                parts = line.rstrip("\n").split(None, 5)
+                if len(parts) == 6 and parts[5] == path:
+                    return "/proc/%d/map_files/%s" % (int(pid), parts[0])
+    except OSError:
+        pass
+    return None
+
+
+def sysroot_with(pid, libpython, into):
+    """gdb's sysroot: a directory of ours holding only a copy of the process's mapping of `libpython` at its
+    path. gdb then looks every shared library up under it (so it opens no library by a name the server's user
+    controls: a FIFO swapped in after the check would block it) and finds libpython there. (sysroot, the name
+    gdb gives the library)."""
+    root = os.path.join(into, "sysroot")
+    os.mkdir(root, 0o700)
+    if not libpython:
+        return root, None
+    rel = libpython.lstrip("/")
+    if not libpython.startswith("/") or any(p in ("", ".", "..") for p in rel.split("/")):
+        raise OSError(errno.EINVAL, "not a plain absolute path: %r" % libpython)
+    src = _mapping_of(pid, libpython)
+    if src is None:
+        raise OSError(errno.ENOENT, "no mapping of %s" % libpython)
+    os.makedirs(os.path.dirname(os.path.join(root, rel)), 0o700)
+    _copy_mapped(src, os.path.join(root, rel))
+    return root, os.path.join(root, rel)
+
+
 def inject(gdb, pid, code, libpython=None, timeout=GDB_TIMEOUT):
     """Queue `code` to run in the process's main thread at its next eval-loop check. (ok, detail)."""
     scratch = tempfile.mkdtemp(prefix="mla-doctor-gdb-")  # root's, 0700: nobody else renames or swaps in it
@@ -241,7 +281,12 @@ def inject(gdb, pid, code, libpython=None, timeout=GDB_TIMEOUT):
         except OSError as e:
             return False, "the process's executable could not be read through /proc/%d/exe: %s" % (
                 int(pid), e.strerror or e)
-        rc, out, err = run_gdb(gdb_argv(gdb, pid, [pending_call_command(code)], libpython, exe), timeout)
+        try:
+            sysroot, lib = sysroot_with(pid, libpython, scratch)
+        except OSError as e:
+            return False, "the process's %s could not be read through its mapping: %s" % (
+                libpython, e.strerror or e)
+        rc, out, err = run_gdb(gdb_argv(gdb, pid, [pending_call_command(code)], lib, exe, sysroot), timeout)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return interpret(rc, out, err)
