@@ -401,3 +401,38 @@ def test_a_gdb_that_kills_what_it_calls_into_is_refused_before_attach(monkeypatc
     server, found, gdb, problems = ops.check({"pid": os.getpid(), "vllm_dir": "/nonexistent"})
     assert gdb is None and len(problems) == 1
     assert "/usr/bin/gdb" in problems[0] and "extended state" in problems[0] and "--method patch" in problems[0]
+
+
+def test_the_restore_never_puts_the_original_back_over_someone_else_s_replacement(tmp_path):
+    """Between the wrap and the detach the process itself replaces a wrapped attribute (a hot patch, another
+    tool): the detach leaves that replacement in place and reports the attribute as still not the original."""
+    gdb = gdb_or_fail()
+    p, log = start_target(tmp_path)
+    run = tmp_path / "run"
+    marker = tmp_path / "theirs"
+    try:
+        data = render(run, ttl=60.0)
+        path = write_probe(run, data)
+        code = inject.bootstrap(str(path), hashlib.sha256(data).hexdigest(), len(data), os.geteuid())
+        assert inject.inject(gdb, p.pid, code)[0]
+        wait_for(lambda: any(r["event"] == "attached" for r in records(run)), what="attached")
+        replace = ("import fakemla\n"
+                   "def theirs(self, q, *a):\n return ('mqa', len(q))\n"
+                   "theirs.theirs = True\n"
+                   "fakemla.MLACommonImpl.forward_mqa = theirs\n"
+                   "open(%r, 'w').close()\n" % str(tmp_path / "replaced"))
+        assert inject.inject(gdb, p.pid, replace)[0]
+        wait_for((tmp_path / "replaced").exists, what="the replacement to run")
+        (run / "lease.json").write_text(json.dumps({"expires": 1, "ttl": 0, "epoch": 0, "detach": True}))
+        det = wait_for(lambda: [r for r in records(run) if r["event"] == "detached"], what="detached")[0]
+        look = ("import fakemla\n"
+                "open(%r, 'w').write(str(getattr(fakemla.MLACommonImpl.__dict__['forward_mqa'], 'theirs', False)))\n"
+                % str(marker))
+        assert inject.inject(gdb, p.pid, look)[0]
+        wait_for(marker.exists, what="the look at the class")
+    finally:
+        stop(tmp_path)
+        p.wait(30)
+    assert marker.read_text() == "True"  # their replacement kept, never the original put back over it
+    assert det["still_wrapped"] == ["MLACommonImpl.forward_mqa"] and det["restored"] == 1
+    assert json.loads(log.read_text().splitlines()[-1])["bad"] == 0
