@@ -1,4 +1,6 @@
-"""Typed sections of a host's report (`vllm`, `static`, `model`, `server`, `log`), built where the report is built.
+"""Typed sections of a host's report (`vllm`, `static`, `model`, `server`, `log`, `gpu`, `evidence`,
+`transport`, `timings`; the answer),
+built where the report is built.
 
 Each is a frozen dataclass: the keys readers use are attributes (with the fallback a reader wants when the key is
 absent or not of its kind: `{}`, `[]`, None), and `to_dict()` gives back the JSON section exactly as it was made
@@ -203,8 +205,80 @@ class LogSection(Section):
     keys_: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True, eq=False, repr=False)
+class GpuSection(Section):
+    """The host's GPUs as the agent read them (nvidia-smi), or `present: False` and why not."""
+    present: bool | None = None
+    gpus: list[dict[str, Any]] = _l()  # {"name", "compute_cap", ...}
+    reason: str | None = None
+    extra_: dict[str, Any] = _d()
+    keys_: tuple[str, ...] = ()
+
+    @property
+    def compute_cap(self) -> str:
+        """The first GPU's compute capability ("" when none is known)."""
+        first = self.gpus[0] if self.gpus and isinstance(self.gpus[0], dict) else {}
+        return str(first.get("compute_cap") or "")
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class EvidenceSection(Section):
+    """A live run's evidence (diagnosis/evidence.py's LiveEvidence as data, less its prompts, which the report
+    holds per prompt): what the log and the server said during the run."""
+    version: str | None = None
+    engine: str | None = None
+    decode_backend: str | None = None
+    prefill_backend: str | None = None
+    backend_lines: list[str] = _l()
+    cudagraph_mode: str | None = None
+    eager: bool | None = None
+    model_type: str | None = None
+    architecture: str | None = None
+    index_topk: int | None = None
+    tensor_parallel_size: int | None = None
+    gpu: str | None = None
+    compute_capability: str | None = None
+    decode_threshold: int | None = None
+    configuration: str | None = None
+    settings: dict[str, Any] = _d()
+    method: str | None = None
+    server_started: bool | None = None
+    start_error: str | None = None
+    fatal_lines: list[str] = _l()
+    restored: bool | None = None
+    restore_detail: str | None = None
+    extra_: dict[str, Any] = _d()  # the rest of LiveEvidence's fields, as built
+    keys_: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class TransportSection(Section):
+    """The connection's stats (host/target.py): local or ssh, the connections, executions and bytes."""
+    kind: str | None = None  # local | ssh
+    connections: int | None = None
+    executions: int | None = None
+    hops: list[Any] = _l()
+    bytes_sent: int | None = None
+    bytes_received: int | None = None
+    extra_: dict[str, Any] = _d()
+    keys_: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class TimingsSection(Section):
+    """Seconds each part of the host's work took, in the order they were measured (`with_` adds one)."""
+    connect_s: float | None = None
+    agent_s: float | None = None
+    patch_s: float | None = None
+    total_s: float | None = None
+    extra_: dict[str, Any] = _d()
+    keys_: tuple[str, ...] = ()
+
+
 SECTIONS: dict[str, type[Section]] = {"vllm": VllmSection, "static": StaticSection, "model": ModelSection,
-                                      "server": ServerSection, "log": LogSection}
+                                      "server": ServerSection, "log": LogSection, "gpu": GpuSection,
+                                      "evidence": EvidenceSection, "transport": TransportSection,
+                                      "timings": TimingsSection}
 
 
 # --------------------------------------------------------------------------- the answer (`hosts[].answer`)

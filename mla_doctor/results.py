@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import enum
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +16,8 @@ from mla_doctor import __version__
 from mla_doctor.errors import UnreachableError
 from mla_doctor.exit_codes import ExitStatus, worst
 from mla_doctor.redact import redact_text, redact_tree
-from mla_doctor.report_sections import (HostAnswer, LogSection, ModelSection, Section, ServerSection, StaticSection,
+from mla_doctor.report_sections import (EvidenceSection, GpuSection, HostAnswer, LogSection, ModelSection, Section,
+                                        ServerSection, StaticSection, TimingsSection, TransportSection,
                                         VllmSection)
 
 
@@ -52,16 +54,16 @@ class HostReport:
     server: ServerSection | None = None
     model: ModelSection | None = None
     log: LogSection | None = None
-    gpu: dict[str, Any] | None = None
+    gpu: GpuSection | None = None
     findings: list[Finding] = field(default_factory=list)
     patch: dict[str, Any] | None = None
     revert: dict[str, Any] | None = None
     live: dict[str, Any] | None = None  # run id, settings, pids, baseline and restored completions
     prompts: list[dict[str, Any]] | None = None  # per prompt: calls, expected, observed
-    evidence: dict[str, Any] | None = None
+    evidence: EvidenceSection | None = None
     restored: bool | None = None  # None: nothing needed restoring
-    transport: dict[str, Any] = field(default_factory=dict)
-    timings: dict[str, float] = field(default_factory=dict)
+    transport: TransportSection = field(default_factory=TransportSection)
+    timings: TimingsSection = field(default_factory=TimingsSection)
     # the answer the first screen shows, computed once where the report is built (diagnosis/answer.py)
     answer: HostAnswer | None = None
     exit_override: ExitStatus | None = None
@@ -192,6 +194,6 @@ def backend_of(report: HostReport | dict) -> str | None:
     ev = LogSection.of(d.get("log")).evidence
     got = ev.get("decode_backend")
     if not got:
-        lev = d.get("evidence") or {}
-        got = lev.get("decode_backend") if isinstance(lev, dict) else None
+        lev = d.get("evidence")
+        got = EvidenceSection.of(lev).decode_backend if isinstance(lev, Mapping) else None
     return got

@@ -12,8 +12,8 @@ from mla_doctor import words
 from mla_doctor.threshold_text import fmt_threshold, table_values
 from mla_doctor.diagnosis.knowledge import Knowledge, load_knowledge
 from mla_doctor.diagnosis.routing import CONDITION_NAMES, backend_from_argv, known_from_host, route, routes
-from mla_doctor.report_sections import (HostAnswer, LogSection, ModelSection, Problem, RouteLine, ServerSection,
-                                        StaticSection, VllmSection)
+from mla_doctor.report_sections import (EvidenceSection, GpuSection, HostAnswer, LogSection, ModelSection, Problem,
+                                        RouteLine, ServerSection, StaticSection, VllmSection)
 from mla_doctor.results import Finding, HostReport
 
 LONG_TOKENS = 4096  # the long prompt the static answer speaks of
@@ -48,14 +48,13 @@ def resolve_threshold(value: Any, h: dict) -> Any:
     cfg = ModelSection.of(h.get("model")).config
     heads = cfg.get("num_attention_heads")
     tp = ServerSection.of(h.get("server")).tensor_parallel_size or 1
-    gpus = (h.get("gpu") or {}).get("gpus") or []
+    gpu = GpuSection.of(h.get("gpu"))
     if not isinstance(heads, int) or not isinstance(tp, int) or tp < 1:
         return value
     if "any" in value:
         table = value["any"]
-    elif gpus:
-        cap = str(gpus[0].get("compute_cap") or "")
-        table = value.get("sm100" if cap.startswith("10") else "other")
+    elif gpu.gpus:
+        table = value.get("sm100" if gpu.compute_cap.startswith("10") else "other")
     else:
         return value
     if not isinstance(table, dict):
@@ -73,13 +72,12 @@ def _log_text(line: Any) -> str:
 def _platform_backend(h: dict, names: list[str], version: str | None) -> tuple[str, list[str]]:
     """(what the platform would select, said as such; the candidate backends) when the log does not say."""
     v = VllmSection.of(h.get("vllm"))
-    gpu = h.get("gpu") or {}
-    gpus = gpu.get("gpus") or []
+    gpu = GpuSection.of(h.get("gpu"))
     dense = [n for n in names if "SPARSE" not in n]
     cpu = [n for n in dense if n.startswith(("CPU_", "AMX_"))]
-    if gpu.get("present") and gpus:
+    if gpu.present and gpu.gpus:
         cuda = [n for n in dense if not n.startswith(("CPU_", "AMX_", "ROCM_")) and "XPU" not in n]
-        cap = gpus[0].get("compute_cap")
+        cap = gpu.gpus[0].get("compute_cap")
         return (f"not in the log: the CUDA platform picks at start (sm {cap}) among {', '.join(cuda) or '?'}"
                 " — give --log to know", cuda)
     if "cpu" in str(v.distribution or "").lower():
@@ -134,7 +132,7 @@ def host_answer(report: HostReport | Mapping[str, Any], kb: Knowledge | None = N
     facts = (kb or load_knowledge()).for_version(version) if version else None
     findings = [_finding(f) for f in h.get("findings") or []]
     # ---- backend: the log (static) or the run's evidence, else the platform's choice for this release
-    live_ev = h.get("evidence") if isinstance(h.get("evidence"), dict) else {}
+    live_ev = EvidenceSection.of(h.get("evidence") if isinstance(h.get("evidence"), Mapping) else None)
     log_ev = LogSection.of(h.get("log")).evidence
     thresholds = st.decode_thresholds
     names = [e.get("backend") for e in st.decode_entries if e.get("backend")]
@@ -142,10 +140,10 @@ def host_answer(report: HostReport | Mapping[str, Any], kb: Knowledge | None = N
     release_engine = st.engine
     if isinstance(release_engine, dict):
         release_engine = release_engine.get("default")
-    engine = log_ev.get("engine") or live_ev.get("engine") or release_engine
+    engine = log_ev.get("engine") or live_ev.engine or release_engine
     candidates: list[str] = []
-    if live_ev.get("decode_backend"):
-        a.backend_name, a.backend_source = live_ev["decode_backend"], "run"
+    if live_ev.decode_backend:
+        a.backend_name, a.backend_source = live_ev.decode_backend, "run"
         a.backend = f"{a.backend_name} — selected, from the server's log during the run"
     elif log_ev.get("decode_backend"):
         a.backend_name, a.backend_source = log_ev["decode_backend"], "log"
@@ -166,7 +164,7 @@ def host_answer(report: HostReport | Mapping[str, Any], kb: Knowledge | None = N
         own = _family_backend((st.code_paths or {}).get("family_backend"), a.backend)
         if own:
             a.backend, a.backend_name, a.family_backend = own[0], own[1] or a.backend_name, own[1]
-    prefill_be = log_ev.get("prefill_backend") or live_ev.get("prefill_backend")
+    prefill_be = log_ev.get("prefill_backend") or live_ev.prefill_backend
     if prefill_be:
         a.backend += f"; prefill kernel {prefill_be}"
     if engine:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from mla_doctor.diagnosis.knowledge import ReleaseFacts
-from mla_doctor.report_sections import LogSection, ModelSection, ServerSection, StaticSection
+from mla_doctor.report_sections import GpuSection, LogSection, ModelSection, ServerSection, StaticSection
 from mla_doctor.words import platform_name
 
 __all__ = ["Known", "Condition", "Branch", "Route", "route", "routes", "kv_kind", "sm_major", "PATH_SYMBOLS",
@@ -668,7 +668,7 @@ def known_from_host(h: dict, facts: ReleaseFacts) -> Known:
     cls = model.classification
     server = ServerSection.of(h.get("server"))
     log_ev = LogSection.of(h.get("log")).evidence
-    gpus = (h.get("gpu") or {}).get("gpus") or []
+    gpus = GpuSection.of(h.get("gpu")).gpus
     texts = [str((ln or {}).get("text", "")) for ln in (log_ev.get("sparse_lines") or []) if isinstance(ln, dict)]
     backend = log_ev.get("decode_backend")
     k = Known(engine=log_ev.get("engine"), is_mla=cls.get("is_mla"), is_sparse=cls.get("is_sparse"),

@@ -21,7 +21,7 @@ from mla_doctor.errors import MlaDoctorError
 from mla_doctor.exit_codes import ExitStatus
 from mla_doctor.host.answer import attach
 from mla_doctor.remote.protocol import StaticRequest, call
-from mla_doctor.report_sections import LogSection, ModelSection, ServerSection, StaticSection, VllmSection
+from mla_doctor.report_sections import GpuSection, LogSection, ModelSection, ServerSection, StaticSection, VllmSection
 from mla_doctor.results import HostReport, HostStatus, plain
 from mla_doctor.ssh.local import ConnectOptions, Transport
 
@@ -91,7 +91,7 @@ def static_on(transport: Transport, name: str, conn: ConnectOptions, opts: Audit
     except MlaDoctorError as e:
         return HostReport.failed(name, e)
     report = build_static_report(name, got.raw, kb, answer=answer)
-    report.timings["agent_s"] = got.elapsed_s
+    report.timings = report.timings.with_(agent_s=got.elapsed_s)
     return report
 
 
@@ -107,7 +107,8 @@ def build_static_report(name: str, raw: dict[str, Any], kb: Knowledge, answer: b
     if raw.get("server_error"):
         srv["server_error"] = raw["server_error"]
     report.server = ServerSection.from_dict(srv)
-    report.gpu = raw.get("gpu")
+    gpu = raw.get("gpu")
+    report.gpu = GpuSection.from_dict(gpu) if isinstance(gpu, dict) else gpu  # not a dict: as the agent said it
     loc = raw.get("locate") or {}
     agent_errors = raw.get("errors") or []
     if not loc.get("dir") and raw.get("server_error"):

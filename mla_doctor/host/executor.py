@@ -14,6 +14,7 @@ from mla_doctor.host.answer import attach
 from mla_doctor.host.steps import Audit, Command, Expect, Live, Patch, Revert, Step
 from mla_doctor.host.target import Connection, HostTarget, connect
 from mla_doctor.paths import DEFAULT_RUN_ROOT
+from mla_doctor.report_sections import TransportSection
 from mla_doctor.results import HostReport, HostStatus
 
 Progress = Callable[[str], None]
@@ -52,7 +53,7 @@ def execute(target: HostTarget, steps: Sequence[Step], progress: Progress | None
         if records is not None:
             records.append({"name": "connect", "kind": "connect", "status": "failed",
                             "elapsed_s": round(time.monotonic() - t0, 3), "detail": e.message})
-        report.timings["total_s"] = round(time.monotonic() - t0, 4)
+        report.timings = report.timings.with_(total_s=round(time.monotonic() - t0, 4))
         return report
     if cancel is not None:
         cancel.attach(c.transport)
@@ -87,10 +88,11 @@ def execute(target: HostTarget, steps: Sequence[Step], progress: Progress | None
         c.explain_python(report)
     finally:
         c.close()
-    report.transport = c.summary()
-    report.timings.setdefault("connect_s", round(c.connect_s, 4))
+    report.transport = TransportSection.from_dict(c.summary())
+    if "connect_s" not in report.timings:
+        report.timings = report.timings.with_(connect_s=round(c.connect_s, 4))
     attach(report, kb)  # after every step: an `expect` step's findings are among the problems
-    report.timings["total_s"] = round(time.monotonic() - t0, 4)
+    report.timings = report.timings.with_(total_s=round(time.monotonic() - t0, 4))
     return report
 
 

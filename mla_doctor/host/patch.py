@@ -71,7 +71,7 @@ def patch_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Aud
     report.patch["files"] = res.get("files") or []
     # what only the host could tell is missing (a function whose insertion point is gone) is a missing symbol too
     report.patch["missing_symbols"] = prepared.missing + res.missing_symbols
-    report.timings["patch_s"] = round(time.monotonic() - t0, 4)
+    report.timings = report.timings.with_(patch_s=round(time.monotonic() - t0, 4))
     if res.is_refused:
         return _fail(report, "refused: " + "; ".join(res.refused))
     if res.outcome == "failed":

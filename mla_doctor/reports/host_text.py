@@ -12,7 +12,7 @@ from mla_doctor.threshold_text import fmt_threshold
 from mla_doctor.words import platform_name
 from mla_doctor import terminal
 from mla_doctor.reports import first_screen
-from mla_doctor.report_sections import HostAnswer, ModelSection, ServerSection, StaticSection, VllmSection
+from mla_doctor.report_sections import GpuSection, HostAnswer, ModelSection, ServerSection, StaticSection, VllmSection
 from mla_doctor.results import HostReport, HostStatus, RunReport
 
 _MARK = {"info": "  ", "warn": "! ", "fail": "X "}
@@ -135,8 +135,9 @@ def render_host(h: HostReport) -> list[str]:
         c = model.classification
         out.append(f"   model: {model.argument} type={c.get('model_type')} mla={c.get('is_mla')} "
                    f"sparse={c.get('is_sparse')}")
-    if h.gpu and h.gpu.get("present"):
-        out.append("   gpu: " + ", ".join(f"{g['name']} (sm {g['compute_cap']})" for g in h.gpu.get("gpus", [])))
+    gpu = GpuSection.of(h.gpu)
+    if gpu.present:
+        out.append("   gpu: " + ", ".join(f"{g['name']} (sm {g['compute_cap']})" for g in gpu.gpus))
     out.append("   findings:")
     for f in h.findings:
         out.append(f"   {_MARK[f.severity.value]}[{f.severity.value}] {f.code}: {f.summary}")

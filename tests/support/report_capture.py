@@ -26,6 +26,8 @@ _state = {"test": "none", "n": 0}
 
 
 def _mask(node, key=None):
+    if key == "timings" and isinstance(node, dict):  # which times were taken, in which order: kept
+        return {k: "<masked>" for k in node}
     if key in _NUM_KEYS:
         return "<masked>"
     if isinstance(node, dict):

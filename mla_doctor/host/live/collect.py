@@ -6,7 +6,7 @@ from mla_doctor.diagnosis.live_verdict import expected_path, observed_path, rout
 from mla_doctor.host.live.records import malformed_findings
 from mla_doctor.host.live.session import LiveRun
 from mla_doctor.host.live.steps import Pass
-from mla_doctor.report_sections import ModelSection
+from mla_doctor.report_sections import EvidenceSection, ModelSection
 from mla_doctor.results import Finding, HostReport, Severity, plain
 
 # the static audit's integrity/model findings that the live rules do not restate
@@ -72,6 +72,6 @@ def conclude(run: LiveRun, passes: list[Pass]) -> HostReport:
         findings.append(Finding("ATTACH_COMPILED_FRAMES", Severity.WARN, text))
     codes = {f.code for f in findings}
     report.findings = findings + [f for f in report.findings if f.code in KEEP_STATIC and f.code not in codes]
-    report.evidence = plain(results[0][1])
-    report.evidence.pop("prompts", None)  # rendered per prompt above
+    report.evidence = EvidenceSection.from_dict(
+        {k: v for k, v in plain(results[0][1]).items() if k != "prompts"})  # the prompts: rendered per prompt above
     return report
