@@ -44,7 +44,9 @@ for p in os.listdir("/proc"):
             procs[p] = int(stat[stat.rfind(b")") + 2:].split()[19])
 left = [d + "/" + n for d in ("/dev/shm", "/tmp", "/var/tmp")
         for n in os.listdir("/proc/%d/root%s" % (pid, d)) if n.startswith("mla-doctor")]
-mounts = [ln for ln in open("/proc/%d/mountinfo" % pid) if "mla-doctor" in ln]
+mounts = [ln for ln in open("/proc/%d/mountinfo" % pid)
+          if ln.split()[4].rsplit("/", 1)[0] in ("/dev/shm", "/tmp", "/var/tmp")
+          and ln.split()[4].rsplit("/", 1)[1].startswith("mla-doctor-")]
 print(json.dumps({"procs": procs, "left": left, "mounts": mounts}))
 """
 

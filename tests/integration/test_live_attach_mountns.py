@@ -64,7 +64,8 @@ def server(tmp_path_factory):
 def left_in(server) -> tuple[list[str], list[str]]:
     pid = server.proc.pid
     names = [n for n in os.listdir(f"/proc/{pid}/root/dev/shm") if n.startswith("mla-doctor")]
-    mounts = [ln for ln in Path(f"/proc/{pid}/mountinfo").read_text().splitlines() if "mla-doctor" in ln]
+    mounts = [ln for ln in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+              if ln.split()[4].startswith("/dev/shm/mla-doctor-")]
     return names, mounts
 
 
