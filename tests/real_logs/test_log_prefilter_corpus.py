@@ -1,7 +1,8 @@
 """The reader's pre-filter over the real-log corpus: every real log (tests/fixtures/real_logs, tests/fixtures/logs)
-with a long quiet run put inside it, at a place of its own (before, in the middle of a traceback, after), reads
-the same through the pre-filter as with every line read: the whole `explain` answer (facts, decisions, fatal
-lines, the process-life reading, processes and their line counts, what was normalised, unmatched lines)."""
+with a busy server's serving lines (tests/support/serving_log.py) and then a long quiet run put inside it, at a
+place of its own (before, in the middle of a traceback, after), reads the same through the pre-filter as with
+every line read: the whole `explain` answer (facts, decisions, fatal lines, the process-life reading, processes
+and their line counts, what was normalised, unmatched lines)."""
 from __future__ import annotations
 
 import json
@@ -12,6 +13,7 @@ import pytest
 
 from mla_doctor.diagnosis import log_prefilter, log_reading
 from mla_doctor.diagnosis.explain import explain
+from tests.support.serving_log import serving_run
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 LOGS = sorted((FIXTURES / "real_logs").glob("*.log")) + sorted((FIXTURES / "logs").glob("*.log"))
@@ -31,9 +33,11 @@ def answer(lines, fast: bool, monkeypatch) -> str:
 def test_a_real_log_in_a_long_paste_reads_the_same(path, monkeypatch):
     real = path.read_text(encoding="utf-8", errors="replace").splitlines()
     at = zlib.crc32(path.name.encode()) % (len(real) + 1)   # a place of its own, the same on every run
-    lines = real[:at] + quiet_run(2 * log_prefilter.MARGIN + 64) + real[at:]
+    busy = serving_run(at, 25)   # ~105 lines: requests, access and metrics lines, none of them left out
+    lines = real[:at] + busy + quiet_run(2 * log_prefilter.MARGIN + 64) + real[at:]
     monkeypatch.setattr(log_prefilter, "MIN_LINES", 0)
     plan = log_prefilter.plan(lines, log_reading._prefilter_heads(None),
                               (log_reading._VERSION_LINE, log_reading._EXC))
     assert plan is not None and len(plan.skipped.ns) >= 64
+    assert not set(plan.skipped.ns) & set(range(at + 1, at + len(busy) + 1))
     assert answer(lines, True, monkeypatch) == answer(lines, False, monkeypatch)

@@ -108,6 +108,24 @@ def test_a_traceback_inside_a_quiet_run_reads_the_same(monkeypatch):
     same(lines, monkeypatch)
 
 
+def test_a_busy_servers_lines_between_quiet_runs_read_the_same(monkeypatch):
+    """A real server's serving lines (requests received and added, uvicorn's access lines, the engine's metrics
+    lines: tests/support/serving_log.py) of an earlier process between two quiet runs, then the real start-up
+    log and more serving of its own: the same answer, and none of the serving lines is left out (they are tagged
+    records, match a format or hold an upper-case word a rule reads)."""
+    from tests.support.serving_log import serving_run
+
+    busy = serving_run(0, 120, pid=25001)
+    lines = ([filler(i) for i in range(1200)] + busy + [filler(i) for i in range(1200)]
+             + LOG.read_text(encoding="utf-8").splitlines() + serving_run(120, 40))
+    same(lines, monkeypatch)
+    monkeypatch.setattr(log_prefilter, "MIN_LINES", 0)
+    plan = log_prefilter.plan(lines, log_reading._prefilter_heads(None), (log_reading._VERSION_LINE,
+                                                                          log_reading._EXC))
+    kept = {it["text"] for it in plan.kept}
+    assert all(ln in kept for ln in busy + serving_run(120, 40))
+
+
 def test_lines_a_rule_reads_are_never_left_out():
     """Every kind of line that can matter is read: a format's head, a rule's pattern or literal, a logger file a
     rule knows, a tag, a prefix, a WARNING."""
