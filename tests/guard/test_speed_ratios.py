@@ -14,7 +14,7 @@ Hard bounds (a regression fails `make guard`):
   * the same on a 50 MB paste of a busy server's own lines (requests, uvicorn's access lines, the engine's metrics
     lines: tests/support/serving_log.py), which the pre-filter reads in full (each line a tagged record, from a
     logger file a rule knows, or holding words or numbers a rule's pattern reads): at most SERVING_REGRESSION x
-    (measured 81x at load 6). The matcher trying every format on every line (no head index) is ~170x; the 5x
+    (measured 81-83x at load 5-6). The matcher trying every format on every line (no head index) is ~170x; the 5x
     goal there is a strict xfail.
 The audit's goal (<= 2x) is not met yet: a strict xfail that names what was measured, and fails as soon as the
 goal is met, so the bound is tightened then.
