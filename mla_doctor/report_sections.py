@@ -1,5 +1,5 @@
 """Typed sections of a host's report (`vllm`, `static`, `model`, `server`, `log`, `gpu`, `evidence`,
-`transport`, `timings`; the answer),
+`patch`, `revert`, `transport`, `timings`; the answer),
 built where the report is built.
 
 Each is a frozen dataclass: the keys readers use are attributes (with the fallback a reader wants when the key is
@@ -252,6 +252,35 @@ class EvidenceSection(Section):
 
 
 @dataclass(frozen=True, eq=False, repr=False)
+class PatchSection(Section):
+    """A patch step (host/patch.py): the run, its targets, the agent's outcome and files, the undo command."""
+    run_id: str | None = None
+    method: str | None = None
+    dry_run: bool | None = None
+    targets: list[Any] = _l()
+    skipped_optional: list[Any] = _l()
+    missing_symbols: list[Any] = _l()
+    outcome: str | None = None  # patched | refused | failed | unknown | ...
+    run_dir: str | None = None
+    records_dir: str | None = None
+    lease: dict[str, Any] = _d()
+    watchdog_pid: int | None = None
+    files: list[Any] = _l()
+    undo: str | None = None
+    extra_: dict[str, Any] = _d()  # plugin, refused, error, revert as the agent answered them
+    keys_: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class RevertSection(Section):
+    """A revert (host/patch.py's revert_host): each run found and what its files became."""
+    runs: list[dict[str, Any]] = _l()
+    dry_run: bool | None = None
+    extra_: dict[str, Any] = _d()
+    keys_: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, eq=False, repr=False)
 class TransportSection(Section):
     """The connection's stats (host/target.py): local or ssh, the connections, executions and bytes."""
     kind: str | None = None  # local | ssh
@@ -277,7 +306,8 @@ class TimingsSection(Section):
 
 SECTIONS: dict[str, type[Section]] = {"vllm": VllmSection, "static": StaticSection, "model": ModelSection,
                                       "server": ServerSection, "log": LogSection, "gpu": GpuSection,
-                                      "evidence": EvidenceSection, "transport": TransportSection,
+                                      "evidence": EvidenceSection, "patch": PatchSection, "revert": RevertSection,
+                                      "transport": TransportSection,
                                       "timings": TimingsSection}
 
 

@@ -16,9 +16,9 @@ from mla_doctor import __version__
 from mla_doctor.errors import UnreachableError
 from mla_doctor.exit_codes import ExitStatus, worst
 from mla_doctor.redact import redact_text, redact_tree
-from mla_doctor.report_sections import (EvidenceSection, GpuSection, HostAnswer, LogSection, ModelSection, Section,
-                                        ServerSection, StaticSection, TimingsSection, TransportSection,
-                                        VllmSection)
+from mla_doctor.report_sections import (EvidenceSection, GpuSection, HostAnswer, LogSection, ModelSection,
+                                        PatchSection, RevertSection, Section, ServerSection, StaticSection,
+                                        TimingsSection, TransportSection, VllmSection)
 
 
 class Severity(str, enum.Enum):
@@ -56,8 +56,8 @@ class HostReport:
     log: LogSection | None = None
     gpu: GpuSection | None = None
     findings: list[Finding] = field(default_factory=list)
-    patch: dict[str, Any] | None = None
-    revert: dict[str, Any] | None = None
+    patch: PatchSection | None = None
+    revert: RevertSection | None = None
     live: dict[str, Any] | None = None  # run id, settings, pids, baseline and restored completions
     prompts: list[dict[str, Any]] | None = None  # per prompt: calls, expected, observed
     evidence: EvidenceSection | None = None

@@ -14,7 +14,7 @@ from mla_doctor.host.answer import attach
 from mla_doctor.host.steps import Audit, Command, Expect, Live, Patch, Revert, Step
 from mla_doctor.host.target import Connection, HostTarget, connect
 from mla_doctor.paths import DEFAULT_RUN_ROOT
-from mla_doctor.report_sections import TransportSection
+from mla_doctor.report_sections import PatchSection, TransportSection
 from mla_doctor.results import HostReport, HostStatus
 
 Progress = Callable[[str], None]
@@ -169,13 +169,13 @@ def _patch(step: Patch, c: Connection, report: HostReport, kb: Any, progress: Pr
     popts = step.options
     _adopt(report, patch_host(c.transport, c.target.name, c.conn, _aopts(c), popts, kb, answer=False))
     c.explain_python(report)
-    patch = report.patch or {}
-    if patch.get("outcome") != "patched":
+    patch = PatchSection.of(report.patch)
+    if patch.outcome != "patched":
         return
-    rid = patch.get("run_id")
+    rid = patch.run_id
     if rid:
-        patch["undo"] = revert_command(c.target.address, c.conn, c.target.python, rid, popts.run_root,
-                                       DEFAULT_RUN_ROOT)
+        report.patch = patch.with_(undo=revert_command(c.target.address, c.conn, c.target.python, rid,
+                                                       popts.run_root, DEFAULT_RUN_ROOT))
     if step.hold:
         progress(f"holding run {rid} (lease {popts.ttl:g}s); Ctrl-C to revert")
         why = hold(c.transport, rid, popts.ttl, popts.run_root, c.conn.sudo)

@@ -16,6 +16,7 @@ from mla_doctor.host.audit import AuditOptions, build_static_report, static_requ
 from mla_doctor.host.undo import revert_command
 from mla_doctor.host.instrument import PatchOptions, TargetSet, Templates, load_targets, prepare_patch
 from mla_doctor.remote.protocol import RenewAnswer, RenewRequest, RevertRequest, call
+from mla_doctor.report_sections import PatchSection, RevertSection
 from mla_doctor.results import HostReport, HostStatus
 from mla_doctor.ssh.transport import ConnectOptions, Transport
 
@@ -50,11 +51,11 @@ def patch_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Aud
     if report.status != HostStatus.OK:
         return report
     prepared = prepare_patch(kb, tset, raw, popts, templates)
-    report.patch = {"run_id": prepared.run_id, "method": popts.method, "dry_run": popts.dry_run,
-                    "targets": prepared.targets, "skipped_optional": prepared.skipped_optional,
-                    "missing_symbols": prepared.missing}
+    report.patch = PatchSection.from_dict({
+        "run_id": prepared.run_id, "method": popts.method, "dry_run": popts.dry_run, "targets": prepared.targets,
+        "skipped_optional": prepared.skipped_optional, "missing_symbols": prepared.missing})
     if prepared.missing:
-        report.patch["outcome"] = "refused"
+        report.patch = report.patch.with_(outcome="refused")
         return _fail(report, "refusing to patch: symbols not found in this install: " + "; ".join(prepared.missing))
     # a dry run only reads, as the audit did: on the audit's interpreter (an agent just ran there; a PATH
     # python3 may be a shim of shell scripts costing more than the audit). A real patch keeps PATH's python3:
@@ -63,14 +64,15 @@ def patch_host(transport: Transport, name: str, conn: ConnectOptions, aopts: Aud
     try:
         res = call(transport, prepared.request, python=python, sudo=conn.sudo, timeout=conn.command_timeout)
     except MlaDoctorError as e:
-        report.patch["outcome"] = "unknown"
+        report.patch = report.patch.with_(outcome="unknown")
         undo = revert_command(None if conn.local else name, conn, aopts.python, prepared.run_id, popts.run_root)
         return _fail(report, f"patch step failed: {e.message} — run `{undo}`", type(e).__name__)
-    report.patch.update({k: res.get(k) for k in ("outcome", "run_dir", "records_dir", "lease", "watchdog_pid",
-                                                 "plugin", "refused", "error", "revert")})
-    report.patch["files"] = res.get("files") or []
-    # what only the host could tell is missing (a function whose insertion point is gone) is a missing symbol too
-    report.patch["missing_symbols"] = prepared.missing + res.missing_symbols
+    report.patch = report.patch.with_(
+        **{k: res.get(k) for k in ("outcome", "run_dir", "records_dir", "lease", "watchdog_pid", "plugin", "refused",
+                                   "error", "revert")},
+        files=res.get("files") or [],
+        # what only the host could tell is missing (a function whose insertion point is gone) is missing too
+        missing_symbols=prepared.missing + res.missing_symbols)
     report.timings = report.timings.with_(patch_s=round(time.monotonic() - t0, 4))
     if res.is_refused:
         return _fail(report, "refused: " + "; ".join(res.refused))
@@ -87,12 +89,12 @@ def revert_host(transport: Transport, name: str, conn: ConnectOptions, run_id: s
                    sudo=conn.sudo, timeout=conn.command_timeout)
     except MlaDoctorError as e:
         return HostReport.failed(name, e)
-    report.revert = {"runs": res.runs, "dry_run": dry_run}
+    report.revert = RevertSection.from_dict({"runs": res.runs, "dry_run": dry_run})
     if res.is_refused:
         return _fail(report, "; ".join(res.refused))
-    if run_id and not report.revert["runs"]:
+    if run_id and not report.revert.runs:
         return _fail(report, f"no run {run_id} under {run_root} on this host", "RunNotFound")
-    bad = [r for r in report.revert["runs"] if not dry_run and r.get("state") != "reverted"]
+    bad = [r for r in report.revert.runs if not dry_run and r.get("state") != "reverted"]
     if bad:
         report.exit_override = ExitStatus.NOT_RESTORED
         return _fail(report, "not every file could be restored: " + "; ".join(

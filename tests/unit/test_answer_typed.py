@@ -124,3 +124,23 @@ def test_a_live_run_s_answer_reads_the_backend_from_its_typed_evidence(kb):
     a = host_answer(typed, kb)
     assert a.backend_source == "run" and a.backend.startswith(f"{typed.evidence.decode_backend} — selected, from")
     assert json.dumps(a.to_dict()) == json.dumps(host_answer(saved, kb).to_dict())
+
+
+def test_a_patch_step_s_section_keeps_its_order_and_says_the_exact_undo(monkeypatch, tmp_path):
+    """`patch --local` through the real CLI and executor, the agent answering from the recorded run (its static and
+    patch answers): the report's patch section keeps the order it was built in, the undo the exact command."""
+    from click.testing import CliRunner
+
+    from mla_doctor.cli import cli
+    from tests.support.fake_agent import FakeAgent
+
+    fake = FakeAgent("run_local")
+    fake.script = [fake.script[fake.index("static")], fake.script[fake.index("patch")]]
+    fake.install(monkeypatch)
+    r = CliRunner().invoke(cli, ["patch", "--local", "--ttl", "0", "--run-root", str(tmp_path), "--format", "json"])
+    patch = json.loads(r.output)["hosts"][0]["patch"]
+    assert list(patch) == ["run_id", "method", "dry_run", "targets", "skipped_optional", "missing_symbols", "outcome",
+                           "run_dir", "records_dir", "lease", "watchdog_pid", "plugin", "refused", "error", "revert",
+                           "files", "undo"]
+    assert patch["outcome"] == "patched"
+    assert patch["undo"] == f"mla-doctor revert --local --run-root {tmp_path} --run {patch['run_id']}"
