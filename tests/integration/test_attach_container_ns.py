@@ -163,3 +163,25 @@ def test_a_process_in_its_own_pid_namespace_is_named_by_both_pids(tmp_path):
     finally:
         p.kill()
         p.wait()
+
+
+def test_a_mount_namespace_owned_by_a_user_namespace_takes_the_bind_too(tmp_path):
+    """A rootless container's mount namespace belongs to its user namespace: the node's root (all capabilities
+    there) binds the run directory in and takes it out the same way."""
+    p = subprocess.Popen(["unshare", "-U", "-m", "--map-root-user", "--propagation", "private", "sh", "-c",
+                          "mount -t tmpfs none /dev/shm && exec sleep 60"], stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{p.pid}/comm").read_text().strip() != "sleep":
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert Path(f"/proc/{p.pid}/ns/user").stat().st_ino != Path("/proc/self/ns/user").stat().st_ino
+        rd = run_dir(tmp_path)
+        facts = container.inspect(p.pid)
+        seen = container.mount_run_dir(p.pid, str(rd), facts["place"], "r1")
+        assert Path(f"/proc/{p.pid}/root{seen}/lease.json").read_text() == '{"expires": 0}'
+        info = {"pid": p.pid, "mnt_ns": facts["mnt_ns"], "dir": seen}
+        assert container.unmount_run_dir(info) == "unmounted, removed" and container.left_in(info) is False
+    finally:
+        p.kill()
+        p.wait()
