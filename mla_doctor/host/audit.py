@@ -32,7 +32,7 @@ class AuditOptions:
     model: str | None = None  # a model directory / config.json, overriding the server's
     log: str | None = None  # the server log, overriding journal / container / stdout discovery
     pid: int | None = None  # --pid: the server process, when the port does not single it out
-    container: str | None = None  # the server is the one in this container (attach; agent/runtimes/containers.py)
+    container: str | None = None  # the server is the one in this container (attach; agent/facts/containers.py)
 
 
 def index_pairs(data: Any) -> dict[str, list[str]]:

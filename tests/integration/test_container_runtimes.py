@@ -27,7 +27,7 @@ ROOT = cs.repo_root()
 AGENT = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from mla_doctor.agent.runtimes import containers as C
+from mla_doctor.agent.facts import containers as C
 from mla_doctor.agent.protocol import Refusal
 out = {}
 if sys.argv[2] == "locate":

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from mla_doctor.agent.runtimes import containers as C
+from mla_doctor.agent.facts import containers as C
 
 ID = "d0b3604b67ac7930dd34ba3a796627e3e4717d12309e90a4afe3f38b6816ac98"
 ID2 = "5eed917563583925ffdbd40a64efb2aaffe58638e57add8becaf460fe74f5b1c"

@@ -15,7 +15,7 @@ import re
 from ..common import int_or_none, read_regular, read_text, run_argv, user_name, find_executable
 from ..privilege import call_as, proc_ids
 from ..protocol import Refusal
-from ..runtimes import containers
+from . import containers
 
 
 # Server processes we recognise in /proc/<pid>/cmdline.

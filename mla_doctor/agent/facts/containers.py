@@ -12,7 +12,6 @@ import os
 import re
 import stat
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
 
 from ..common import read_text, run_argv
 from ..protocol import Refusal
@@ -58,12 +57,12 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,252}$")  # ids and names a ru
 class CgroupMatch:
     """A container a cgroup path proposes (not yet checked against the runtime's state)."""
 
-    runtime: Optional[str]  # None: a Kubernetes cgroupfs path, which does not say the runtime
+    runtime: str | None  # None: a Kubernetes cgroupfs path, which does not say the runtime
     id: str
     kubernetes: bool = False
-    pod_uid: Optional[str] = None
-    rootless_uid: Optional[int] = None  # podman run by this user (its user@UID.service)
-    ns: Optional[str] = None  # containerd namespace, where the path names one (ctr's cgroupfs /<ns>/<id>)
+    pod_uid: str | None = None
+    rootless_uid: int | None = None  # podman run by this user (its user@UID.service)
+    ns: str | None = None  # containerd namespace, where the path names one (ctr's cgroupfs /<ns>/<id>)
     path: str = ""
 
 
@@ -77,17 +76,17 @@ class ContainerRef:
     root_pid: int
     uid: int
     gid: int
-    name: Optional[str] = None  # the runtime's name for it (docker/podman name; containerd: its id)
-    pod: Optional[str] = None  # Kubernetes pod name
-    namespace: Optional[str] = None  # Kubernetes namespace
-    container: Optional[str] = None  # Kubernetes container name
-    pod_uid: Optional[str] = None
+    name: str | None = None  # the runtime's name for it (docker/podman name; containerd: its id)
+    pod: str | None = None  # Kubernetes pod name
+    namespace: str | None = None  # Kubernetes namespace
+    container: str | None = None  # Kubernetes container name
+    pod_uid: str | None = None
     kubernetes: bool = False  # managed by a kubelet: its pod's controller would replace a restarted container
-    runtime_namespace: Optional[str] = None  # containerd namespace (k8s.io, moby, default)
-    rootless_uid: Optional[int] = None  # podman rootless: the user whose podman runs it
-    image: Optional[str] = None
-    cgroup: Optional[str] = None
-    labels: Dict[str, str] = field(default_factory=dict)
+    runtime_namespace: str | None = None  # containerd namespace (k8s.io, moby, default)
+    rootless_uid: int | None = None  # podman rootless: the user whose podman runs it
+    image: str | None = None
+    cgroup: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
 
     def label(self):
         """How a person names it: 'containerd container 1a2b3c4d5e6f (pod team/vllm-0, container vllm)'."""
@@ -244,7 +243,7 @@ def candidates_summary(matches):
     return ", ".join("%s %s" % (m.runtime or "kubernetes", m.id[:12]) for m in matches) or "none"
 
 
-def pick(matches: List[CgroupMatch], verify):
+def pick(matches: list[CgroupMatch], verify):
     """The first proposal (outermost) that verify(match) confirms: (match, what verify returned), or (None, None)."""
     for m in matches:
         got = verify(m)
@@ -269,9 +268,9 @@ class Record:
     runtime: str
     id: str
     root_pid: int
-    ns: Optional[str] = None  # containerd namespace
-    rootless_uid: Optional[int] = None
-    annotations: Optional[Dict[str, str]] = None  # the OCI spec's, where the record has one
+    ns: str | None = None  # containerd namespace
+    rootless_uid: int | None = None
+    annotations: dict[str, str] | None = None  # the OCI spec's, where the record has one
     where: str = ""
 
 
