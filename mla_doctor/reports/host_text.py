@@ -12,7 +12,8 @@ from mla_doctor.threshold_text import fmt_threshold
 from mla_doctor.words import platform_name
 from mla_doctor import terminal
 from mla_doctor.reports import first_screen
-from mla_doctor.report_sections import GpuSection, HostAnswer, ModelSection, ServerSection, StaticSection, VllmSection
+from mla_doctor.report_sections import (GpuSection, HostAnswer, ModelSection, PatchSection, RevertSection,
+                                        ServerSection, StaticSection, VllmSection)
 from mla_doctor.results import HostReport, HostStatus, RunReport
 
 _MARK = {"info": "  ", "warn": "! ", "fail": "X "}
@@ -151,32 +152,32 @@ def render_host(h: HostReport) -> list[str]:
 
 
 def render_patch(h: HostReport) -> list[str]:
-    p = h.patch or {}
-    out = [f"   run id:   {p.get('run_id')}  (method {p.get('method')}{', DRY RUN' if p.get('dry_run') else ''})",
-           f"   outcome:  {p.get('outcome')}"]
-    if p.get("records_dir"):
-        out.append(f"   records:  {p['records_dir']}/probe-<pid>.jsonl")
-    lease = p.get("lease") or {}
+    p = PatchSection.of(h.patch)
+    out = [f"   run id:   {p.run_id}  (method {p.method}{', DRY RUN' if p.dry_run else ''})",
+           f"   outcome:  {p.outcome}"]
+    if p.records_dir:
+        out.append(f"   records:  {p.records_dir}/probe-<pid>.jsonl")
+    lease = p.lease
     if lease:
         exp = lease.get("expires")
         out.append("   lease:    " + ("no expiry (--ttl 0: no watchdog; revert by hand)" if not exp else
-                                      f"{lease.get('ttl'):g}s, watchdog pid {p.get('watchdog_pid')} reverts "
+                                      f"{lease.get('ttl'):g}s, watchdog pid {p.watchdog_pid} reverts "
                                       f"if not renewed"))
     if p.get("plugin"):
         env = p["plugin"]["env"]
         out.append(f"   plugin:   start the server with PYTHONPATH={env['PYTHONPATH']} "
                    f"(and add {env['VLLM_PLUGINS_ADD']} to VLLM_PLUGINS if that is set)")
-    for f in p.get("files") or []:
+    for f in p.files:
         out.append(f"   {f.get('outcome', '?'):<16} vllm/{f['rel']}  {str(f.get('original_sha256'))[:12]} -> "
                    f"{str(f.get('patched_sha256'))[:12]}")
         if f.get("diff"):
             out += ["      " + ln for ln in f["diff"].rstrip("\n").splitlines()]
-    for m in p.get("missing_symbols") or []:
+    for m in p.missing_symbols:
         out.append(f"   missing:  {m}")
     for r in p.get("refused") or []:
         out.append(f"   refused:  {r}")
-    if p.get("run_id") and p.get("outcome") == "patched":
-        undo = p.get("undo") or f"mla-doctor revert --host {h.host} --run {p['run_id']}"
+    if p.run_id and p.outcome == "patched":
+        undo = p.undo or f"mla-doctor revert --host {h.host} --run {p.run_id}"
         out.append(f"   undo:     {undo}")
     return out
 
@@ -215,12 +216,12 @@ def render_live(h: HostReport) -> list[str]:
 
 
 def render_revert(h: HostReport) -> list[str]:
-    r = h.revert or {}
+    r = RevertSection.of(h.revert)
     out = []
-    if not r.get("runs"):
+    if not r.runs:
         out.append("   nothing to revert: no run left patches on this host")
-    for run in r.get("runs") or []:
-        out.append(f"   run {run.get('run_id')}: {run.get('state')}{' (dry run)' if r.get('dry_run') else ''}")
+    for run in r.runs:
+        out.append(f"   run {run.get('run_id')}: {run.get('state')}{' (dry run)' if r.dry_run else ''}")
         for f in run.get("files") or []:
             if isinstance(f, str):
                 out.append(f"      would restore vllm/{f}")
