@@ -107,7 +107,10 @@ def node(fleet):
     try:
         yield cs.Node(fleet, NODE)
     finally:
-        fleet.stop_service_host(NODE)
+        try:  # the runs' roots (the node's /var/tmp is this machine's)
+            cs.Node(fleet, NODE).sh("rm -rf /var/tmp/mla-ctr-containerd /var/tmp/mla-ctr-podman")
+        finally:
+            fleet.stop_service_host(NODE)
 
 
 @pytest.fixture(scope="class")
