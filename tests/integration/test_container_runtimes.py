@@ -171,6 +171,27 @@ class TestContainerdPod:
         assert "--method attach" in h["error"]
         assert start_time(node, served.pid) == before  # never stopped or restarted
 
+    def test_a_lookalike_in_another_pod_on_the_same_port_is_never_the_server(self, fleet, node, served):
+        """Another pod holds port 8000 in its own network namespace with a process whose command line names vLLM's
+        API server: the server is still the one that runs vLLM, and naming the decoy's container is refused."""
+        decoy = cs.start_decoy(node)
+        try:
+            ssh = ["--host", NODE, "--ssh-config", str(fleet.ssh_config), "--format", "json"]
+            code, doc, out = cli("static", *ssh)
+            srv = doc["hosts"][0]["server"]
+            assert srv["pid"] == served.pid, out
+            look = {x["pid"]: x for x in srv["lookalikes"]}
+            assert decoy in look and "maps no vLLM package" in look[decoy]["why"], srv["lookalikes"]
+            before = cs.node_view(node, served.pid)
+            code, doc, out = cli("run", *ssh, "--container", "decoy-0/decoy", timeout=120)
+            h = doc["hosts"][0]
+            assert code == 2 and h["error_kind"] == "WhichServer", out
+            assert f"no vLLM server proven in containerd container {cs.DECOY_ID}" in h["error"], h["error"]
+            assert f"pid {decoy}: maps no vLLM package" in h["error"], h["error"]
+            assert cs.node_view(node, served.pid) == before
+        finally:
+            cs.stop_decoy(node)
+
     def test_attach_into_the_pod_named_by_its_kubernetes_names(self, fleet, node, served):
         """The pod's own network namespace (only its loopback): every request is made inside it by the agent."""
         h = attach(fleet, node, served, "--container", "ml-serving/vllm-tiny-0/vllm")

@@ -170,6 +170,36 @@ def start_containerd_server(node: Node) -> Served:
     return served
 
 
+DECOY_ID = "decoy-0-decoy"
+DECOY_NETNS = "decoy-0"
+DECOY_LABELS = {"io.kubernetes.pod.name": "decoy-0", "io.kubernetes.pod.namespace": "ml-serving",
+                "io.kubernetes.container.name": "decoy",
+                "io.kubernetes.pod.uid": "0d0e0c0a-1b2c-4d3e-8f40-5a6b7c8d9e0f"}
+# a process that looks like the server (its command line names vLLM's API server) and holds the same port number
+# in another pod's network namespace, with no vLLM at all
+DECOY_CODE = ("import socket, time; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+              "s.bind(('127.0.0.1', 8000)); s.listen(); time.sleep(3600)")
+
+
+def start_decoy(node: Node) -> int:
+    """Another pod's container (the containerd server's image, its own network namespace) running DECOY_CODE."""
+    node.ok(f"ip netns add {DECOY_NETNS} && ip -n {DECOY_NETNS} link set lo up")
+    labels = " ".join(f"--label {k}={v}" for k, v in DECOY_LABELS.items())
+    node.ok(ctr("run -d --snapshotter native --cpu-shares 0 ") + f"--with-ns network:/run/netns/{DECOY_NETNS} "
+            f"--mount type=bind,src=/usr,dst=/usr,options=rbind:ro {labels} {CTR_IMAGE} {DECOY_ID} /usr/bin/python3 -c "
+            + shlex.quote(DECOY_CODE) + f" vllm.entrypoints.openai.api_server --port {PORT} > /dev/null")
+    pid = int(node.ok(ctr("tasks ls")).split(DECOY_ID, 1)[1].split()[0])
+    deadline = time.time() + 30
+    while time.time() < deadline and f":{PORT:04X} 00000000:0000 0A" not in node.ok(f"cat /proc/{pid}/net/tcp"):
+        time.sleep(0.3)
+    return pid
+
+
+def stop_decoy(node: Node) -> None:
+    node.sh(ctr(f"tasks kill -s KILL {DECOY_ID}") + "; sleep 1; " + ctr(f"tasks rm -f {DECOY_ID}") + "; "
+            + ctr(f"containers rm {DECOY_ID}") + f"; ip netns del {DECOY_NETNS}", timeout=60)
+
+
 def containerd_logs(node: Node) -> str:
     r = node.sh(f"tail -40 {CTR_LOG}; " + ctr("tasks ls"))
     return (r.stdout + r.stderr).decode("utf-8", "replace")
