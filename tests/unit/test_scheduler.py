@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from mla_doctor.fleet.scheduler import Scheduler, job_failed, run_fleet
+from mla_doctor.exit_codes import ExitStatus
+from mla_doctor.fleet.scheduler import Scheduler, Undo, job_failed, run_fleet
 from mla_doctor.results import HostReport, HostStatus
 
 
@@ -123,6 +124,34 @@ def test_runner_times_out_a_stuck_host_and_closes_its_connection():
     assert closed.is_set()
     assert results["h02"].error_kind == "HostTimeout" and "timed out" in results["h02"].error
     assert results["h01"].status == HostStatus.OK and results["h03"].status == HostStatus.OK
+
+
+def test_ctrl_c_whose_restore_raises_ends_the_host_not_restored():
+    """An interrupted fleet: the host's job left a change, putting it back raised. The host must say so (exit
+    NOT_RESTORED), never pass as an ordinary interrupted host."""
+    import _thread
+
+    closed = threading.Event()
+
+    class FakeTransport:
+        def close(self):
+            closed.set()
+
+    def job(host, cancel, step):
+        cancel.attach(FakeTransport())
+        _thread.interrupt_main()  # Ctrl-C while the job runs, connected
+        closed.wait(30)  # the interrupt closes the job's connection
+        return HostReport(host=host, status=HostStatus.ERROR, error="connection closed")
+
+    def restore(h, report, cancel, step):
+        raise RuntimeError("revert blew up")
+
+    undo = Undo(needed=lambda h, r: True, restore=restore, left=lambda h, r: f"{h}: run r1 left", bound_s=10.0)
+    results, sched = run_fleet(["h1"], job, limit=1, undo=undo)
+    r = results["h1"]
+    assert closed.is_set() and sched.interrupted
+    assert r.exit_status() == ExitStatus.NOT_RESTORED, (r.error_kind, r.error)
+    assert r.error_kind == "NotRestored" and "revert blew up" in r.error
 
 
 def test_runner_max_fail_percent_reports_the_rest_as_not_run():
