@@ -18,7 +18,8 @@ from mla_doctor.cli.common import (
 from mla_doctor import terminal
 from mla_doctor.host.fields import cli_fields, runbook_key
 from mla_doctor.host.runtimes import TABLE
-from mla_doctor.host.steps import Audit, Live, Patch, PatchArgs, Revert, RunOptions
+from mla_doctor.host.live_options import RunOptions
+from mla_doctor.host.steps import Audit, Live, Patch, Revert
 from mla_doctor.host.target import target_from_options
 from mla_doctor.redact import redact_text
 from mla_doctor.safety import check_no_control
@@ -108,7 +109,7 @@ def static(fmt, output, model, log, container, **kw):
 
 @cli.command()
 @connection_options
-@step_options(PatchArgs)
+@step_options(Patch)
 @output_options
 @handle_errors("patch")
 def patch(fmt, output, **kw):
@@ -120,7 +121,7 @@ def patch(fmt, output, **kw):
     mla-doctor patch --host gpu-17 --ttl 60 --hold   # renew until Ctrl-C, then revert
     mla-doctor patch --local --method plugin         # a vLLM general plugin: no vLLM file edited
     """
-    _values, args = step_values(PatchArgs, kw)
+    _values, args = step_values(Patch, kw)
     target = target_from_options(kw)
     step = Patch.make(**args)
     one_host_command("patch", target, step, fmt, output, progress=lambda msg: click.echo(msg, err=True))

@@ -4,7 +4,8 @@ path `mla-doctor run --host H` takes) over the host's one connection.
 The host's inventory vars fill in what the runbook leaves open (python, model, log, the runtime, api_key_env,
 live expectations) and override the command line's connection defaults (host/target.py's one builder).
 `fleet_undo`: what an interrupted fleet run (Ctrl-C, SIGTERM) uses to put a host back — the run its job left
-changed, reverted over a new connection (files, then the server as found), or the exact revert that would."""
+changed, reverted by `host.execute` of a revert step over a new connection (files, then the server as found), or
+the exact revert that would."""
 from __future__ import annotations
 
 import signal
@@ -17,10 +18,8 @@ from mla_doctor.exit_codes import ExitStatus
 from mla_doctor.fleet.playbook import HostPlan, Step
 from mla_doctor.fleet.scheduler import FleetHostReport, Undo
 from mla_doctor.host import execute
-from mla_doctor.host.patch import revert_host
-from mla_doctor.host.runtimes import INVENTORY_KINDS, from_inventory
-from mla_doctor.host.steps import Audit, Command, Expect, Live, Revert
-from mla_doctor.host.target import ConnectOptions, HostTarget, connect, target_from_vars
+from mla_doctor.host.steps import RUNBOOK_KINDS, Revert
+from mla_doctor.host.target import ConnectOptions, HostTarget, target_from_vars
 from mla_doctor.host.undo import revert_command
 from mla_doctor.paths import DEFAULT_RUN_ROOT
 from mla_doctor.results import HostReport, HostStatus
@@ -42,36 +41,7 @@ def host_steps(plan: HostPlan) -> list:
 
 
 def _step(step: Step, hv: dict[str, Any]):
-    o = step.options
-    if step.kind == "audit":
-        rt = hv.get("runtime") or {}
-        # a docker runtime: the vLLM that runs is the container's, audited there (read-only, docker exec)
-        row = from_inventory(rt.get("kind", "process"))
-        container = rt.get("container") if row is not None and row.in_container else None
-        return Audit.make({"python": o.get("python"), "model": o.get("model") or hv.get("model"),
-                           "log": o.get("log") or hv.get("log")}, container=container, name=step.name)
-    if step.kind == "expect":
-        return Expect.make(o, name=step.name)
-    if step.kind == "revert":
-        return Revert.make(o, name=step.name)
-    if step.kind == "command":
-        return Command.make(o, name=step.name)
-    if step.kind == "live":
-        rt = hv.get("runtime") or {}
-        row = from_inventory(rt.get("kind", "process"))
-        if row is None:
-            raise MlaDoctorError(f"runtime {rt.get('kind')!r}: the live diagnosis supports "
-                                 f"{', '.join(INVENTORY_KINDS)} only")
-        runtime = row.kind
-        expect = {k: str(v).lower() for k, v in {**{k: v for k, v in (hv.get("expect") or {}).items()
-                                                   if k in ("prefill", "decode")},
-                                                **(o.get("expect") or {})}.items()}
-        values = {**o, "expect": expect, "api_key_env": o.get("api_key_env") or hv.get("api_key_env")}
-        return Live.make(values, model=hv.get("model"), log=hv.get("log"), name=step.name, runtime=runtime,
-                         start_command=(rt.get("commands") or {}).get("start"),
-                         stop_command=(rt.get("commands") or {}).get("stop"), log_file=hv.get("log"),
-                         unit=rt.get("unit"), container=rt.get("container"))
-    raise MlaDoctorError(f"unknown step kind {step.kind}")  # pragma: no cover - validated on load
+    return RUNBOOK_KINDS[step.kind].from_runbook(step.options, hv, step.name)
 
 
 def execute_host(plan: HostPlan, defaults: ConnectOptions, cancel: Cancel | None = None,
@@ -128,21 +98,15 @@ def restore_host(target: HostTarget, run_root: str, report: HostReport, cancel: 
     if rid is None or (cancel is not None and cancel.is_set()):  # nothing to do, or told to stop (a second Ctrl-C)
         return report
     step_cb(f"interrupted: restoring run {rid} (revert files, server as found)")
-    try:
-        c = connect(target)
-    except MlaDoctorError as e:
+    # on the host itself, as the printed undo does: a docker run's host side reverts inside its container
+    # (a one-step plan: the revert's own library error propagates, as the fleet's restorer expects)
+    rev = execute(target, [Revert(run_id=rid, run_root=run_root)], cancel=cancel, report=HostReport(host=target.name))
+    if not rev.transport:  # never connected: nothing was reverted
         report.status, report.error_kind, report.restored = HostStatus.ERROR, "NotRestored", False
         report.exit_override = ExitStatus.NOT_RESTORED
-        report.error = f"interrupted ({why}); could not reconnect to put it back: {e.message}; " + \
+        report.error = f"interrupted ({why}); could not reconnect to put it back: {rev.error}; " + \
             left_text(target, run_root, report)
         return report
-    if cancel is not None:
-        cancel.attach(c.transport)
-    try:
-        # on the host itself, as the printed undo does: a docker run's host side reverts inside its container
-        rev = revert_host(c.transport, target.name, c.conn, rid, False, run_root)
-    finally:
-        c.close()
     if rev.error_kind == "RunNotFound":  # the patch never landed: nothing was changed
         report.error_kind, report.error = "Interrupted", f"interrupted ({why}): {report.error}; nothing was changed"
         return report

@@ -27,6 +27,7 @@ Loading checks structure and template syntax; `plan()` renders and re-checks per
 from __future__ import annotations
 
 import shlex
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,8 +43,23 @@ from mla_doctor.paths import PLAYBOOKS_DIR
 from mla_doctor.safety import check_no_control
 
 _NUM = (int, float)
-# kind -> option -> accepted types: derived from the host's step types (host/steps.py), never declared here
-STEP_OPTIONS: dict[str, dict[str, Any]] = {kind: steps.runbook_spec(kind) for kind in steps.RUNBOOK_KINDS}
+
+
+class _StepOptions(Mapping):
+    """kind -> option -> accepted types: derived from the host's step kinds (host/steps/), never declared here;
+    read from their registry each time (a kind's module imported later is a runbook kind too)."""
+
+    def __getitem__(self, kind: str) -> dict[str, Any]:
+        return steps.runbook_spec(kind)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(steps.RUNBOOK_KINDS)
+
+    def __len__(self) -> int:
+        return len(steps.RUNBOOK_KINDS)
+
+
+STEP_OPTIONS: Mapping[str, dict[str, Any]] = _StepOptions()
 KIND_RESTARTS = {"live": True}
 KIND_CHANGES = {"live": True, "revert": True, "command": True}
 
@@ -201,7 +217,7 @@ def _has_template(node: Any) -> bool:
 
 
 def _check_options(path: str, line: int | None, what: str, kind: str, opts: dict, rendered: bool) -> None:
-    """The step type's own validation (host/steps.py: the same the command line's options go through), then
+    """The step type's own validation (host/steps/: the same the command line's options go through), then
     what only a runbook has: expectations' values, templates, control characters."""
     try:
         steps.check(kind, opts, skip=lambda v: not rendered and _is_template(v))

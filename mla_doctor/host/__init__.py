@@ -1,6 +1,6 @@
-"""The host layer: one host's work. `target` (who, how: `HostTarget`, `connect`), `steps` (what: one typed step
-per kind) and `execute(target, steps, progress, cancel) -> HostReport` (host/executor.py), the one way to run
-them; `audit`, `patch`, `live` do the steps' work."""
+"""The host layer: one host's work. `target` (who, how: `HostTarget`, `connect`), `steps` (what: one module per
+step kind, each with its `run(ctx)`) and `execute(target, steps, progress, cancel) -> HostReport`
+(host/executor.py), the one way to run them; `audit`, `patch`, `live` do the steps' work."""
 from __future__ import annotations
 
 from typing import Any

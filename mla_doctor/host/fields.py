@@ -51,6 +51,10 @@ def cli_fields(cls: type) -> list[dataclasses.Field]:
     return [f for f in _fields(cls) if f.metadata.get("cli") is not None]
 
 
+def runbook_fields(cls: type) -> list[dataclasses.Field]:
+    return [f for f in _fields(cls) if f.metadata.get("runbook") is not None]
+
+
 def check(kind: str, cls: type, values: Mapping[str, Any], skip: Callable[[Any], bool] = lambda v: False) -> None:
     """Every key known, of an accepted type, within its range or choices (`skip(value)`: not checked yet, a
     template). Raises StepError naming `kind.key`."""

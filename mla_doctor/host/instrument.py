@@ -19,7 +19,8 @@ from packaging.version import Version
 from mla_doctor import yamlfile
 from mla_doctor.diagnosis.knowledge import Knowledge, parse_version
 from mla_doctor.errors import ConfigFileError, UsageError
-from mla_doctor.paths import DEFAULT_RUN_ROOT, PLAYBOOKS_DIR, TEMPLATES_DIR
+from mla_doctor.host.patch_options import PatchOptions
+from mla_doctor.paths import PLAYBOOKS_DIR, TEMPLATES_DIR
 from mla_doctor.remote.protocol import PatchRequest
 
 ROLES = ("prefill", "decode", "sparse", "dispatch", "builder")
@@ -133,19 +134,6 @@ class Templates:
             raise ConfigFileError(str(self.dir / name), e.lineno, f"template error: {e.message}") from e
         except jinja2.TemplateError as e:
             raise ConfigFileError(str(self.dir / name), None, f"template error: {e}") from e
-
-
-@dataclass
-class PatchOptions:
-    ttl: float = 900.0  # lease seconds; 0 = no watchdog, lease never expires
-    method: str = "patch"  # patch | plugin
-    dry_run: bool = False
-    run_root: str = DEFAULT_RUN_ROOT
-    targets: str = "instrument-mla"
-    templates: str | None = None
-    max_detail: int = 512  # detailed records per function, process and prompt (epoch); counters after
-    flush_s: float = 2.0
-    run_id: str | None = None
 
 
 @dataclass

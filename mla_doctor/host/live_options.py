@@ -4,7 +4,6 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from mla_doctor.errors import UsageError
 from mla_doctor.host.fields import NUM, option
@@ -126,33 +125,24 @@ class RunOptions:
         "runtime's labels on the node). Attach: the server in it; runtime docker: the container restarted "
         "(default: the one running vLLM)."})
 
-    @classmethod
-    def build(cls, *, runtime: str = "process", method: str | None = None, force: Any = False,
-              api_key_env: str | None = None, debug_env: Mapping[str, Any] | None = None,
-              ready_timeout: Any = None, ttl: Any = None, expect: Mapping[str, str] | None = None,
-              max_tokens: Any = 3, run_root: str | None = None, prompts: str | Sequence[str] | None = None,
-              second_pass: Sequence[str] | Mapping[str, Any] | None = None, start_command: str | None = None,
-              stop_command: str | None = None, log_file: str | None = None, unit: str | None = None,
-              container: str | None = None) -> RunOptions:
-        """The one place run options are made (`mla-doctor run` and a playbook's live step). None keeps the
-        default; `prompts` is "short,long" or a sequence (an empty one: the default); `debug_env` replaces
-        the default settings; `second_pass` is server arguments (a sequence) or settings by name (a mapping)."""
-        if api_key_env is not None:  # a name, checked before anything runs ('X;touch canary' is exit 2)
-            check_env_name(api_key_env, "--api-key-env")
-        sp_args: tuple[str, ...] = ()
-        sp_settings: dict[str, str] = {}
-        if isinstance(second_pass, Mapping):
-            sp_settings = {str(k): str(v) for k, v in second_pass.items()}
-        elif isinstance(second_pass, (list, tuple)):
-            sp_args = tuple(second_pass)
-        if isinstance(prompts, str):
-            names = tuple(p.strip() for p in prompts.split(",") if p.strip())
+    def __post_init__(self) -> None:
+        """The values as given by the command line or a runbook, in their one form: `prompts` "short,long" or a
+        sequence (empty: the default); `debug_env` replaces the default settings; `second_pass` server arguments
+        (a sequence) or settings by name (a mapping, kept in `second_pass_settings`); None keeps the default."""
+        if self.api_key_env is not None:  # a name, checked before anything runs ('X;touch canary' is exit 2)
+            check_env_name(self.api_key_env, "--api-key-env")
+        if isinstance(self.second_pass, Mapping):
+            self.second_pass_settings = {str(k): str(v) for k, v in self.second_pass.items()}
+            self.second_pass = ()
+        else:  # anything but a sequence of arguments: none
+            self.second_pass = tuple(self.second_pass) if isinstance(self.second_pass, (list, tuple)) else ()
+        if isinstance(self.prompts, str):
+            self.prompts = tuple(p.strip() for p in self.prompts.split(",") if p.strip())
         else:
-            names = tuple(prompts or DEFAULT_PROMPTS)
-        return cls(runtime=runtime, method=method or "attach", force=bool(force), api_key_env=api_key_env,
-                   debug_env={str(k): str(v) for k, v in (debug_env or DEFAULT_DEBUG_ENV).items()},
-                   ready_timeout=float(ready_timeout) if ready_timeout is not None else cls.ready_timeout,
-                   ttl=float(ttl) if ttl is not None else cls.ttl, expect=dict(expect or {}),
-                   max_tokens=int(max_tokens), run_root=run_root or DEFAULT_RUN_ROOT, prompts=names,
-                   second_pass=sp_args, second_pass_settings=sp_settings, start_command=start_command,
-                   stop_command=stop_command, log_file=log_file, unit=unit, container=container)
+            self.prompts = tuple(self.prompts or DEFAULT_PROMPTS)
+        self.method = self.method or "attach"
+        self.force = bool(self.force)
+        self.debug_env = {str(k): str(v) for k, v in (self.debug_env or DEFAULT_DEBUG_ENV).items()}
+        self.ready_timeout, self.ttl = float(self.ready_timeout), float(self.ttl)
+        self.expect, self.max_tokens = dict(self.expect or {}), int(self.max_tokens)
+        self.run_root = self.run_root or DEFAULT_RUN_ROOT

@@ -80,7 +80,7 @@ def _listen(user, port: int, seen) -> subprocess.Popen:
 
 
 def _run(method: str = "attach", runtime: str = "process") -> LiveRun:
-    ropts = RunOptions.build(method=method, api_key_env=KEY_ENV, runtime=runtime)
+    ropts = RunOptions(method=method, api_key_env=KEY_ENV, runtime=runtime)
     return LiveRun(LocalTransport(30), "local", ConnectOptions(local=True), AuditOptions(), ropts,
                    load_knowledge(), lambda *_a: None)
 

@@ -230,9 +230,9 @@ def test_run_api_key_env_is_a_name_checked_up_front(tmp_path, name):
 def test_run_api_key_env_names_pass_the_grammar(name):
     from mla_doctor.host.live_options import RunOptions
 
-    assert RunOptions.build(api_key_env=name).api_key_env == name
+    assert RunOptions(api_key_env=name).api_key_env == name
     with pytest.raises(UsageError, match="environment variable name"):
-        RunOptions.build(api_key_env=name + ";id")
+        RunOptions(api_key_env=name + ";id")
 
 
 # ----------------------------------------------------------------------------------------- records by type

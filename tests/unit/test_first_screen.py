@@ -150,7 +150,7 @@ def test_an_unreachable_host_says_why_and_nothing_else(kb):
 def run_report(monkeypatch, kb):
     fake = FakeAgent("run_local").install(monkeypatch)
     cmd = fake.doc["command"]
-    ropts = RunOptions.build(run_root="/var/tmp/mla-doctor-record", ready_timeout=300, method="patch")
+    ropts = RunOptions(run_root="/var/tmp/mla-doctor-record", ready_timeout=300, method="patch")
     return run_host(LocalTransport(), "localhost", ConnectOptions(local=True),
                     AuditOptions(python=cmd[cmd.index("--python") + 1]), ropts, kb, progress=lambda h, m: None)
 

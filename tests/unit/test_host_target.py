@@ -59,9 +59,9 @@ def test_runbook_keys_and_the_run_commands_options_come_from_the_same_fields():
     derived = {f.metadata["cli"].get("flag") or "--" + f.name.replace("_", "-") for f in cli_fields(RunOptions)}
     assert flags - derived == {"--yes", "-y"}  # every other option of `run` is a RunOptions field's
     from mla_doctor.cli.host import patch, revert
-    from mla_doctor.host.steps import PatchArgs
+    from mla_doctor.host.steps import Patch
 
-    for cmd, cls in ((patch, PatchArgs), (revert, Revert)):  # and every option of patch and revert their step's
+    for cmd, cls in ((patch, Patch), (revert, Revert)):  # and every option of patch and revert their step's
         assert {o for p in cmd.params for o in p.opts} - shared == {
             f.metadata["cli"].get("flag") or "--" + f.name.replace("_", "-") for f in cli_fields(cls)}, cmd.name
     assert {"--ready-timeout", "--ttl", "--max-tokens", "--prompts", "--method", "--force", "--api-key-env",
@@ -126,7 +126,7 @@ def test_step_constructors_build_typed_steps():
         (30.0, ("short", "long"), {"A": "1"}, ("-x",), "docker", "c1")
     assert Live.make({}).options == RunOptions()
     assert Revert.make({"run": "R1", "dry_run": None}) == Revert(run_id="R1")
-    assert Command.make({"run": ["echo", "a b"]}).run == "echo 'a b'"
+    assert Command.make({"run": ["echo", "a b"]}).shell == "echo 'a b'"
     with pytest.raises(StepError, match="command needs 'run'"):
         Command.make({})
     assert Audit.make({"model": None, "log": "/l"}, container="c") == Audit(log="/l", container="c")
@@ -198,7 +198,7 @@ def test_the_patch_and_revert_flags_become_their_steps(monkeypatch):
     r = CliRunner().invoke(cli, ["patch", "--local", "--dry-run", "--ttl", "0", "--method", "plugin",
                                  "--run-id", "R1", "--run-root", "/rr"])
     assert r.exit_code == 0, r.output
-    o = got[0].options
+    o = got[0]  # the step is the patch's options (host/patch_options.py) and a name
     assert (o.dry_run, o.ttl, o.method, o.run_id, o.run_root, o.targets, got[0].hold) == \
         (True, 0.0, "plugin", "R1", "/rr", "instrument-mla", False)
     r = CliRunner().invoke(cli, ["patch", "--local", "--ttl", "0", "--hold"])

@@ -72,7 +72,7 @@ def fake(monkeypatch):
 
 
 def test_dense_recorded_run_keeps_its_verdict_and_routes_without_conditions(fake):
-    ropts = RunOptions.build(run_root="/var/tmp/mla-doctor-record", ready_timeout=300, method="patch")
+    ropts = RunOptions(run_root="/var/tmp/mla-doctor-record", ready_timeout=300, method="patch")
     cmd = fake.doc["command"]
     report = run_host(LocalTransport(), "localhost", ConnectOptions(local=True),
                       AuditOptions(python=cmd[cmd.index("--python") + 1]), ropts, load_knowledge(),

@@ -33,7 +33,7 @@ def fake(monkeypatch):
 
 def run(fake, kb, **opts):
     steps = []
-    ropts = RunOptions.build(run_root="/var/tmp/mla-doctor-record", ready_timeout=300, **{"method": "patch", **opts})
+    ropts = RunOptions(run_root="/var/tmp/mla-doctor-record", ready_timeout=300, **{"method": "patch", **opts})
     cmd = fake.doc["command"]
     aopts = AuditOptions(python=cmd[cmd.index("--python") + 1])  # as recorded
     report = run_host(LocalTransport(), "localhost", ConnectOptions(local=True), aopts, ropts, kb,
@@ -227,11 +227,11 @@ def test_refusal_type_lands_in_the_report():
         refusals.check_symbols(["a", "b"])
 
 
-def test_run_options_build_is_the_one_place():
-    o = RunOptions.build(prompts="short, long,", second_pass="--enforce-eager".split(), ttl="30")
+def test_run_options_take_their_values_in_one_form():
+    o = RunOptions(prompts="short, long,", second_pass="--enforce-eager".split(), ttl="30")
     assert o.prompts == ("short", "long") and o.second_pass == ("--enforce-eager",) and o.ttl == 30.0
     assert o.debug_env == {"VLLM_LOGGING_LEVEL": "DEBUG"} and o.ready_timeout == 900.0
-    o = RunOptions.build(prompts=[], second_pass={"enforce_eager": True}, debug_env={"A": 1}, run_root="")
+    o = RunOptions(prompts=[], second_pass={"enforce_eager": True}, debug_env={"A": 1}, run_root="")
     assert o.prompts == ("short", "long", "chunked") and o.second_pass_settings == {"enforce_eager": "True"}
     assert o.debug_env == {"A": "1"} and o.second_pass == () and o.run_root == RunOptions.run_root
-    assert RunOptions.build(second_pass="oops").second_pass == () and RunOptions.build() == RunOptions()
+    assert RunOptions(second_pass="oops").second_pass == () and RunOptions() == RunOptions()

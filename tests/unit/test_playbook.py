@@ -40,7 +40,7 @@ def test_a_live_step_attaches_by_default_as_run_does_and_restarts_only_when_it_s
                            ("live: {method: plugin}", True), ("live: {method: '{{ m }}'}", True)):
         book = pb_mod.load(write(tmp_path, f"steps:\n  - {text}\n"))
         assert book.restarts is restarts and book.changes is restarts, text  # attach edits no file
-    assert Live.make({}).options.method == "attach" == RunOptions.build().method
+    assert Live.make({}).options.method == "attach" == RunOptions().method
     assert pb_mod.load("mla-path").steps[0].options["method"] == "patch"  # the bundled one says so
 
 

@@ -273,16 +273,16 @@ def test_another_installs_server_never_narrows_the_resolution():
 def test_a_relative_model_path_is_the_users_with_local(tmp_path, monkeypatch):
     """`--local --model ./m`: the path is made absolute from the user's directory before the agent (which runs
     elsewhere) reads it; over SSH it is the host's and left alone."""
-    from mla_doctor.host.executor import _aopts
+    from mla_doctor.host.context import StepContext
     from mla_doctor.host.target import Connection, HostTarget
     from mla_doctor.ssh.transport import ConnectOptions
 
     (tmp_path / "m").mkdir()
     monkeypatch.chdir(tmp_path)
     local = Connection(HostTarget(name="localhost", address=None, conn=ConnectOptions(local=True)), None, 0.0)
-    assert _aopts(local, model="m").model == str(tmp_path / "m")
+    assert StepContext(local, None, None).audit_options(model="m").model == str(tmp_path / "m")
     ssh = Connection(HostTarget(name="h", address="h", conn=ConnectOptions()), None, 0.0)
-    assert _aopts(ssh, model="m").model == "m"
+    assert StepContext(ssh, None, None).audit_options(model="m").model == "m"
 
 
 def test_explain_picks_the_release_from_the_logs_file_line_headers():

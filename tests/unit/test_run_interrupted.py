@@ -44,7 +44,7 @@ def run_interrupted(fake, at: list[str]):
             os.kill(os.getpid(), signal.SIGINT)
 
     cmd = fake.doc["command"]
-    ropts = RunOptions.build(run_root="/var/tmp/mla-doctor-record", ready_timeout=300, method="patch")
+    ropts = RunOptions(run_root="/var/tmp/mla-doctor-record", ready_timeout=300, method="patch")
     with interrupts.handling():
         with pytest.raises(interrupts.Interrupted):
             run_host(LocalTransport(), "localhost", ConnectOptions(local=True),

@@ -27,14 +27,14 @@ OP = {"process": ServerRestartRequest, "systemd": SystemdRestartRequest, "docker
 
 
 def _run(kind: str, **kw) -> SimpleNamespace:
-    ropts = RunOptions.build(runtime=kind, start_command="start-it", stop_command="stop-it", **kw)
+    ropts = RunOptions(runtime=kind, start_command="start-it", stop_command="stop-it", **kw)
     return SimpleNamespace(ropts=ropts, server=dict(SERVER), run_id="r1", env={"VLLM_LOGGING_LEVEL": "DEBUG"})
 
 
 def test_the_table_names_the_agent_s_runtimes():
     """One row per runtime the agent can restart with (its registry), and the CLI's choices are the rows."""
     assert set(TABLE) == set(registry.KINDS)
-    assert RunOptions.build().runtime in KINDS and KINDS == tuple(TABLE)
+    assert RunOptions().runtime in KINDS and KINDS == tuple(TABLE)
 
 
 @pytest.mark.parametrize("kind", sorted(OP))
@@ -65,9 +65,9 @@ def test_a_second_pass_restarts_only_where_the_runtime_can_add_arguments(kind):
 def test_docker_refuses_plugin_and_second_pass_before_any_call():
     """Before the container is even looked for (transport None: nothing is sent)."""
     with pytest.raises(UsageError, match="--method plugin needs the server's environment"):
-        find_container(None, None, RunOptions.build(runtime="docker", method="plugin"))  # type: ignore[arg-type]
+        find_container(None, None, RunOptions(runtime="docker", method="plugin"))  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="--second-pass needs the process or systemd runtime"):
-        find_container(None, None, RunOptions.build(runtime="docker", second_pass=["--enforce-eager"]))  # type: ignore[arg-type]
+        find_container(None, None, RunOptions(runtime="docker", second_pass=["--enforce-eager"]))  # type: ignore[arg-type]
     assert {k for k, r in TABLE.items() if not r.plugin} == {"docker"}
 
 

@@ -199,7 +199,7 @@ def test_a_live_run_refuses_to_patch_another_install_than_the_servers(monkeypatc
     fake = FakeAgent("run_local").install(monkeypatch)
     other_python(fake.answer("static"))
     cmd = fake.doc["command"]
-    ropts = RunOptions.build(run_root="/var/tmp/mla-doctor-record", ready_timeout=300, method="patch")
+    ropts = RunOptions(run_root="/var/tmp/mla-doctor-record", ready_timeout=300, method="patch")
     report = run_host(LocalTransport(), "localhost", ConnectOptions(local=True),
                       AuditOptions(python=cmd[cmd.index("--python") + 1]), ropts, K, progress=lambda h, m: None)
     assert (report.status, report.error_kind) == (HostStatus.ERROR, "OtherInstall")

@@ -8,7 +8,7 @@ it with the same greedy completion → evidence → verdict.
 The steps, in the order they run: `prepare` (container, audit, server, refusals, baseline, patch
 plan; `refusals` says why a host is not run), `steps` (patch, restart, ready, prompts, restore),
 `collect` (evidence and verdict); `run.run_host` strings them together over `session.LiveRun`,
-the run's state. Its options are `RunOptions` (host/live_options.py), the `Live` step's (host/steps.py).
+the run's state. Its options are `RunOptions` (host/live_options.py), the `Live` step's (host/steps/live.py).
 """
 from mla_doctor.host.live.options import RUNTIMES, RunOptions
 from mla_doctor.host.live.prepare import BASELINE_PROMPT, completion, find_container
