@@ -106,6 +106,7 @@ LOCAL: dict[str, object] = {
     "static_reads": {"a_huge_sparse_source_file_is_refused_without_reading_it"},
     "status_line": {"silent_when_stderr_is_piped", "silent_with_json_on_a_terminal",
         "the_status_line_comes_within_a_second_and_is_erased"},
+    "step_kinds": {"a_toy_step_kind_runs_from_the_fleet_command_through_execute"},
     "transport_sshd": ALL,
     "words_and_labels": {"did_you_mean_for_commands_and_options", "static_local_v_is_accepted_as_its_help_shows_it",
                          "vllm_not_found_names_what_was_tried_and_both_ways_to_point_at_it"},

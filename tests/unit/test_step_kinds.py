@@ -48,8 +48,7 @@ def touch_kind():
     KINDS.pop("touch")
 
 
-def test_a_toy_step_kind_is_reachable_from_the_cli_parser_a_runbook_and_execute(touch_kind, tmp_path):
-    from mla_doctor.cli import cli
+def test_a_toy_step_kind_is_reachable_from_the_cli_parser_and_a_runbook(touch_kind, tmp_path):
     from mla_doctor.cli.host import step_options, step_values
     from mla_doctor.fleet import playbook
 
@@ -66,7 +65,20 @@ def test_a_toy_step_kind_is_reachable_from_the_cli_parser_a_runbook_and_execute(
     book.write_text("steps:\n  - {name: t, touch: {mode: -1}}\n")
     with pytest.raises(ConfigFileError, match=r"touch.mode must be >= 0"):
         playbook.load(str(book))
-    # the fleet command, a runbook naming the kind, on a host reached locally: run by host.execute
+    # a fleet host's plan: the kind's step, from the rendered runbook
+    from mla_doctor.fleet import job
+    from mla_doctor.fleet.inventory import Host
+
+    book.write_text("steps:\n  - {name: t, touch: {path: '/x/{{ host }}'}}\n")
+    steps = job.host_steps(playbook.plan(playbook.load(str(book)), Host(name="h1", vars={}, groups=[])))
+    assert steps == [Touch(path="/x/h1", name="t")]
+
+
+def test_a_toy_step_kind_runs_from_the_fleet_command_through_execute(touch_kind, tmp_path):
+    """The fleet command, a runbook naming the kind, on a host reached locally: run by host.execute."""
+    from mla_doctor.cli import cli
+
+    book = tmp_path / "b.yaml"
     target = tmp_path / "made"
     book.write_text(f"steps:\n  - {{name: t, touch: {{path: {target}, mode: 384}}}}\n")
     inv = tmp_path / "inv.yaml"
