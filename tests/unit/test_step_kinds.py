@@ -13,6 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from mla_doctor.errors import ConfigFileError
+from mla_doctor.fleet import job, playbook  # imported before the toy kind is registered: its registry is read live
+from mla_doctor.fleet.inventory import Host
 from mla_doctor.host.fields import option
 from mla_doctor.host.live_options import RunOptions
 from mla_doctor.host.steps import KINDS, Live, StepKind, step_kind
@@ -50,7 +52,6 @@ def touch_kind():
 
 def test_a_toy_step_kind_is_reachable_from_the_cli_parser_and_a_runbook(touch_kind, tmp_path):
     from mla_doctor.cli.host import step_options, step_values
-    from mla_doctor.fleet import playbook
 
     # the command-line parser: its click options come from its fields
     def make(**kw):
@@ -66,9 +67,6 @@ def test_a_toy_step_kind_is_reachable_from_the_cli_parser_and_a_runbook(touch_ki
     with pytest.raises(ConfigFileError, match=r"touch.mode must be >= 0"):
         playbook.load(str(book))
     # a fleet host's plan: the kind's step, from the rendered runbook
-    from mla_doctor.fleet import job
-    from mla_doctor.fleet.inventory import Host
-
     book.write_text("steps:\n  - {name: t, touch: {path: '/x/{{ host }}'}}\n")
     steps = job.host_steps(playbook.plan(playbook.load(str(book)), Host(name="h1", vars={}, groups=[])))
     assert steps == [Touch(path="/x/h1", name="t")]
@@ -91,8 +89,6 @@ def test_a_toy_step_kind_runs_from_the_fleet_command_through_execute(touch_kind,
 
 
 def test_without_its_module_the_kind_is_unknown(tmp_path):
-    from mla_doctor.fleet import playbook
-
     book = tmp_path / "b.yaml"
     book.write_text("steps:\n  - {touch: {path: /x}}\n")
     kinds = r"\(name, and one of audit, expect, live, revert, command\)"
@@ -102,8 +98,6 @@ def test_without_its_module_the_kind_is_unknown(tmp_path):
 
 def test_a_toy_live_option_is_one_field_for_the_flag_the_runbook_and_the_step(monkeypatch, tmp_path):
     from mla_doctor.cli.host import step_options, step_values
-    from mla_doctor.fleet import job, playbook
-    from mla_doctor.fleet.inventory import Host
 
     cmd = click.command()(step_options(MoreRunOptions)(lambda **kw: step_values(MoreRunOptions, kw)))
     values, runtime = cmd.main(["--warmup", "5", "--ttl", "60"], standalone_mode=False)
@@ -121,3 +115,20 @@ def test_a_toy_live_option_is_one_field_for_the_flag_the_runbook_and_the_step(mo
         playbook.load(str(book))
     with pytest.raises(StepError, match="live.warmup must be int"):
         Live.make({"warmup": "x"})
+
+
+def test_a_fleet_hosts_vars_fill_in_what_its_runbook_steps_leave_open(tmp_path):
+    """Each kind's from_runbook: a docker host's audit runs inside its container; a live step takes the host's
+    runtime, commands, unit, log, API key variable and expectations, the runbook's own values winning."""
+    book = tmp_path / "b.yaml"
+    book.write_text("steps:\n  - {name: a, audit: {}}\n  - {name: l, live: {expect: {decode: MQA}}}\n")
+    hv = {"runtime": {"kind": "docker", "container": "vllm-c", "unit": "u1"}, "model": "/m", "log": "/l.log",
+          "api_key_env": "KEY", "expect": {"prefill": "MHA", "decode": "mha", "sparse": "on"}}
+    audit, live = job.host_steps(playbook.plan(playbook.load(str(book)), Host(name="h1", vars=hv, groups=[])))
+    assert (audit.container, audit.model, audit.log, audit.name) == ("vllm-c", "/m", "/l.log", "a")
+    o = live.options
+    assert (o.runtime, o.container, o.unit, o.log_file, o.api_key_env) == ("docker", "vllm-c", "u1", "/l.log", "KEY")
+    assert o.expect == {"prefill": "mha", "decode": "mqa"} and (live.model, live.log) == ("/m", "/l.log")
+    hv["runtime"] = {"kind": "process"}
+    audit, live = job.host_steps(playbook.plan(playbook.load(str(book)), Host(name="h1", vars=hv, groups=[])))
+    assert audit.container is None and live.options.runtime == "process"
