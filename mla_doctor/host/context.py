@@ -24,6 +24,13 @@ class StepContext:
     progress: Progress = field(default=lambda msg: None)
     cancel: Any = None  # cancel.Cancel, or None
 
+    @classmethod
+    def over(cls, transport: Transport, target: HostTarget, kb: Any = None, progress: Progress | None = None,
+             report: HostReport | None = None) -> StepContext:
+        """A context on a transport already open (a library caller's, a recorded agent's in a test)."""
+        return cls(Connection(target, transport, 0.0), report or HostReport(host=target.name), kb,
+                   progress or (lambda msg: None))
+
     @property
     def target(self) -> HostTarget:
         return self.connection.target

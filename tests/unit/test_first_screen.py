@@ -25,6 +25,8 @@ from mla_doctor.host.live import RunOptions, run_host
 from mla_doctor.reports import first_screen
 from mla_doctor.reports.host_text import render
 from mla_doctor.results import Finding, RunReport, Severity
+from mla_doctor.host.context import StepContext
+from mla_doctor.host.target import HostTarget
 from mla_doctor.ssh.transport import ConnectOptions, LocalTransport
 from tests.support.fake_agent import FakeAgent, load
 
@@ -151,8 +153,8 @@ def run_report(monkeypatch, kb):
     fake = FakeAgent("run_local").install(monkeypatch)
     cmd = fake.doc["command"]
     ropts = RunOptions(run_root="/var/tmp/mla-doctor-record", ready_timeout=300, method="patch")
-    return run_host(LocalTransport(), "localhost", ConnectOptions(local=True),
-                    AuditOptions(python=cmd[cmd.index("--python") + 1]), ropts, kb, progress=lambda h, m: None)
+    return run_host(StepContext.over(LocalTransport(), HostTarget("localhost", conn=ConnectOptions(local=True)), kb),
+                    AuditOptions(python=cmd[cmd.index("--python") + 1]), ropts)
 
 
 def test_run_leads_with_the_verdict_per_prompt_then_the_restore(run_report):

@@ -18,6 +18,8 @@ from mla_doctor.host.audit import AuditOptions
 from mla_doctor.host.live import RunOptions, run_host
 from mla_doctor.reports import host_text
 from mla_doctor.results import RunReport, Severity
+from mla_doctor.host.context import StepContext
+from mla_doctor.host.target import HostTarget
 from mla_doctor.ssh.transport import ConnectOptions, LocalTransport
 from tests.support.evidence_fixtures import FIXTURES_DIR, build, fixture_from_dict, load_fixture
 from tests.support.fake_agent import FakeAgent
@@ -74,9 +76,9 @@ def fake(monkeypatch):
 def test_dense_recorded_run_keeps_its_verdict_and_routes_without_conditions(fake):
     ropts = RunOptions(run_root="/var/tmp/mla-doctor-record", ready_timeout=300, method="patch")
     cmd = fake.doc["command"]
-    report = run_host(LocalTransport(), "localhost", ConnectOptions(local=True),
-                      AuditOptions(python=cmd[cmd.index("--python") + 1]), ropts, load_knowledge(),
-                      progress=lambda host, msg: None)
+    localhost = HostTarget("localhost", conn=ConnectOptions(local=True))
+    report = run_host(StepContext.over(LocalTransport(), localhost, load_knowledge()),
+                      AuditOptions(python=cmd[cmd.index("--python") + 1]), ropts)
     want = fake.doc["report"]["hosts"][0]
     assert [f.code for f in report.findings] == [f["code"] for f in want["findings"]]
     for got, rec in zip(report.prompts, want["prompts"]):

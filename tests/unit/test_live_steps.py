@@ -16,6 +16,8 @@ from mla_doctor.host.live import HostRefusal, RunOptions, run_host
 from mla_doctor.host.live import refusals
 from mla_doctor.results import HostStatus
 from mla_doctor.terminal import Note
+from mla_doctor.host.context import StepContext
+from mla_doctor.host.target import HostTarget
 from mla_doctor.ssh.transport import ConnectOptions, LocalTransport
 from tests.support.fake_agent import FakeAgent, Mismatch, without_caches
 
@@ -36,8 +38,8 @@ def run(fake, kb, **opts):
     ropts = RunOptions(run_root="/var/tmp/mla-doctor-record", ready_timeout=300, **{"method": "patch", **opts})
     cmd = fake.doc["command"]
     aopts = AuditOptions(python=cmd[cmd.index("--python") + 1])  # as recorded
-    report = run_host(LocalTransport(), "localhost", ConnectOptions(local=True), aopts, ropts, kb,
-                      progress=lambda host, msg: steps.append(msg))
+    localhost = HostTarget("localhost", conn=ConnectOptions(local=True))
+    report = run_host(StepContext.over(LocalTransport(), localhost, kb, steps.append), aopts, ropts)
     return report, steps
 
 

@@ -13,6 +13,8 @@ from mla_doctor import interrupts
 from mla_doctor.diagnosis.knowledge import load_knowledge
 from mla_doctor.host.audit import AuditOptions
 from mla_doctor.host.live import RunOptions, run_host
+from mla_doctor.host.context import StepContext
+from mla_doctor.host.target import HostTarget
 from mla_doctor.ssh.transport import ConnectOptions, LocalTransport
 from mla_doctor.terminal import Note
 from tests.support.fake_agent import FakeAgent
@@ -34,7 +36,7 @@ def run_interrupted(fake, at: list[str]):
     steps = []
     left = list(at)
 
-    def progress(host, msg):
+    def progress(msg):
         steps.append(msg)
         if left and msg == left[0]:
             if len(left) == len(at):
@@ -47,8 +49,9 @@ def run_interrupted(fake, at: list[str]):
     ropts = RunOptions(run_root="/var/tmp/mla-doctor-record", ready_timeout=300, method="patch")
     with interrupts.handling():
         with pytest.raises(interrupts.Interrupted):
-            run_host(LocalTransport(), "localhost", ConnectOptions(local=True),
-                     AuditOptions(python=cmd[cmd.index("--python") + 1]), ropts, load_knowledge(), progress=progress)
+            localhost = HostTarget("localhost", conn=ConnectOptions(local=True))
+            run_host(StepContext.over(LocalTransport(), localhost, load_knowledge(), progress),
+                     AuditOptions(python=cmd[cmd.index("--python") + 1]), ropts)
     return steps
 
 

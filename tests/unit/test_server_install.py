@@ -192,6 +192,8 @@ def test_a_live_run_refuses_to_patch_another_install_than_the_servers(monkeypatc
     from mla_doctor.host.audit import AuditOptions
     from mla_doctor.host.live import RunOptions, run_host
     from mla_doctor.results import HostStatus
+    from mla_doctor.host.context import StepContext
+    from mla_doctor.host.target import HostTarget
     from mla_doctor.ssh.transport import ConnectOptions, LocalTransport
     from tests.support.fake_agent import FakeAgent
 
@@ -200,8 +202,8 @@ def test_a_live_run_refuses_to_patch_another_install_than_the_servers(monkeypatc
     other_python(fake.answer("static"))
     cmd = fake.doc["command"]
     ropts = RunOptions(run_root="/var/tmp/mla-doctor-record", ready_timeout=300, method="patch")
-    report = run_host(LocalTransport(), "localhost", ConnectOptions(local=True),
-                      AuditOptions(python=cmd[cmd.index("--python") + 1]), ropts, K, progress=lambda h, m: None)
+    report = run_host(StepContext.over(LocalTransport(), HostTarget("localhost", conn=ConnectOptions(local=True)), K),
+                      AuditOptions(python=cmd[cmd.index("--python") + 1]), ropts)
     assert (report.status, report.error_kind) == (HostStatus.ERROR, "OtherInstall")
     assert "not the audited one at /opt/venv-a/lib/python3.11/site-packages/vllm" in report.error
     assert fake.ops_sent() == ["static"] and report.restored is None

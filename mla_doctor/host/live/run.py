@@ -1,6 +1,8 @@
 """`run_host`: the live diagnosis of one host as its steps (see the package's docstring)."""
 from __future__ import annotations
 
+from typing import Any
+
 from mla_doctor import interrupts
 from mla_doctor.diagnosis.knowledge import Knowledge, load_knowledge
 from mla_doctor.errors import MlaDoctorError
@@ -11,22 +13,20 @@ from mla_doctor.host.live import collect, steps
 from mla_doctor.host.live.options import RunOptions
 from mla_doctor.host.live.prepare import prepare
 from mla_doctor.host.live.refusals import HostRefusal
-from mla_doctor.host.live.session import LiveRun, Progress
+from mla_doctor.host.live.session import LiveRun
 from mla_doctor.host.undo import revert_command
 from mla_doctor.results import HostReport, HostStatus
-from mla_doctor.ssh.transport import ConnectOptions, Transport
 
 
-def run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: AuditOptions, ropts: RunOptions,
-             kb: Knowledge | None = None, progress: Progress | None = None) -> HostReport:
-    kb = kb or load_knowledge()
-    return attach(_run_host(transport, name, conn, aopts, ropts, kb, progress), kb)  # the answer, from the run
+def run_host(ctx: Any, aopts: AuditOptions, ropts: RunOptions) -> HostReport:
+    """The live diagnosis on `ctx` (host/context.py's StepContext: the connection, knowledge, progress)."""
+    kb = ctx.kb or load_knowledge()
+    return attach(_run_host(ctx, aopts, ropts, kb), kb)  # the answer, from the run
 
 
-def _run_host(transport: Transport, name: str, conn: ConnectOptions, aopts: AuditOptions, ropts: RunOptions,
-              kb: Knowledge, progress: Progress | None) -> HostReport:
-    progress = progress or (lambda host, msg: None)
-    run = prepare(transport, name, conn, aopts, ropts, kb, progress)
+def _run_host(ctx: Any, aopts: AuditOptions, ropts: RunOptions, kb: Knowledge) -> HostReport:
+    name = ctx.name
+    run = prepare(ctx.transport, name, ctx.conn, aopts, ropts, kb, lambda host, msg: ctx.progress(msg))
     if isinstance(run, HostReport):
         return run  # failed or refused before anything changed
     if run.ropts.method == "attach":

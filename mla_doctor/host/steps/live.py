@@ -2,6 +2,7 @@
 Its options are `RunOptions`' fields (host/live_options.py: each declared once, a flag and a runbook key)."""
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -75,8 +76,8 @@ class Live(StepKind):
     def run(self, ctx: Any) -> None:
         from mla_doctor.host.live import run_host
 
-        def said(host: str, msg: str) -> None:
+        def said(msg: str) -> None:  # a runbook's step: its progress names it
             ctx.progress(f"{self.name}: {msg}" if self.name else msg)
 
-        ctx.adopt(run_host(ctx.transport, ctx.name, ctx.conn, ctx.audit_options(model=self.model, log=self.log),
-                           self.options, ctx.kb, progress=said))
+        ctx.adopt(run_host(dataclasses.replace(ctx, progress=said),
+                           ctx.audit_options(model=self.model, log=self.log), self.options))
